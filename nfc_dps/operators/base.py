@@ -1,0 +1,140 @@
+"""Linear forward operators ``y = A x + n`` on batched images (B, C, H, W).
+
+An operator knows the measurement and nothing of diffusion. Every operator provides:
+
+* ``A(x)`` and ``A_adjoint(y)`` (a true adjoint: <A x, y> = <x, A^T y>);
+* ``A_pinv(y)``: a pseudo-inverse (A A^+ A = A);
+* ``prox(y, z, sigma_y, r)``: argmin_x ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r^2), the
+  exact Gaussian-conditional mean; closed form where the operator has one, conjugate gradients
+  otherwise. ``sigma_y`` and ``r`` are floats or (B,) tensors (per image);
+* ``measure(x, sigma_y, generator)``: A x plus seeded Gaussian noise of std ``sigma_y``.
+
+Operators are linear, so they work in any units; the public API uses [0, 1] images and states
+``sigma_y`` in [0, 1] pixel units. ``A(ones)`` is the operator's DC response (1 for blur and
+SR, the mask for inpainting); the sampler uses it to map measurements to [-1, 1] model units.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+def per_image(value: float | Tensor, x: Tensor) -> Tensor:
+    """Broadcast a float or (B,) tensor to shape (B, 1, 1, 1) for elementwise use with x."""
+    v = torch.as_tensor(value, dtype=x.dtype, device=x.device)
+    if v.ndim == 0:
+        return v.expand(x.shape[0]).view(-1, 1, 1, 1)
+    if v.shape != (x.shape[0],):
+        raise ValueError(f"expected a scalar or a ({x.shape[0]},) tensor, got shape {tuple(v.shape)}")
+    return v.view(-1, 1, 1, 1)
+
+
+def randn_per_image(shape: Sequence[int], generators: torch.Generator | Sequence[torch.Generator] | None,
+                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Tensor:
+    """Standard normal noise of ``shape`` (B, ...), image b drawn from ``generators[b]``.
+
+    One generator per image makes results independent of batch size and composition. A single
+    generator is used for the whole batch; None uses torch's global RNG.
+    """
+    if generators is None or isinstance(generators, torch.Generator):
+        gen_device = generators.device if isinstance(generators, torch.Generator) else device
+        return torch.randn(tuple(shape), generator=generators, dtype=dtype, device=gen_device).to(device)
+    if len(generators) != shape[0]:
+        raise ValueError(f"got {len(generators)} generators for a batch of {shape[0]}")
+    return torch.stack(
+        [torch.randn(tuple(shape[1:]), generator=g, dtype=dtype, device=g.device) for g in generators]
+    ).to(device)
+
+
+def check_image(x: Tensor, name: str = "x") -> None:
+    """Raise ValueError unless x is a finite float (B, C, H, W) tensor."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 4:
+        raise ValueError(f"{name} must have shape (B, C, H, W), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} contains NaN or Inf")
+
+
+class LinearOperator(torch.nn.Module):
+    """Base class. Subclasses implement ``A`` and ``A_adjoint``; override the rest when they can."""
+
+    #: short name used in configs and tables
+    name: str = "linear"
+
+    def A(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def A_adjoint(self, y: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.A(x)
+
+    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
+        """Shape (B, C, h, w) of A x for an image of shape (B, C, H, W)."""
+        raise NotImplementedError
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        """Shape of A^T y for a measurement of shape (B, C, h, w)."""
+        raise NotImplementedError
+
+    def A_pinv(self, y: Tensor) -> Tensor:
+        """Pseudo-inverse by conjugate gradients on the normal equations (override when closed form)."""
+        return self.prox(y, torch.zeros(self.image_shape(y.shape), dtype=y.dtype, device=y.device), 1.0, 1e4)
+
+    def normal(self, x: Tensor) -> Tensor:
+        """A^T A x."""
+        return self.A_adjoint(self.A(x))
+
+    def prox(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor,
+             max_iter: int = 100, tol: float = 1e-6) -> Tensor:
+        """argmin_x ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r^2) by conjugate gradients.
+
+        Solves (A^T A / sigma_y^2 + I / r^2) x = A^T y / sigma_y^2 + z / r^2 per image.
+        """
+        s2 = per_image(sigma_y, z) ** 2
+        r2 = per_image(r, z) ** 2
+        rhs = self.A_adjoint(y) / s2 + z / r2
+        return conjugate_gradient(lambda v: self.normal(v) / s2 + v / r2, rhs, z.clone(), max_iter, tol)
+
+    def measure(self, x: Tensor, sigma_y: float, generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Tensor:
+        """A x + sigma_y * noise, the noise drawn per image from ``generator`` (see randn_per_image)."""
+        check_image(x)
+        ax = self.A(x)
+        if sigma_y < 0:
+            raise ValueError(f"sigma_y must be >= 0, got {sigma_y}")
+        if sigma_y == 0:
+            return ax
+        return ax + sigma_y * randn_per_image(ax.shape, generator, ax.dtype, ax.device)
+
+
+def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: float = 1e-6) -> Tensor:
+    """Solve apply(x) = b for a symmetric positive definite ``apply``, independently per image.
+
+    Stops when every image's residual norm is below tol * ||b||. Shapes (B, ...).
+    """
+    def dot(a: Tensor, c: Tensor) -> Tensor:
+        return (a * c).flatten(1).sum(1).view(-1, *([1] * (a.ndim - 1)))
+
+    x = x0
+    r = b - apply(x)
+    p = r.clone()
+    rs = dot(r, r)
+    b_norm2 = dot(b, b).clamp_min(1e-30)
+    for _ in range(max_iter):
+        if bool((rs <= (tol**2) * b_norm2).all()):
+            break
+        ap = apply(p)
+        alpha = rs / dot(p, ap).clamp_min(1e-30)
+        x = x + alpha * p
+        r = r - alpha * ap
+        rs_new = dot(r, r)
+        p = r + (rs_new / rs.clamp_min(1e-30)) * p
+        rs = rs_new
+    return x

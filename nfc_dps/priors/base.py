@@ -1,0 +1,257 @@
+"""The prior interface: a denoiser ``D(x, sigma) -> x0_hat`` in the VE/EDM sigma parameterisation.
+
+Units. ``x`` is in the model range [-1, 1] plus Gaussian noise of standard deviation ``sigma``
+(per batch element, same units). ``D`` returns the MMSE estimate of the clean image, also in
+[-1, 1] units. A prior knows nothing of measurements; a sampler knows nothing of networks.
+
+Network wrappers (``EpsilonDenoiser``, ``EDMDenoiser``) adapt a raw network once:
+
+* a discrete DDPM network with ``alphas_cumprod`` sees ``x_t = x / sqrt(1 + sigma^2)`` and a
+  (fractional) timestep ``t(sigma)`` interpolated in log-sigma between its training steps;
+  epsilon-, v- and x0-prediction are converted to ``x0_hat``; learned-variance channels are
+  dropped;
+* an EDM-preconditioned network (the embedded default prior) uses Karras et al.'s c_skip,
+  c_out, c_in and c_noise = 250 ln(sigma) (the DDPM timestep scale of the sinusoidal embedding).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+
+
+def as_sigma_tensor(sigma: float | Tensor, x: Tensor) -> Tensor:
+    """Broadcast ``sigma`` (float, 0-d or (B,)) to a float tensor of shape (B,) on x's device."""
+    sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
+    if sigma.ndim == 0:
+        sigma = sigma.expand(x.shape[0])
+    if sigma.shape != (x.shape[0],):
+        raise ValueError(f"sigma must be a scalar or have shape ({x.shape[0]},), got {tuple(sigma.shape)}")
+    return sigma
+
+
+class Prior(nn.Module):
+    """Abstract denoiser. Subclasses implement :meth:`denoise`.
+
+    Attributes:
+        channels: number of image channels the prior models (3 for RGB).
+        sigma_min, sigma_max: noise range (model units) the denoiser was trained for.
+        size_multiple: H and W must be multiples of this (1 = any size).
+    """
+
+    channels: int = 3
+    sigma_min: float = 0.002
+    sigma_max: float = 80.0
+    size_multiple: int = 1
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        """(B, C, H, W) noisy image, (B,) sigma -> (B, C, H, W) estimate of the clean image."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, sigma: float | Tensor) -> Tensor:
+        self.check_input(x)
+        return self.denoise(x, as_sigma_tensor(sigma, x))
+
+    def check_input(self, x: Tensor) -> None:
+        if x.ndim != 4:
+            raise ValueError(f"prior input must be (B, C, H, W), got shape {tuple(x.shape)}")
+        if x.shape[1] != self.channels:
+            raise ValueError(
+                f"prior models {self.channels}-channel images, got {x.shape[1]} channels "
+                f"(convert gray/RGBA images before sampling)"
+            )
+        m = self.size_multiple
+        if x.shape[-2] % m or x.shape[-1] % m:
+            raise ValueError(f"image size {tuple(x.shape[-2:])} must be a multiple of {m} for this prior; pad first")
+
+
+class EDMDenoiser(Prior):
+    """Karras et al. (2022) preconditioning around a network ``F(x_in, c_noise) -> (B, C, H, W)``.
+
+    D(x, sigma) = c_skip x + c_out F(c_in x, c_noise), with sigma_data = 0.5 for [-1, 1] data.
+    """
+
+    def __init__(
+        self,
+        network: Callable[[Tensor, Tensor], Tensor],
+        channels: int = 3,
+        sigma_data: float = 0.5,
+        sigma_min: float = 0.002,
+        sigma_max: float = 80.0,
+        size_multiple: int = 1,
+    ) -> None:
+        super().__init__()
+        self.network = network
+        self.channels, self.sigma_data = channels, sigma_data
+        self.sigma_min, self.sigma_max, self.size_multiple = sigma_min, sigma_max, size_multiple
+
+    @staticmethod
+    def c_noise(sigma: Tensor) -> Tensor:
+        """Noise code fed to the timestep embedding: 250 ln(sigma) (DDPM-step scale)."""
+        return 250.0 * sigma.clamp_min(1e-8).log()
+
+    def scalings(self, sigma: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        sd2 = self.sigma_data**2
+        c_skip = sd2 / (sigma**2 + sd2)
+        c_out = sigma * self.sigma_data / (sigma**2 + sd2).sqrt()
+        c_in = 1.0 / (sigma**2 + sd2).sqrt()
+        return c_skip, c_out, c_in
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        c_skip, c_out, c_in = (c.view(-1, 1, 1, 1) for c in self.scalings(sigma))
+        out = self.network(x * c_in, self.c_noise(sigma))
+        return c_skip * x + c_out * out[:, : self.channels]
+
+
+class EpsilonDenoiser(Prior):
+    """Adapts a discrete-time DDPM network ``net(x_t, t) -> output`` to ``D(x, sigma)``.
+
+    Args:
+        network: callable (B, C, H, W) x_t, (B,) float timestep -> (B, C' , H, W) with C' >= C.
+        alphas_cumprod: (T,) the training schedule's cumulative alphas.
+        prediction_type: "epsilon", "v_prediction" or "sample" (x0).
+        channels: image channels; extra output channels (learned variance) are dropped.
+    """
+
+    def __init__(
+        self,
+        network: Callable[[Tensor, Tensor], Tensor],
+        alphas_cumprod: Tensor,
+        prediction_type: str = "epsilon",
+        channels: int = 3,
+        size_multiple: int = 1,
+    ) -> None:
+        super().__init__()
+        if prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+        self.network = network
+        self.prediction_type, self.channels, self.size_multiple = prediction_type, channels, size_multiple
+        alphas_cumprod = torch.as_tensor(alphas_cumprod, dtype=torch.float64)
+        sigmas = ((1 - alphas_cumprod) / alphas_cumprod).sqrt()
+        self.register_buffer("log_sigmas", sigmas.log().float(), persistent=False)
+        self.sigma_min, self.sigma_max = float(sigmas[0]), float(sigmas[-1])
+
+    def sigma_to_t(self, sigma: Tensor) -> Tensor:
+        """Fractional timestep: linear interpolation of log-sigma between discrete steps (clamped)."""
+        log_sigmas = self.log_sigmas.to(sigma.device)
+        log_sigma = sigma.float().clamp_min(1e-10).log()
+        idx = torch.searchsorted(log_sigmas, log_sigma).clamp(1, len(log_sigmas) - 1)
+        lo, hi = log_sigmas[idx - 1], log_sigmas[idx]
+        w = ((log_sigma - lo) / (hi - lo)).clamp(0, 1)
+        return (idx - 1).float() + w
+
+    def t_to_sigma(self, t: Tensor) -> Tensor:
+        t = t.float().clamp(0, len(self.log_sigmas) - 1)
+        lo = t.floor().long()
+        hi = (lo + 1).clamp_max(len(self.log_sigmas) - 1)
+        w = t - lo
+        return ((1 - w) * self.log_sigmas[lo] + w * self.log_sigmas[hi]).exp()
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        s = sigma.view(-1, 1, 1, 1).to(x.dtype)
+        alpha = 1.0 / (1.0 + s**2).sqrt()  # sqrt(alphā_t)
+        x_t = x * alpha
+        out = self.network(x_t, self.sigma_to_t(sigma))[:, : self.channels]
+        return prediction_to_x0(out, x_t, alpha, s * alpha, self.prediction_type)
+
+
+def prediction_to_x0(out: Tensor, x_t: Tensor, alpha: Tensor, sigma_vp: Tensor, prediction_type: str) -> Tensor:
+    """Convert a VP network output to x0 given x_t = alpha x0 + sigma_vp eps (alpha^2 + sigma_vp^2 = 1)."""
+    if prediction_type == "epsilon":
+        return (x_t - sigma_vp * out) / alpha
+    if prediction_type == "v_prediction":  # v = alpha eps - sigma_vp x0
+        return alpha * x_t - sigma_vp * out
+    if prediction_type == "sample":
+        return out
+    raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+
+
+def x0_to_prediction(x0: Tensor, eps: Tensor, alpha: Tensor, sigma_vp: Tensor, prediction_type: str) -> Tensor:
+    """Inverse of :func:`prediction_to_x0`: the target a network of ``prediction_type`` would output."""
+    if prediction_type == "epsilon":
+        return eps
+    if prediction_type == "v_prediction":
+        return alpha * eps - sigma_vp * x0
+    if prediction_type == "sample":
+        return x0
+    raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+
+
+class TiledPrior(Prior):
+    """Applies a prior tile by tile at the size it was trained at.
+
+    A network with GroupNorm sees different statistics at another image size (METHOD.md, "Priors:
+    measured facts": 3-4 dB lost). The image is reflect-padded, cut into ``tile`` x ``tile`` tiles
+    on a grid shifted by an offset that depends on sigma (so seams move from one noise level to the
+    next and never settle, yet a call is deterministic and independent of the batch), denoised as
+    one batch, and reassembled. With ``overlap=True`` four half-shifted grids are blended with
+    raised-cosine weights instead (4x the cost, no seams; used for one-step denoising reports).
+    """
+
+    def __init__(self, inner: Prior, tile: int, overlap: bool = False) -> None:
+        super().__init__()
+        self.inner, self.tile, self.overlap = inner, int(tile), overlap
+        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
+        self.size_multiple = 1
+
+    def _offset(self, sigma: float) -> tuple[int, int]:
+        code = int(abs(math.log(max(sigma, 1e-12))) * 1e6) * 2654435761 % (2**32)
+        return code % self.tile, (code // self.tile) % self.tile
+
+    def _grid(self, x: Tensor, sigma: Tensor, oy: int, ox: int) -> Tensor:
+        """Denoise on the tile grid whose origin is shifted by (oy, ox) pixels."""
+        b, c, h, w = x.shape
+        t = self.tile
+        ph, pw = (-(h + oy)) % t, (-(w + ox)) % t
+        xp = reflect_pad(x, oy, ph, ox, pw)
+        hp, wp = xp.shape[-2:]
+        ny, nx = hp // t, wp // t
+        tiles = xp.reshape(b, c, ny, t, nx, t).permute(0, 2, 4, 1, 3, 5).reshape(b * ny * nx, c, t, t)
+        out = self.inner.denoise(tiles, sigma.repeat_interleave(ny * nx))
+        out = out.reshape(b, ny, nx, c, t, t).permute(0, 3, 1, 4, 2, 5).reshape(b, c, hp, wp)
+        return out[..., oy : oy + h, ox : ox + w]
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        h, w = x.shape[-2:]
+        if h == self.tile and w == self.tile and not self.overlap:
+            return self.inner.denoise(x, sigma)
+        if self.overlap:
+            half = self.tile // 2
+            win = torch.sin(torch.pi * (torch.arange(self.tile, device=x.device, dtype=x.dtype) + 0.5) / self.tile) ** 2
+            acc = torch.zeros_like(x)
+            norm = torch.zeros_like(x[:1, :1])
+            for oy in (0, half):
+                for ox in (0, half):
+                    wy = win[(torch.arange(h, device=x.device) + oy) % self.tile]
+                    wx = win[(torch.arange(w, device=x.device) + ox) % self.tile]
+                    weight = wy[:, None] * wx[None, :]
+                    acc = acc + self._grid(x, sigma, oy, ox) * weight
+                    norm = norm + weight
+            return acc / norm
+        out = torch.empty_like(x)
+        for s in sigma.unique():
+            sel = (sigma == s).nonzero().flatten()
+            oy, ox = self._offset(float(s))
+            out[sel] = self._grid(x[sel], sigma[sel], oy, ox)
+        return out
+
+
+def reflect_pad(x: Tensor, top: int, bottom: int, left: int, right: int) -> Tensor:
+    """Symmetric padding that works for pads larger than the image (repeats the reflection)."""
+    while top or bottom or left or right:
+        h, w = x.shape[-2:]
+        t, b_, l, r = min(top, h - 1), min(bottom, h - 1), min(left, w - 1), min(right, w - 1)
+        if h == 1:
+            t = b_ = 0
+        if w == 1:
+            l = r = 0
+        if not (t or b_ or l or r):  # 1-pixel dimension: replicate instead
+            return torch.nn.functional.pad(x, (left, right, top, bottom), mode="replicate")
+        x = torch.nn.functional.pad(x, (l, r, t, b_), mode="reflect")
+        top, bottom, left, right = top - t, bottom - b_, left - l, right - r
+    return x

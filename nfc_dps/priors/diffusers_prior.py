@@ -1,0 +1,133 @@
+"""Load a diffusers ``UNet2DModel`` from a local folder as a :class:`~nfc_dps.priors.base.Prior`.
+
+Accepted layouts (nothing is ever downloaded):
+
+* a pipeline-style folder ``DIR/unet/{config.json, *.safetensors|*.bin}`` with an optional
+  ``DIR/scheduler/scheduler_config.json`` (betas, prediction_type);
+* a bare UNet folder ``DIR/{config.json, weights}``; its schedule then defaults to DDPM's linear
+  betas 1e-4 -> 0.02 over 1000 steps with epsilon prediction (``DEFAULT_SCHEDULE``);
+* either of the above with ``DIR/nfc_dps_prior.json``, our own description of the network's
+  parameterisation, e.g. ``{"parameterization": "edm", "sigma_data": 0.5, "tile": 48}`` for the
+  embedded default prior (EDM-preconditioned, applied in tiles of its training size).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .base import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
+
+PRIOR_CONFIG_NAME = "nfc_dps_prior.json"
+DEFAULT_SCHEDULE = {
+    "num_train_timesteps": 1000,
+    "beta_schedule": "linear",
+    "beta_start": 1e-4,
+    "beta_end": 0.02,
+    "prediction_type": "epsilon",
+}
+_PRIOR_CONFIG_KEYS = {"parameterization", "sigma_data", "sigma_min", "sigma_max", "tile", "tile_overlap", "prediction_type"}
+
+
+def alphas_cumprod_from_config(cfg: dict) -> torch.Tensor:
+    """(T,) cumulative alphas of a diffusers DDPM/DDIM scheduler config (linear, scaled_linear, cosine)."""
+    n = int(cfg.get("num_train_timesteps", 1000))
+    kind = cfg.get("beta_schedule", "linear")
+    b0, b1 = float(cfg.get("beta_start", 1e-4)), float(cfg.get("beta_end", 0.02))
+    if cfg.get("trained_betas") is not None:
+        betas = torch.tensor(cfg["trained_betas"], dtype=torch.float64)
+    elif kind == "linear":
+        betas = torch.linspace(b0, b1, n, dtype=torch.float64)
+    elif kind == "scaled_linear":
+        betas = torch.linspace(b0**0.5, b1**0.5, n, dtype=torch.float64) ** 2
+    elif kind == "squaredcos_cap_v2":
+        t = torch.arange(n + 1, dtype=torch.float64) / n
+        f = torch.cos((t + 0.008) / 1.008 * torch.pi / 2) ** 2
+        betas = (1 - f[1:] / f[:-1]).clamp(max=0.999)
+    else:
+        raise ValueError(f"unsupported beta_schedule {kind!r} (linear, scaled_linear, squaredcos_cap_v2)")
+    return torch.cumprod(1 - betas, 0)
+
+
+class _UNetCall(torch.nn.Module):
+    """Adapts ``UNet2DModel.forward`` (returns an output object) to ``net(x, t) -> Tensor``."""
+
+    def __init__(self, unet: torch.nn.Module) -> None:
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.unet(x, t).sample
+
+
+def _find_unet_dir(folder: Path) -> Path:
+    for cand in (folder / "unet", folder):
+        if (cand / "config.json").is_file():
+            return cand
+    raise FileNotFoundError(
+        f"{folder}: not a diffusers UNet folder (expected {folder / 'unet' / 'config.json'} "
+        f"or {folder / 'config.json'})"
+    )
+
+
+def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Prior:
+    """Load a local diffusers UNet folder as a prior (see module docstring for layouts)."""
+    from diffusers import UNet2DModel
+
+    folder = Path(path)
+    if not folder.exists():
+        raise FileNotFoundError(f"prior folder {folder} does not exist")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"prior {folder} is not a folder (expected a diffusers UNet folder)")
+    unet_dir = _find_unet_dir(folder)
+    with open(unet_dir / "config.json") as f:
+        unet_cfg = json.load(f)
+    cls = unet_cfg.get("_class_name", "UNet2DModel")
+    if cls != "UNet2DModel":
+        raise ValueError(f"{unet_dir / 'config.json'}: _class_name is {cls!r}; only UNet2DModel is supported")
+    try:
+        unet = UNet2DModel.from_pretrained(unet_dir, local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise OSError(f"{unet_dir}: could not load UNet2DModel weights: {e}") from e
+    unet = unet.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    network = _UNetCall(unet)
+    size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
+    channels = int(unet.config.in_channels)
+
+    prior_cfg: dict = {}
+    if (folder / PRIOR_CONFIG_NAME).is_file():
+        with open(folder / PRIOR_CONFIG_NAME) as f:
+            prior_cfg = json.load(f)
+        unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
+
+    if prior_cfg.get("parameterization", "ddpm") == "edm":
+        prior: Prior = EDMDenoiser(
+            network,
+            channels=channels,
+            sigma_data=float(prior_cfg.get("sigma_data", 0.5)),
+            sigma_min=float(prior_cfg.get("sigma_min", 0.002)),
+            sigma_max=float(prior_cfg.get("sigma_max", 80.0)),
+            size_multiple=size_multiple,
+        )
+    else:
+        sched_file = folder / "scheduler" / "scheduler_config.json"
+        sched = dict(DEFAULT_SCHEDULE)
+        if sched_file.is_file():
+            with open(sched_file) as f:
+                sched.update(json.load(f))
+        if "prediction_type" in prior_cfg:
+            sched["prediction_type"] = prior_cfg["prediction_type"]
+        prior = EpsilonDenoiser(
+            network,
+            alphas_cumprod_from_config(sched),
+            prediction_type=sched["prediction_type"],
+            channels=channels,
+            size_multiple=size_multiple,
+        )
+    if prior_cfg.get("tile"):
+        prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
+    return prior.to(device)
