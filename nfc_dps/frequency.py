@@ -1,0 +1,171 @@
+"""Frequency and wavelet tools: radial grids, soft low-pass masks, band-limiting, orthonormal Haar.
+
+Conventions.
+* Frequencies live on the unshifted FFT grid of an (H, W) image (``torch.fft.fftfreq``).
+  The normalised radius is r = |omega| / max |omega| over that grid, so r = 1.0 at the corner
+  frequency (Nyquist in both axes for even sizes) and r = 0 at DC. Non-square images use their
+  own grid in each axis, so a cutoff is a fraction of the band whatever the image size.
+* Masks are real, radial and symmetric, so band-limiting a real image gives a real image. The
+  FFT is orthonormal (``norm="ortho"``): Parseval holds and a mask of ones is the identity.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _radial_frequency_cpu(h: int, w: int, rfft: bool) -> Tensor:
+    fy = torch.fft.fftfreq(h, dtype=torch.float64)
+    fx = torch.fft.rfftfreq(w, dtype=torch.float64) if rfft else torch.fft.fftfreq(w, dtype=torch.float64)
+    r = (fy[:, None] ** 2 + fx[None, :] ** 2).sqrt()
+    # normalise by the corner of the full grid (the same for the rfft half-grid)
+    fx_full = torch.fft.fftfreq(w, dtype=torch.float64)
+    r_max = math.sqrt(float(fy.abs().max()) ** 2 + float(fx_full.abs().max()) ** 2)
+    return (r / r_max if r_max > 0 else r).clamp(max=1.0)
+
+
+def radial_frequency(h: int, w: int, rfft: bool = False, device: torch.device | str | None = None,
+                     dtype: torch.dtype = torch.float32) -> Tensor:
+    """(H, W) or (H, W//2+1) if ``rfft``: normalised radial frequency in [0, 1] (1 = corner)."""
+    return _radial_frequency_cpu(int(h), int(w), bool(rfft)).to(device=device, dtype=dtype)
+
+
+def lowpass_mask(h: int, w: int, cutoff: float, transition: float = 0.1, rfft: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Raised-cosine radial low-pass: 1 for r <= cutoff, cos^2 roll-off to 0 at r = cutoff + transition.
+
+    ``cutoff`` in [0, 1] (fraction of the corner frequency); cutoff >= 1 is all-pass *exactly*
+    (every grid radius is <= 1), and the mask is monotone non-decreasing in the cutoff.
+    A hard disk (``transition=0``) is allowed but rings (Gibbs).
+    """
+    if not math.isfinite(cutoff) or cutoff < 0:
+        raise ValueError(f"cutoff must be a finite number >= 0, got {cutoff}")
+    if transition < 0:
+        raise ValueError(f"transition must be >= 0, got {transition}")
+    r = radial_frequency(h, w, rfft, device, torch.float64)
+    if cutoff >= 1.0:
+        return torch.ones_like(r, dtype=dtype)
+    if transition == 0:
+        return (r <= cutoff).to(dtype)
+    t = ((r - cutoff) / transition).clamp(0, 1)
+    return (torch.cos(0.5 * math.pi * t) ** 2).to(dtype)
+
+
+def band_limit(x: Tensor, mask: Tensor) -> Tensor:
+    """Apply a real radial frequency mask to the last two dims of x (orthonormal FFT).
+
+    ``mask`` is (H, W//2+1) on the rfft grid (preferred, from ``rfft=True``) or (H, W) on the
+    full grid; any leading broadcastable dims are allowed, e.g. (B, 1, H, W//2+1) per image.
+    """
+    h, w = x.shape[-2:]
+    if mask.shape[-2:] == (h, w // 2 + 1):
+        return torch.fft.irfft2(torch.fft.rfft2(x, norm="ortho") * mask, s=(h, w), norm="ortho")
+    if mask.shape[-2:] == (h, w):
+        return torch.fft.ifft2(torch.fft.fft2(x, norm="ortho") * mask, norm="ortho").real
+    raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit images of size {(h, w)}")
+
+
+def radial_power_spectrum(x: Tensor, bins: int = 32) -> tuple[Tensor, Tensor]:
+    """Radially averaged power |F x|^2 (ortho FFT, averaged over channels) per image.
+
+    Returns (radii (bins,), power (B, bins)); empty bins hold NaN.
+    """
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    power = torch.fft.rfft2(x - x.mean(dim=(-2, -1), keepdim=True), norm="ortho").abs().square().mean(1)
+    r = radial_frequency(h, w, rfft=True, device=x.device, dtype=x.dtype)
+    idx = (r * bins).long().clamp(max=bins - 1).flatten()
+    sums = torch.zeros(b, bins, dtype=x.dtype, device=x.device).index_add_(1, idx, power.flatten(1))
+    counts = torch.zeros(bins, dtype=x.dtype, device=x.device).index_add_(0, idx, torch.ones_like(idx, dtype=x.dtype))
+    radii = (torch.arange(bins, dtype=x.dtype, device=x.device) + 0.5) / bins
+    return radii, sums / counts.where(counts > 0, torch.full_like(counts, float("nan")))
+
+
+def fit_power_law(x: Tensor, r_min: float = 0.02, r_max: float = 0.5, bins: int = 32) -> tuple[Tensor, Tensor]:
+    """Fit S(r) = amplitude * r^(-alpha) to each image's radial power spectrum (log-log least squares).
+
+    Only radii in [r_min, r_max] are used (above r_max a measurement's spectrum is dominated by
+    noise or the operator's null space). Returns (amplitude (B,), alpha (B,)), alpha clamped to
+    [0.5, 4].
+    """
+    radii, power = radial_power_spectrum(x, bins)
+    keep = (radii >= r_min) & (radii <= r_max)
+    lr = radii[keep].log()
+    lp = power[:, keep].clamp_min(1e-20).log()
+    lr_c = lr - lr.mean()
+    slope = (lp - lp.mean(1, keepdim=True)) @ lr_c / lr_c.square().sum()
+    alpha = (-slope).clamp(0.5, 4.0)
+    log_amp = lp.mean(1) + alpha * lr.mean()
+    return log_amp.exp(), alpha
+
+
+# --------------------------------------------------------------------------- Haar wavelets
+
+def _haar_step(x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    a, b = x[..., 0::2, 0::2], x[..., 0::2, 1::2]
+    c, d = x[..., 1::2, 0::2], x[..., 1::2, 1::2]
+    ll = (a + b + c + d) / 2
+    lh = (a - b + c - d) / 2  # horizontal detail (differences along W)
+    hl = (a + b - c - d) / 2  # vertical detail (differences along H)
+    hh = (a - b - c + d) / 2
+    return ll, (lh, hl, hh)
+
+
+def _haar_step_inverse(ll: Tensor, details: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    lh, hl, hh = details
+    a = (ll + lh + hl + hh) / 2
+    b = (ll - lh + hl - hh) / 2
+    c = (ll + lh - hl - hh) / 2
+    d = (ll - lh - hl + hh) / 2
+    out = ll.new_empty(*ll.shape[:-2], 2 * ll.shape[-2], 2 * ll.shape[-1])
+    out[..., 0::2, 0::2], out[..., 0::2, 1::2] = a, b
+    out[..., 1::2, 0::2], out[..., 1::2, 1::2] = c, d
+    return out
+
+
+def haar_decompose(x: Tensor, levels: int) -> tuple[Tensor, list[tuple[Tensor, Tensor, Tensor]], list[tuple[int, int]]]:
+    """Multi-level orthonormal 2-D Haar transform of the last two dims.
+
+    Returns (ll, details, sizes): ``details[0]`` is the finest level's (LH, HL, HH), ``sizes[i]``
+    the (H, W) input size at level i. Odd sizes: before each level the image is extended by one
+    replicated row/column; :func:`haar_reconstruct` crops it off again, so the round trip is exact
+    (the transform is orthonormal on even sizes, injective on odd ones).
+    """
+    if levels < 0:
+        raise ValueError(f"levels must be >= 0, got {levels}")
+    details, sizes = [], []
+    ll = x
+    for _ in range(levels):
+        h, w = ll.shape[-2:]
+        sizes.append((h, w))
+        if h % 2 or w % 2:
+            ll = torch.nn.functional.pad(ll.reshape(-1, 1, h, w), (0, w % 2, 0, h % 2), mode="replicate").reshape(
+                *ll.shape[:-2], h + h % 2, w + w % 2)
+        ll, det = _haar_step(ll)
+        details.append(det)
+    return ll, details, sizes
+
+
+def haar_reconstruct(ll: Tensor, details: list[tuple[Tensor, Tensor, Tensor]], sizes: list[tuple[int, int]]) -> Tensor:
+    """Exact inverse of :func:`haar_decompose`."""
+    for det, (h, w) in zip(reversed(details), reversed(sizes)):
+        ll = _haar_step_inverse(ll, det)[..., :h, :w]
+    return ll
+
+
+def haar_fuse(refined: Tensor, predicted: Tensor, low_weight: float, detail_weight: float, levels: int) -> Tensor:
+    """Blend two images in the Haar domain: coarse (LL) band weighted ``low_weight`` towards
+    ``refined``, every detail band weighted ``detail_weight``. Weights of 1 return ``refined``.
+
+    Computed as predicted + H^-1(W * H(refined - predicted)) (the transform is linear).
+    """
+    if low_weight == 1.0 and detail_weight == 1.0:
+        return refined
+    ll, details, sizes = haar_decompose(refined - predicted, levels)
+    details = [tuple(detail_weight * d for d in det) for det in details]
+    return predicted + haar_reconstruct(low_weight * ll, details, sizes)

@@ -1,0 +1,50 @@
+"""Posterior samplers. Each is ``sample(prior, operator, y, sigma_y, image_shape, config,
+generators, callback) -> x`` with y, x in [0, 1] units and sigma_y in [0, 1] pixel units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .common import CountingPrior, counting
+from .nfc import NFCConfig, sample_daps, sample_nfc
+from .presets import DAPS_PRESETS, NFC_PRESETS
+
+
+@dataclass(frozen=True)
+class Method:
+    """A sampler, its config class and its named presets."""
+
+    sample: Callable[..., Any]
+    config_class: type
+    presets: dict[str, Any]
+
+
+METHODS: dict[str, Method] = {
+    "nfc": Method(sample_nfc, NFCConfig, NFC_PRESETS),
+    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS),
+}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    return METHODS[name]
+
+
+def get_config(method: str, preset: str = "fast", **overrides: Any) -> Any:
+    """The named preset of ``method`` with field overrides (unknown fields are an error)."""
+    from dataclasses import fields, replace
+
+    m = get_method(method)
+    if preset not in m.presets:
+        raise ValueError(f"unknown preset {preset!r} for {method}; choose one of {sorted(m.presets)}")
+    allowed = {f.name for f in fields(m.config_class)}
+    unknown = set(overrides) - allowed
+    if unknown:
+        raise ValueError(f"unknown {method} config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return replace(m.presets[preset], **overrides)
+
+
+__all__ = ["METHODS", "Method", "get_method", "get_config", "NFCConfig", "sample_nfc", "sample_daps",
+           "CountingPrior", "counting"]

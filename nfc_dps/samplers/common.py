@@ -1,0 +1,172 @@
+"""Pieces every sampler shares: unit conversion, NFE counting, per-image noise, the PF-ODE
+predictor and the Gaussian-conditional inner step.
+
+Units. The public API takes images and measurements in [0, 1] and sigma_y in [0, 1] pixel units.
+Priors work on [-1, 1]: x_m = 2 x - 1. For a linear operator A this maps the measurement to
+y_m = 2 y - A(1) (A(1) is 1 for blur and SR, the mask for inpainting) and its noise to
+sigma_m = 2 sigma_y. :func:`to_model_units` and :func:`to_image_units` are the only places
+where this happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..frequency import fit_power_law, radial_frequency
+from ..operators.base import LinearOperator, conjugate_gradient, randn_per_image
+from ..priors.base import Prior
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+Callback = Callable[[dict[str, Any]], None] | None
+
+#: floor on the likelihood's noise std (model units) so noiseless measurements stay well posed
+MIN_LIKELIHOOD_SIGMA = 1e-3
+
+
+class CountingPrior(Prior):
+    """Wraps a prior and counts its network evaluations (one batched call = 1 NFE per image)."""
+
+    def __init__(self, inner: Prior) -> None:
+        super().__init__()
+        self.inner = inner
+        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
+        self.size_multiple = inner.size_multiple
+        self.nfe = 0
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        self.nfe += 1
+        return self.inner.denoise(x, sigma)
+
+
+def counting(prior: Prior) -> CountingPrior:
+    return prior if isinstance(prior, CountingPrior) else CountingPrior(prior)
+
+
+@dataclass
+class ModelProblem:
+    """A measurement in the prior's [-1, 1] units: y_m = A x_m + n, n ~ N(0, sigma^2)."""
+
+    y: Tensor
+    sigma: float
+    image_shape: tuple[int, ...]
+
+
+def to_model_units(operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: Sequence[int]) -> ModelProblem:
+    """[0, 1] measurement and sigma_y -> [-1, 1] model units (see module docstring)."""
+    ones = torch.ones((1, *image_shape[1:]), dtype=y.dtype, device=y.device)
+    y_m = 2 * y - operator.A(ones)
+    return ModelProblem(y_m, max(2.0 * float(sigma_y), MIN_LIKELIHOOD_SIGMA), tuple(image_shape))
+
+
+def to_image_units(x_m: Tensor) -> Tensor:
+    """[-1, 1] model units -> [0, 1] image units (no clipping: callers clamp for saving/metrics)."""
+    return (x_m + 1) / 2
+
+
+def sigma_vector(sigma: float, x: Tensor) -> Tensor:
+    return torch.full((x.shape[0],), float(sigma), dtype=x.dtype, device=x.device)
+
+
+def pf_ode_predict(prior: Prior, x: Tensor, sigma_from: float, sigma_to: float, steps: int, rho: float = 7.0) -> Tensor:
+    """x0_hat from x at noise sigma_from: ``steps`` Euler steps of the probability-flow ODE
+    dx/dsigma = (x - D(x, sigma)) / sigma on an EDM poly-rho grid down to ``sigma_to``
+    (DAPS's predictor). ``steps`` network evaluations; one step from sigma >> sigma_to is Tweedie.
+    """
+    from ..schedules import karras_sigmas
+
+    if sigma_from <= sigma_to:
+        return prior.denoise(x, sigma_vector(sigma_from, x))
+    grid = karras_sigmas(steps + 1, sigma_to, sigma_from, rho, append_zero=False).tolist()
+    for s, s_next in zip(grid[:-1], grid[1:]):
+        d = (x - prior.denoise(x, sigma_vector(s, x))) / s
+        x = x + (s_next - s) * d
+    return x
+
+
+def spectral_prior_variance(amplitude: Tensor, alpha: Tensor, sigma: float, shape: Sequence[int]) -> Tensor:
+    """Per-frequency Cov(x0 | x_sigma) of a Gaussian prior S = amplitude * r^-alpha: S sigma^2 / (S + sigma^2).
+
+    (B, 1, H, W) on the full FFT grid; at DC (r = 0) it equals sigma^2.
+    """
+    h, w = shape[-2:]
+    r = radial_frequency(h, w, device=amplitude.device, dtype=amplitude.dtype)
+    r = r.clamp_min(0.5 / max(h, w))
+    spec = amplitude.view(-1, 1, 1, 1) * r ** (-alpha.view(-1, 1, 1, 1))
+    v = spec * sigma**2 / (spec + sigma**2)
+    v[..., 0, 0] = sigma**2
+    return v
+
+
+def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor) -> tuple[Tensor, Tensor]:
+    """Power law (amplitude, alpha) per image fitted to the pseudo-inverse of the measurement,
+    on low radii where signal dominates noise and aliasing (METHOD.md: "S fitted from y")."""
+    return fit_power_law(operator.A_pinv(y_m), r_min=0.02, r_max=0.2)
+
+
+def _filter(x: Tensor, transfer: Tensor) -> Tensor:
+    """Real image filtered by a real, symmetric full-grid transfer function (ortho FFT)."""
+    return torch.fft.ifft2(torch.fft.fft2(x, norm="ortho") * transfer, norm="ortho").real
+
+
+def gaussian_conditional(
+    operator: LinearOperator,
+    y: Tensor,
+    center: Tensor,
+    sigma_y: float,
+    prior_var: float | Tensor,
+    generators: Generators,
+    band: Tensor | None = None,
+    sample: bool = True,
+    cg_iters: int = 50,
+) -> Tensor:
+    """Sample (or the mean of) p(x) ∝ exp(-||W (y - A x)||^2 / (2 sigma_y^2)) N(x; center, C).
+
+    Args:
+        y: (B, C, h, w) measurement, model units.
+        center: (B, C, H, W) prior mean (the predictor's x0_hat).
+        prior_var: isotropic variance r^2 (float) or per-frequency variance (B|1, 1, H, W) on
+            the full FFT grid of the image (spectral covariance).
+        band: optional real full-grid weight W (B|1, 1, h, w) on the measurement grid.
+    Perturb-and-solve: x~ = center + C^1/2 e, u~ = W y + sigma_y e', then
+    x = argmin ||u~ - W A x||^2 / (2 sigma_y^2) + ||x - x~||_C^-1^2 / 2 is an exact sample.
+    Closed form for circulant blur (Fourier) and for the isotropic, unweighted case (the
+    operator's prox); conjugate gradients otherwise.
+    """
+    spectral = isinstance(prior_var, Tensor)
+    x_t, y_t = center, y
+    if sample:
+        e = randn_per_image(center.shape, generators, center.dtype, center.device)
+        x_t = center + (_filter(e, prior_var.sqrt()) if spectral else prior_var**0.5 * e)
+    if band is not None:
+        y_t = _filter(y, band)
+    if sample:
+        y_t = y_t + sigma_y * randn_per_image(y.shape, generators, y.dtype, y.device)
+
+    if not spectral and band is None:
+        return operator.prox(y_t, x_t, sigma_y, prior_var**0.5)
+
+    h, w = center.shape[-2:]
+    if getattr(operator, "is_circulant", False):
+        H = operator.transfer_function(h, w).to(center.device)
+        W2 = 1.0 if band is None else band**2
+        inv_c = 1.0 / prior_var if spectral else torch.full_like(H.real, 1.0 / prior_var)
+        precision = (H.abs() ** 2) * W2 / sigma_y**2 + inv_c
+        Wy = torch.fft.fft2(y_t, norm="ortho") * (1.0 if band is None else band)
+        rhs = H.conj() * Wy / sigma_y**2 + inv_c * torch.fft.fft2(x_t, norm="ortho")
+        return torch.fft.ifft2(rhs / precision, norm="ortho").real
+
+    def apply_w(v: Tensor) -> Tensor:
+        return v if band is None else _filter(v, band)
+
+    def apply_inv_c(v: Tensor) -> Tensor:
+        return _filter(v, 1.0 / prior_var) if spectral else v / prior_var
+
+    def normal(v: Tensor) -> Tensor:
+        return operator.A_adjoint(apply_w(apply_w(operator.A(v)))) / sigma_y**2 + apply_inv_c(v)
+
+    rhs = operator.A_adjoint(apply_w(y_t)) / sigma_y**2 + apply_inv_c(x_t)
+    return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5)

@@ -1,0 +1,180 @@
+"""Noise-frequency continuation (NFC) posterior sampling, and DAPS as NFC with its modules off.
+
+Algorithm (METHOD.md), for annealing levels sigma_0 > ... > sigma_{N-1} (EDM poly-7), sigma_N = 0:
+
+    x ~ N(0, sigma_0^2 I)
+    for k = 0 .. N-1:
+        x0_hat = PF-ODE(x, sigma_k -> sigma_ode_min, n Euler steps)            # n NFE
+        x0     = inner(x0_hat, r_k, band W_k)                                  # operator calls only
+                 target ∝ exp(-||W_k (y - A x0)||^2 / 2 sigma_y^2) N(x0; x0_hat, C_k)
+        x0     = HaarFuse(x0, x0_hat, w_L, w_H(k))                             # commit coarse first
+        x      = x0 + sigma_{k+1} * noise
+    return x
+
+W_k = (1 - lambda_k) + lambda_k M_k, M_k a soft low-pass on the measurement grid whose cutoff
+widens with k (``BandSchedule``); C_k = sigma_k^2 I (``isotropic``, DAPS) or the Gaussian-prior
+posterior covariance S sigma_k^2 / (S + sigma_k^2) per frequency (``spectral``). The inner step
+is DAPS's Langevin dynamics or an exact Gaussian-conditional sample (perturb-and-solve).
+With ``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from ..frequency import lowpass_mask
+from ..operators.base import LinearOperator, randn_per_image
+from ..priors.base import Prior
+from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
+from ..frequency import haar_fuse
+from .common import (
+    Callback,
+    Generators,
+    counting,
+    fit_spectrum_from_measurement,
+    gaussian_conditional,
+    pf_ode_predict,
+    spectral_prior_variance,
+    to_image_units,
+    to_model_units,
+    _filter,
+)
+
+INNER_SOLVERS = ("langevin", "exact")
+PRIOR_COVARIANCES = ("isotropic", "spectral")
+
+
+@dataclass(frozen=True)
+class NFCConfig:
+    """NFC / DAPS settings; every field is a YAML key (sigmas in [-1, 1] model units).
+
+    num_levels: N annealing levels. ode_steps: n Euler steps of the predictor (NFE = N * n).
+    sigma_max / sigma_min: annealing range (clamped to the prior's range); rho: EDM grid exponent.
+    ode_sigma_min: where the predictor's ODE stops (DAPS: 0.01).
+    inner: "langevin" (DAPS's, ``langevin_steps`` steps, step = ``langevin_step`` / Lipschitz,
+    decayed linearly to ``langevin_step * langevin_decay`` over the levels) or "exact".
+    prior_covariance: "isotropic" (DAPS: sigma_k^2 I) or "spectral".
+    band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
+    """
+
+    num_levels: int = 200
+    ode_steps: int = 5
+    sigma_max: float = 100.0
+    sigma_min: float = 0.1
+    rho: float = 7.0
+    ode_sigma_min: float = 0.01
+    inner: str = "langevin"
+    langevin_steps: int = 200
+    langevin_step: float = 0.5
+    langevin_decay: float = 0.01
+    prior_covariance: str = "isotropic"
+    band: BandSchedule = field(default_factory=BandSchedule)
+    detail: DetailSchedule = field(default_factory=DetailSchedule)
+
+    def __post_init__(self) -> None:
+        if self.inner not in INNER_SOLVERS:
+            raise ValueError(f"inner must be one of {INNER_SOLVERS}, got {self.inner!r}")
+        if self.prior_covariance not in PRIOR_COVARIANCES:
+            raise ValueError(f"prior_covariance must be one of {PRIOR_COVARIANCES}, got {self.prior_covariance!r}")
+        if self.num_levels < 1 or self.ode_steps < 1:
+            raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
+        if isinstance(self.band, dict):
+            object.__setattr__(self, "band", BandSchedule(**self.band))
+        if isinstance(self.detail, dict):
+            object.__setattr__(self, "detail", DetailSchedule(**self.detail))
+
+    @property
+    def nfe(self) -> int:
+        return self.num_levels * self.ode_steps
+
+    def as_daps(self) -> "NFCConfig":
+        """The same skeleton with NFC's modules off: DAPS."""
+        return replace(self, band=replace(self.band, blend_start=0.0), detail=replace(self.detail, levels=0))
+
+
+def band_weight(cfg: BandSchedule, k: int, n: int, shape: tuple[int, ...], sigma: float,
+                spectrum: tuple[Tensor, Tensor] | None, device, dtype) -> Tensor | None:
+    """W_k on the measurement's full FFT grid, (1|B, 1, h, w); None when it is all-pass."""
+    lam = cfg.blend(k, n)
+    if lam == 0.0:
+        return None
+    h, w = shape[-2:]
+    if cfg.cutoff == "linear":
+        mask = lowpass_mask(h, w, cfg.linear_cutoff(k, n), cfg.transition, device=device, dtype=dtype)[None, None]
+    else:
+        amp, alpha = spectrum
+        cut = cfg.spectral_cutoff(sigma, amp, alpha, k, n)
+        mask = torch.stack([lowpass_mask(h, w, float(c), cfg.transition, device=device, dtype=dtype) for c in cut])[:, None]
+    return (1 - lam) + lam * mask
+
+
+def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y: float, prior_var: float | Tensor,
+                    band: Tensor | None, steps: int, step_fraction: float, generators: Generators) -> Tensor:
+    """DAPS's inner loop: Langevin dynamics on -log p(x0 | x0_hat, y), started at x0_hat.
+
+    Step size = step_fraction / L, L the gradient's Lipschitz bound (||A|| <= 1, W <= 1).
+    """
+    spectral = isinstance(prior_var, Tensor)
+    lipschitz = 1.0 / sigma_y**2 + float(1.0 / (prior_var.min() if spectral else prior_var))
+    eta = step_fraction / lipschitz
+    x = x0_hat
+    for _ in range(steps):
+        residual = operator.A(x) - y
+        if band is not None:
+            residual = _filter(_filter(residual, band), band)
+        diff = x - x0_hat
+        grad = operator.A_adjoint(residual) / sigma_y**2 + (_filter(diff, 1.0 / prior_var) if spectral else diff / prior_var)
+        x = x - eta * grad + (2 * eta) ** 0.5 * randn_per_image(x.shape, generators, x.dtype, x.device)
+    return x
+
+
+def sample_nfc(
+    prior: Prior,
+    operator: LinearOperator,
+    y: Tensor,
+    sigma_y: float,
+    image_shape: tuple[int, ...],
+    config: NFCConfig = NFCConfig(),
+    generators: Generators = None,
+    callback: Callback = None,
+) -> Tensor:
+    """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
+    image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped).
+    """
+    prior = counting(prior)
+    prob = to_model_units(operator, y, sigma_y, image_shape)
+    cfg = config
+    sigmas = karras_sigmas(cfg.num_levels, cfg.sigma_min, min(cfg.sigma_max, prior.sigma_max), cfg.rho).tolist()
+    n = cfg.num_levels
+    needs_spectrum = cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
+    spectrum = fit_spectrum_from_measurement(operator, prob.y) if needs_spectrum else None
+
+    x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
+    for k in range(n):
+        sigma, sigma_next = sigmas[k], sigmas[k + 1]
+        x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
+        prior_var: float | Tensor = sigma**2
+        if cfg.prior_covariance == "spectral":
+            prior_var = spectral_prior_variance(spectrum[0], spectrum[1], sigma, image_shape)
+        band = band_weight(cfg.band, k, n, prob.y.shape, sigma, spectrum, y.device, y.dtype)
+        if cfg.inner == "exact":
+            x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band)
+        else:
+            step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
+            x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step, generators)
+        if cfg.detail.active:
+            w_low, w_high = cfg.detail.weights(k, n)
+            x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
+        x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device) if sigma_next > 0 else x0
+        if callback is not None:
+            callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
+    return to_image_units(x)
+
+
+def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],
+                config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None) -> Tensor:
+    """DAPS (Zhang et al. 2025): :func:`sample_nfc` with the band and the Haar commitment off."""
+    return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback)

@@ -1,0 +1,141 @@
+"""Noise-level grids and NFC's per-level schedules, as plain tensors and small frozen dataclasses.
+
+All sigmas are in the prior's [-1, 1] model units (VE/EDM convention: x_sigma = x0 + sigma * n).
+Level progress u_k = k / (N - 1) runs from 0 (first, noisiest level) to 1 (last level).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+
+def karras_sigmas(n: int, sigma_min: float, sigma_max: float, rho: float = 7.0, append_zero: bool = True) -> Tensor:
+    """EDM poly-rho grid of n sigmas from sigma_max down to sigma_min (float64), then 0 if asked."""
+    if n < 1:
+        raise ValueError(f"need at least one level, got {n}")
+    if not 0 < sigma_min <= sigma_max:
+        raise ValueError(f"need 0 < sigma_min <= sigma_max, got {sigma_min}, {sigma_max}")
+    if n == 1:
+        sig = torch.tensor([sigma_max], dtype=torch.float64)
+    else:
+        ramp = torch.linspace(0, 1, n, dtype=torch.float64)
+        lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+        sig = (hi + ramp * (lo - hi)) ** rho
+    return torch.cat([sig, sig.new_zeros(1)]) if append_zero else sig
+
+
+def level_progress(k: int, n: int) -> float:
+    """u_k = k / (n - 1) in [0, 1] (1.0 when there is a single level)."""
+    return 1.0 if n <= 1 else k / (n - 1)
+
+
+def cosine_decay(u: float, start: float, end: float = 0.0) -> float:
+    """start at u = 0, end at u = 1, half-cosine in between."""
+    return end + (start - end) * 0.5 * (1 + math.cos(math.pi * u))
+
+
+def smoothstep(t: float) -> float:
+    t = min(max(t, 0.0), 1.0)
+    return t * t * (3 - 2 * t)
+
+
+@dataclass(frozen=True)
+class BandSchedule:
+    """Frequency-limited likelihood of NFC (METHOD.md module 1).
+
+    The residual's weight per frequency is W_k = (1 - lambda_k) + lambda_k * M_k, M_k a soft
+    low-pass with cutoff c_k (fraction of the corner frequency of the measurement grid):
+
+    * ``cutoff="linear"``: c_k = cutoff_start + (cutoff_end - cutoff_start) * u_k (the paper's 0.4 -> 1.0);
+    * ``cutoff="spectral"``: c_k solves S(c) = kappa * sigma_k^2 for the power law S fitted to
+      the measurement (clamped to [cutoff_start, 1]): the frequency where the image spectrum
+      meets the current diffusion noise (METHOD.md, "Why a band at all");
+    * lambda_k = cosine decay from ``blend_start`` to 0; the last ``full_band_levels`` levels
+      are all-pass (lambda = 0, c = 1) so the target returns to the true posterior.
+    """
+
+    cutoff: str = "linear"
+    cutoff_start: float = 0.4
+    cutoff_end: float = 1.0
+    blend_start: float = 0.35
+    kappa: float = 1.0
+    transition: float = 0.1
+    full_band_levels: int = 1
+
+    def __post_init__(self) -> None:
+        if self.cutoff not in ("linear", "spectral"):
+            raise ValueError(f"cutoff must be 'linear' or 'spectral', got {self.cutoff!r}")
+        if not 0 <= self.blend_start <= 1:
+            raise ValueError(f"blend_start must be in [0, 1], got {self.blend_start}")
+
+    @property
+    def active(self) -> bool:
+        return self.blend_start > 0
+
+    def blend(self, k: int, n: int) -> float:
+        if k >= n - self.full_band_levels:
+            return 0.0
+        return cosine_decay(level_progress(k, n), self.blend_start, 0.0)
+
+    def linear_cutoff(self, k: int, n: int) -> float:
+        if k >= n - self.full_band_levels:
+            return 1.0
+        u = level_progress(k, n)
+        return self.cutoff_start + (self.cutoff_end - self.cutoff_start) * u
+
+    def spectral_cutoff(self, sigma: float, amplitude: Tensor, alpha: Tensor, k: int, n: int) -> Tensor:
+        """Per-image cutoff (B,) where amplitude * r^-alpha = kappa * sigma^2, clamped to [cutoff_start, 1]."""
+        if k >= n - self.full_band_levels:
+            return torch.ones_like(amplitude)
+        r = (amplitude / (self.kappa * sigma**2)) ** (1.0 / alpha)
+        return r.clamp(self.cutoff_start, 1.0)
+
+
+@dataclass(frozen=True)
+class DetailSchedule:
+    """Haar-domain commitment of NFC (METHOD.md module 2).
+
+    The refined x0 and the predictor's x0_hat are fused in a ``levels``-level orthonormal Haar
+    domain: the LL band takes the refinement with ``low_weight`` (1.0), every detail band with
+    w_k = detail_weight + (1 - detail_weight) * unlock_k, where unlock_k rises from
+    ``unlock_start`` to 1 by a smoothstep that begins at progress ``unlock_begin`` (the paper's
+    "d_s": unlocking early costs dB). Every weight is exactly 1 at the last level.
+    """
+
+    levels: int = 1
+    low_weight: float = 1.0
+    detail_weight: float = 0.2
+    unlock_start: float = 0.05
+    unlock_begin: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.levels <= 8:
+            raise ValueError(f"levels must be in [0, 8], got {self.levels}")
+        for name in ("low_weight", "detail_weight", "unlock_start", "unlock_begin"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+
+    @property
+    def active(self) -> bool:
+        return self.levels > 0 and (self.low_weight < 1 or self.detail_weight < 1)
+
+    def unlock(self, k: int, n: int) -> float:
+        u = level_progress(k, n)
+        ramp = 1.0 if self.unlock_begin >= 1 and u >= 1 else smoothstep((u - self.unlock_begin) / max(1e-12, 1 - self.unlock_begin))
+        return self.unlock_start + (1 - self.unlock_start) * ramp
+
+    def weights(self, k: int, n: int) -> tuple[float, float]:
+        """(low_weight_k, detail_weight_k); both exactly 1.0 at the last level."""
+        if k >= n - 1:
+            return 1.0, 1.0
+        return self.low_weight, self.detail_weight + (1 - self.detail_weight) * self.unlock(k, n)
+
+
+def as_dict(schedule) -> dict:
+    """A schedule's fields as a plain dict (for saving next to results)."""
+    return asdict(schedule)
