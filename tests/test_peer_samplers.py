@@ -1,0 +1,333 @@
+"""Peer samplers (DPS, DiffPIR, DDNM+, DDRM) on tiny images with an exact Gaussian prior.
+
+The prior is white Gaussian, x0 ~ N(0, s^2 I) in model units, whose MMSE denoiser is exact:
+D(x, sigma) = x s^2 / (s^2 + sigma^2). For the denoising operator the posterior is closed form:
+mean = y_m s^2 / (s^2 + sigma_m^2), variance v = s^2 sigma_m^2 / (s^2 + sigma_m^2), so a posterior
+sample has per-pixel squared error 2 v.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nfc_dps.operators import BlurOperator, Denoising, Inpainting, SuperResolution, gaussian_kernel, random_mask
+from nfc_dps.priors.base import Prior
+from nfc_dps.samplers import ddrm as ddrm_mod
+from nfc_dps.samplers import diffpir as diffpir_mod
+from nfc_dps.samplers import dps as dps_mod
+from nfc_dps.samplers.common import CountingPrior
+from nfc_dps.samplers.ddrm import DDNMConfig, DDRMConfig, sample_ddnm, sample_ddrm
+from nfc_dps.samplers.diffpir import DiffPIRConfig, sample_diffpir
+from nfc_dps.samplers.dps import DPSConfig, dps_guidance, sample_dps, sigma_grid, vp_sigma
+
+torch.set_num_threads(1)
+
+PRIOR_STD = 0.5  # model units
+
+
+class WhiteGaussianPrior(Prior):
+    """Exact MMSE denoiser of N(0, std^2 I) (model units)."""
+
+    def __init__(self, std: float = PRIOR_STD, channels: int = 3, sigma_max: float = 80.0) -> None:
+        super().__init__()
+        self.std, self.channels, self.sigma_max, self.sigma_min = std, channels, sigma_max, 0.002
+
+    def denoise(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        v = self.std**2
+        return x * (v / (v + sigma.view(-1, 1, 1, 1) ** 2))
+
+
+def make_operator(name: str, h: int, w: int):
+    if name == "blur_circular":
+        return BlurOperator(gaussian_kernel(5, 1.0), boundary="circular")
+    if name == "blur_reflect":
+        return BlurOperator(gaussian_kernel(5, 1.0), boundary="reflect")
+    if name == "sr_bicubic":
+        return SuperResolution(2, method="bicubic")
+    if name == "sr_average":
+        return SuperResolution(2, method="average")
+    if name == "inpainting":
+        return Inpainting(random_mask(h, w, 0.5, generator=3))
+    if name == "denoising":
+        return Denoising()
+    raise KeyError(name)
+
+
+OPERATORS = ["blur_circular", "blur_reflect", "sr_bicubic", "sr_average", "inpainting", "denoising"]
+DDRM_OPERATORS = {"blur_circular", "inpainting", "denoising"}
+
+SAMPLERS = {
+    "dps": (sample_dps, DPSConfig(num_steps=8)),
+    "dps_fgps": (sample_dps, DPSConfig(num_steps=8, band="exponential")),
+    "diffpir": (sample_diffpir, DiffPIRConfig(num_steps=8)),
+    "ddnm_prox": (sample_ddnm, DDNMConfig(num_steps=8)),
+    "ddnm_scaled": (sample_ddnm, DDNMConfig(num_steps=8, correction="scaled")),
+    "ddrm": (sample_ddrm, DDRMConfig(num_steps=8)),
+}
+
+
+def gens(seeds):
+    return [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+
+def problem(op_name: str, shape=(3, 3, 16, 16), sigma_y: float = 0.05, seed: int = 0):
+    b, c, h, w = shape
+    op = make_operator(op_name, h, w)
+    g = torch.Generator().manual_seed(seed)
+    x = ((PRIOR_STD * torch.randn(shape, generator=g)) + 1) / 2
+    x[0] = x[0] * 3 - 1  # very different residual scales across the batch (per-image normalisation)
+    y = op.measure(x, sigma_y, gens(range(100, 100 + b)))
+    return op, x, y
+
+
+# ------------------------------------------------------------------------------- all peers run
+
+
+@pytest.mark.parametrize("op_name", OPERATORS)
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_runs_deterministic_batch_invariant(sampler, op_name):
+    fn, cfg = SAMPLERS[sampler]
+    shape = (3, 3, 16, 16)
+    op, _, y = problem(op_name, shape)
+    if sampler == "ddrm" and op_name not in DDRM_OPERATORS:
+        with pytest.raises(ValueError, match="diagonalisable"):
+            fn(WhiteGaussianPrior(), op, y, 0.05, shape, cfg, gens([1, 2, 3]))
+        return
+    prior = CountingPrior(WhiteGaussianPrior())
+    calls = []
+    out = fn(prior, op, y, 0.05, shape, cfg, gens([1, 2, 3]), callback=calls.append)
+    assert out.shape == shape and torch.isfinite(out).all()
+    assert prior.nfe == cfg.nfe == cfg.num_steps
+    assert [c["step"] for c in calls] == list(range(cfg.num_steps))
+    assert calls[-1]["nfe"] == cfg.nfe and set(calls[0]) >= {"step", "sigma", "x", "x0_hat", "nfe"}
+    again = fn(WhiteGaussianPrior(), op, y, 0.05, shape, cfg, gens([1, 2, 3]))
+    assert torch.equal(out, again)
+    alone = fn(WhiteGaussianPrior(), op, y[1:2], 0.05, (1, *shape[1:]), cfg, gens([2]))
+    torch.testing.assert_close(alone[0], out[1], atol=1e-5, rtol=1e-5)
+    other_seed = fn(WhiteGaussianPrior(), op, y, 0.05, shape, cfg, gens([7, 8, 9]))
+    assert not torch.allclose(other_seed, out)
+
+
+@pytest.mark.parametrize("sampler", ["dps", "diffpir", "ddnm_prox", "ddrm"])
+def test_gray_non_square(sampler):
+    fn, cfg = SAMPLERS[sampler]
+    shape = (2, 1, 24, 32)
+    op, _, y = problem("blur_circular" if sampler == "ddrm" else "sr_bicubic", shape)
+    out = fn(WhiteGaussianPrior(channels=1), op, y, 0.05, shape, cfg, gens([0, 1]))
+    assert out.shape == shape and torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------------------------- exact-prior sanity
+
+
+def denoising_problem(sigma_y: float, shape=(4, 1, 32, 32)):
+    g = torch.Generator().manual_seed(0)
+    x0 = PRIOR_STD * torch.randn(shape, generator=g)
+    y = Denoising().measure((x0 + 1) / 2, sigma_y, g)
+    sm = 2 * sigma_y
+    post_var = PRIOR_STD**2 * sm**2 / (PRIOR_STD**2 + sm**2)
+    gain = PRIOR_STD**2 / (PRIOR_STD**2 + sm**2)
+    return x0, y, post_var, gain
+
+
+def fit(out, y):
+    """(x in model units, regression gain of x on y_m, variance of the residual x - gain y_m)."""
+    om, ym = 2 * out - 1, 2 * y - 1
+    gain = float((om * ym).sum() / (ym * ym).sum())
+    return om, gain, float((om - gain * ym).var())
+
+
+@pytest.mark.parametrize(
+    "fn,cfg,err_max,gain_tol",
+    [
+        (sample_diffpir, DiffPIRConfig(num_steps=50), 1.3, 0.05),
+        (sample_ddnm, DDNMConfig(num_steps=50), 1.3, 0.05),
+        (sample_ddnm, DDNMConfig(num_steps=50, correction="scaled"), 1.3, 0.05),
+        (sample_ddrm, DDRMConfig(num_steps=50), 1.3, 0.05),
+        (sample_dps, DPSConfig(num_steps=1000, step_size=1.0), 2.5, 0.05),
+    ],
+    ids=["diffpir", "ddnm_prox", "ddnm_scaled", "ddrm", "dps"],
+)
+def test_gaussian_denoising_is_sane(fn, cfg, err_max, gain_tol):
+    """Posterior-sample error is 2v and the output's gain on y is s^2/(s^2+sigma^2); each peer
+    must land near it (within err_max x 2v, gain within gain_tol + its bias toward y)."""
+    x0, y, v, gain = denoising_problem(0.05)
+    out = fn(WhiteGaussianPrior(channels=1), Denoising(), y, 0.05, x0.shape, cfg, gens(range(4)))
+    om, g, _ = fit(out, y)
+    err = float(((om - x0) ** 2).mean())
+    assert err < err_max * 2 * v
+    assert gain - gain_tol < g < 1.0 + gain_tol  # between the posterior mean's gain and y itself
+
+
+def test_diffpir_matches_posterior_spread():
+    x0, y, v, gain = denoising_problem(0.05)
+    out = sample_diffpir(WhiteGaussianPrior(channels=1), Denoising(), y, 0.05, x0.shape, DiffPIRConfig(num_steps=50), gens(range(4)))
+    om, g, resid = fit(out, y)
+    assert abs(g - gain) < 0.05
+    assert 0.5 * v < resid < 2.0 * v  # the posterior spread, not a point estimate
+
+
+def test_dps_unconditional_is_the_prior():
+    """step_size = 0: DPS is DDPM ancestral sampling; with the exact denoiser and 1000 steps the
+    samples have the prior's variance, and the measurement is ignored."""
+    shape = (2, 1, 32, 32)
+    op, _, y = problem("denoising", shape)
+    cfg = DPSConfig(num_steps=1000, step_size=0.0)
+    out = sample_dps(WhiteGaussianPrior(channels=1), op, y, 0.05, shape, cfg, gens([0, 1]))
+    assert abs(float((2 * out - 1).var()) / PRIOR_STD**2 - 1) < 0.05
+    out2 = sample_dps(WhiteGaussianPrior(channels=1), op, 1 - y, 0.05, shape, cfg, gens([0, 1]))
+    assert torch.equal(out, out2)
+
+
+def test_dps_gradient_is_normalised_per_image():
+    """For the Gaussian prior, D = c x, so grad_x ||y - A D(x)|| = -c A^T r / ||r|| per image."""
+    prior = WhiteGaussianPrior(channels=1)
+    op = SuperResolution(2, "average")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 1, 8, 8, generator=g) * 2
+    y = torch.randn(3, 1, 4, 4, generator=g) * torch.tensor([1.0, 10.0, 100.0]).view(-1, 1, 1, 1)
+    sigma = 1.3
+    with torch.no_grad():  # the guidance turns autograd on itself
+        x0, grad = dps_guidance(prior, op, y, x, sigma)
+    c = PRIOR_STD**2 / (PRIOR_STD**2 + sigma**2)
+    r = y - op.A(c * x)
+    expected = -c * op.A_adjoint(r) / r.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    torch.testing.assert_close(x0, c * x)
+    torch.testing.assert_close(grad, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_dps_step_is_applied_in_vp_units():
+    """One step from sigma_0 to 0: x = x0_hat - zeta * g / (sqrt(abar_0) sqrt(abar_-1)), and
+    sqrt(abar) = 1 / sqrt(1 + sigma^2), i.e. the VE gradient scaled by sqrt(1 + sigma_0^2)."""
+    from nfc_dps.operators import randn_per_image
+
+    shape = (2, 1, 8, 8)
+    op, _, y = problem("sr_average", shape)
+    prior = WhiteGaussianPrior(channels=1, sigma_max=3.0)
+    base = sample_dps(prior, op, y, 0.05, shape, DPSConfig(num_steps=1, step_size=0.0), gens([4, 5]))
+    out = sample_dps(prior, op, y, 0.05, shape, DPSConfig(num_steps=1, step_size=0.7), gens([4, 5]))
+    sigma0 = 3.0
+    x_init = (1 + sigma0**2) ** 0.5 * randn_per_image(shape, gens([4, 5]))
+    _, g = dps_guidance(prior, op, 2 * y - 1, x_init, sigma0)
+    torch.testing.assert_close(2 * (out - base), -0.7 * (1 + sigma0**2) ** 0.5 * g, atol=1e-5, rtol=1e-4)
+
+
+def test_diffpir_one_step_is_the_prox():
+    """num_steps = 1 with the final data step: x = prox(y, D(x_0, sigma_0), sigma_y, sigma_0 / sqrt(lam))."""
+    from nfc_dps.operators import randn_per_image
+
+    shape = (2, 3, 16, 16)
+    op, _, y = problem("blur_circular", shape)
+    prior = WhiteGaussianPrior(sigma_max=2.0)
+    cfg = DiffPIRConfig(num_steps=1, lam=3.0, final_data_step=True)
+    out = sample_diffpir(prior, op, y, 0.05, shape, cfg, gens([4, 5]))
+    x_init = 2.0 * randn_per_image(shape, gens([4, 5]))
+    expected = op.prox(2 * y - 1, prior(x_init, 2.0), 0.1, 2.0 / 3.0**0.5)
+    torch.testing.assert_close(2 * out - 1, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_dps_fgps_band_schedule():
+    cfg = DPSConfig(band="exponential")
+    cuts = [cfg.band_cutoff(t) for t in (999, 800, 500, 0)]
+    assert cuts[0] == pytest.approx(10 / 181) and cuts == sorted(cuts)
+    assert cuts[-1] == pytest.approx(75 / 181, rel=0.01) and cuts[1] * 181 == pytest.approx(51.5, abs=1.0)
+    lin = DPSConfig(band="linear")
+    assert lin.band_cutoff(999) == pytest.approx(10 / 181) and lin.band_cutoff(0) == pytest.approx(75 / 181)
+
+
+@pytest.mark.parametrize("op_name", ["inpainting", "sr_average", "sr_bicubic", "blur_circular", "denoising"])
+@pytest.mark.parametrize("correction", ["prox", "scaled"])
+def test_ddnm_is_consistent_without_noise(op_name, correction):
+    shape = (2, 3, 16, 16)
+    op, _, y = problem(op_name, shape, sigma_y=0.0)
+    out = sample_ddnm(WhiteGaussianPrior(), op, y, 0.0, shape, DDNMConfig(num_steps=10, correction=correction), gens([0, 1]))
+    rel = (op.A(out) - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
+    assert float(rel.max()) < 1e-3
+
+
+@pytest.mark.parametrize("op_name", ["inpainting", "denoising"])
+def test_ddrm_is_consistent_without_noise(op_name):
+    shape = (2, 3, 16, 16)
+    op, _, y = problem(op_name, shape, sigma_y=0.0)
+    out = sample_ddrm(WhiteGaussianPrior(), op, y, 0.0, shape, DDRMConfig(num_steps=10), gens([0, 1]))
+    rel = (op.A(out) - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
+    assert float(rel.max()) < 1e-4
+
+
+def test_ddrm_blur_keeps_observed_frequencies():
+    """Circulant blur, no noise: frequencies with |H| above the cutoff come from y exactly."""
+    shape = (1, 1, 16, 16)
+    op, _, y = problem("blur_circular", shape, sigma_y=0.0)
+    cfg = DDRMConfig(num_steps=10)
+    out = sample_ddrm(WhiteGaussianPrior(channels=1), op, y, 0.0, shape, cfg, gens([0]))
+    H = op.transfer_function(16, 16)
+    keep = H.abs() > cfg.singular_cutoff
+    Fy, FAx = torch.fft.fft2(2 * y - 1), torch.fft.fft2(op.A(2 * out - 1))
+    torch.testing.assert_close(FAx[..., keep], Fy[..., keep], atol=1e-3, rtol=1e-3)
+
+
+# ------------------------------------------------------------------------------- grids and configs
+
+
+def test_sigma_grid():
+    sig, ts = sigma_grid(1000, 1e9, "uniform")
+    assert len(sig) == 1001 and sig[-1] == 0 and ts[0] == 999 and ts[-1] == 0
+    assert sig[0] == pytest.approx(157.4, abs=0.5) and sig[-2] == pytest.approx(0.01, rel=1e-3)
+    assert all(a > b for a, b in zip(sig[:-1], sig[1:]))
+    for schedule in ("uniform", "quad", "karras"):
+        sig, _ = sigma_grid(7, 80.0, schedule)
+        assert len(sig) == 8 and sig[0] == pytest.approx(80.0, rel=1e-6) and sig[-1] == 0
+        assert all(a > b for a, b in zip(sig[:-1], sig[1:]))
+    assert float(vp_sigma(0.5)) == pytest.approx((float(vp_sigma(0)) * float(vp_sigma(1))) ** 0.5)
+
+
+def test_prior_sigma_max_is_respected():
+    calls = []
+    shape = (1, 3, 16, 16)
+    op, _, y = problem("denoising", shape)
+    for fn, cfg in [(sample_dps, DPSConfig(num_steps=4)), (sample_diffpir, DiffPIRConfig(num_steps=4)),
+                    (sample_ddnm, DDNMConfig(num_steps=4)), (sample_ddrm, DDRMConfig(num_steps=4))]:
+        calls.clear()
+        fn(WhiteGaussianPrior(sigma_max=20.0), op, y, 0.05, shape, cfg, gens([0]), callback=calls.append)
+        assert calls[0]["sigma"] == pytest.approx(20.0, rel=1e-6)
+
+
+def test_presets_and_nfe():
+    assert dps_mod.PRESETS["paper"].nfe == 1000 and dps_mod.PRESETS["fast"].nfe == 100
+    assert diffpir_mod.PRESETS["paper"].nfe == 100 and diffpir_mod.PRESETS["fast"].nfe == 100
+    assert ddrm_mod.PRESETS["paper"].nfe == 100 and ddrm_mod.PRESETS["fast"].nfe == 100
+    assert ddrm_mod.DDRM_PRESETS["paper"].nfe == 20 and ddrm_mod.DDRM_PRESETS["fast"].nfe == 100
+    for mod in (dps_mod, diffpir_mod, ddrm_mod):
+        assert set(mod.PRESETS) == {"paper", "fast"}
+        for cfg in mod.PRESETS.values():
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                cfg.num_steps = 3
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs,field",
+    [
+        (DPSConfig, {"num_steps": 0}, "num_steps"),
+        (DPSConfig, {"num_steps": 2.5}, "num_steps"),
+        (DPSConfig, {"step_size": -1.0}, "step_size"),
+        (DPSConfig, {"sigma_max": 0.0}, "sigma_max"),
+        (DPSConfig, {"schedule": "cosine"}, "schedule"),
+        (DPSConfig, {"variance": "learned"}, "variance"),
+        (DPSConfig, {"band": "gaussian"}, "band"),
+        (DPSConfig, {"band_start": 0.5, "band_end": 0.2}, "band_start"),
+        (DiffPIRConfig, {"num_steps": -3}, "num_steps"),
+        (DiffPIRConfig, {"lam": 0.0}, "lam"),
+        (DiffPIRConfig, {"zeta": 1.5}, "zeta"),
+        (DiffPIRConfig, {"schedule": "linear"}, "schedule"),
+        (DDNMConfig, {"eta": -0.1}, "eta"),
+        (DDNMConfig, {"correction": "none"}, "correction"),
+        (DDRMConfig, {"eta_b": 2.0}, "eta_b"),
+        (DDRMConfig, {"singular_cutoff": -1.0}, "singular_cutoff"),
+    ],
+)
+def test_config_validation(cls, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        cls(**kwargs)
