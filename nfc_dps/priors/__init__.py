@@ -1,9 +1,21 @@
 """Priors: denoisers D(x, sigma) -> x0_hat on [-1, 1] data."""
 
+from .adm import ADM_PRESETS, adm_unet_config, convert_adm_checkpoint, convert_adm_state_dict
 from .base import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
 from .diffusers_prior import load_diffusers_prior
+from .gaussian import GaussianSpectralPrior, circulant_transfer, fit_power_law
 
-__all__ = ["Prior", "EDMDenoiser", "EpsilonDenoiser", "TiledPrior", "load_diffusers_prior"]
-from .default import default_prior_path, load_prior  # noqa: E402
-
-__all__ += ["default_prior_path", "load_prior"]
+__all__ = [
+    "Prior",
+    "EDMDenoiser",
+    "EpsilonDenoiser",
+    "TiledPrior",
+    "load_diffusers_prior",
+    "GaussianSpectralPrior",
+    "fit_power_law",
+    "circulant_transfer",
+    "ADM_PRESETS",
+    "adm_unet_config",
+    "convert_adm_state_dict",
+    "convert_adm_checkpoint",
+]

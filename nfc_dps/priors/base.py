@@ -139,18 +139,21 @@ class EpsilonDenoiser(Prior):
     def sigma_to_t(self, sigma: Tensor) -> Tensor:
         """Fractional timestep: linear interpolation of log-sigma between discrete steps (clamped)."""
         log_sigmas = self.log_sigmas.to(sigma.device)
-        log_sigma = sigma.float().clamp_min(1e-10).log()
+        # same dtype as the table (searchsorted needs it; the table follows .double()/.float())
+        log_sigma = sigma.detach().to(log_sigmas.dtype).clamp_min(1e-10).log()
         idx = torch.searchsorted(log_sigmas, log_sigma).clamp(1, len(log_sigmas) - 1)
         lo, hi = log_sigmas[idx - 1], log_sigmas[idx]
         w = ((log_sigma - lo) / (hi - lo)).clamp(0, 1)
-        return (idx - 1).float() + w
+        return ((idx - 1).to(w.dtype) + w).float()
 
     def t_to_sigma(self, t: Tensor) -> Tensor:
-        t = t.float().clamp(0, len(self.log_sigmas) - 1)
+        """Inverse of :meth:`sigma_to_t` (log-sigma interpolation between steps, clamped to [0, T-1])."""
+        log_sigmas = self.log_sigmas.to(t.device)
+        t = t.to(log_sigmas.dtype).clamp(0, len(log_sigmas) - 1)
         lo = t.floor().long()
-        hi = (lo + 1).clamp_max(len(self.log_sigmas) - 1)
+        hi = (lo + 1).clamp_max(len(log_sigmas) - 1)
         w = t - lo
-        return ((1 - w) * self.log_sigmas[lo] + w * self.log_sigmas[hi]).exp()
+        return ((1 - w) * log_sigmas[lo] + w * log_sigmas[hi]).exp()
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
         s = sigma.view(-1, 1, 1, 1).to(x.dtype)
@@ -241,17 +244,31 @@ class TiledPrior(Prior):
         return out
 
 
+def reflect_index(n: int, before: int, after: int, device: torch.device | str | None = None) -> Tensor:
+    """Source indices of a reflect padding ("d c b | a b c d | c b a") of a length-``n`` axis.
+
+    Pads may exceed the axis: the reflection continues periodically (period 2(n-1)), as numpy's
+    ``np.pad(mode="reflect")``. A length-1 axis is replicated.
+    """
+    i = torch.arange(-before, n + after, device=device)
+    if n == 1:
+        return torch.zeros_like(i)
+    period = 2 * (n - 1)
+    m = i.remainder(period)
+    return torch.where(m < n, m, period - m)
+
+
 def reflect_pad(x: Tensor, top: int, bottom: int, left: int, right: int) -> Tensor:
-    """Symmetric padding that works for pads larger than the image (repeats the reflection)."""
-    while top or bottom or left or right:
-        h, w = x.shape[-2:]
-        t, b_, l, r = min(top, h - 1), min(bottom, h - 1), min(left, w - 1), min(right, w - 1)
-        if h == 1:
-            t = b_ = 0
-        if w == 1:
-            l = r = 0
-        if not (t or b_ or l or r):  # 1-pixel dimension: replicate instead
-            return torch.nn.functional.pad(x, (left, right, top, bottom), mode="replicate")
-        x = torch.nn.functional.pad(x, (l, r, t, b_), mode="reflect")
-        top, bottom, left, right = top - t, bottom - b_, left - l, right - r
+    """Reflect padding (edge not repeated) of the last two axes, for pads of any size.
+
+    Equals ``np.pad(x, ..., mode="reflect")``: pads larger than the image continue the reflection
+    periodically; a 1-pixel axis is replicated. Differentiable (an index gather).
+    """
+    if min(top, bottom, left, right) < 0:
+        raise ValueError(f"pads must be >= 0, got {(top, bottom, left, right)}")
+    h, w = x.shape[-2:]
+    if top or bottom:
+        x = x.index_select(-2, reflect_index(h, top, bottom, x.device))
+    if left or right:
+        x = x.index_select(-1, reflect_index(w, left, right, x.device))
     return x

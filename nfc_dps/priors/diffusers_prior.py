@@ -72,6 +72,18 @@ def _find_unet_dir(folder: Path) -> Path:
     )
 
 
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; a clear ValueError naming the file otherwise."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Prior:
     """Load a local diffusers UNet folder as a prior (see module docstring for layouts)."""
     from diffusers import UNet2DModel
@@ -82,24 +94,29 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     if not folder.is_dir():
         raise NotADirectoryError(f"prior {folder} is not a folder (expected a diffusers UNet folder)")
     unet_dir = _find_unet_dir(folder)
-    with open(unet_dir / "config.json") as f:
-        unet_cfg = json.load(f)
+    unet_cfg = _read_json(unet_dir / "config.json")
     cls = unet_cfg.get("_class_name", "UNet2DModel")
     if cls != "UNet2DModel":
         raise ValueError(f"{unet_dir / 'config.json'}: _class_name is {cls!r}; only UNet2DModel is supported")
     try:
-        unet = UNet2DModel.from_pretrained(unet_dir, local_files_only=True)
+        unet, info = UNet2DModel.from_pretrained(
+            unet_dir, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=dtype, output_loading_info=True
+        )
     except (OSError, ValueError, RuntimeError) as e:
         raise OSError(f"{unet_dir}: could not load UNet2DModel weights: {e}") from e
-    unet = unet.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # diffusers only warns about missing weights and initialises them at random: refuse instead.
+    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):
+        detail = "; ".join(f"{k.replace('_', ' ')}: {v[:5]}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v)
+        raise OSError(f"{unet_dir}: weights do not match config.json ({detail})")
+    unet = unet.to(device=device).eval().requires_grad_(False)  # dtype already set by torch_dtype
     network = _UNetCall(unet)
     size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
     channels = int(unet.config.in_channels)
 
     prior_cfg: dict = {}
     if (folder / PRIOR_CONFIG_NAME).is_file():
-        with open(folder / PRIOR_CONFIG_NAME) as f:
-            prior_cfg = json.load(f)
+        prior_cfg = _read_json(folder / PRIOR_CONFIG_NAME)
         unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
         if unknown:
             raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
@@ -117,8 +134,7 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         sched_file = folder / "scheduler" / "scheduler_config.json"
         sched = dict(DEFAULT_SCHEDULE)
         if sched_file.is_file():
-            with open(sched_file) as f:
-                sched.update(json.load(f))
+            sched.update(_read_json(sched_file))
         if "prediction_type" in prior_cfg:
             sched["prediction_type"] = prior_cfg["prediction_type"]
         prior = EpsilonDenoiser(

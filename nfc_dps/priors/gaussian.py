@@ -1,0 +1,336 @@
+"""A stationary Gaussian image prior with a power-law spectrum: an exact test oracle.
+
+For this prior every quantity a posterior sampler needs is closed-form (METHOD.md, "Why a band at
+all"; REFERENCE.md 2.9): the MMSE denoiser is a per-frequency Wiener gain S/(S+sigma^2), and for a
+circulant blur with transfer function H the posterior of x given y = h * x + n is Gaussian with
+per-frequency mean and variance. Samplers are tested against these; the samplers also use
+:func:`fit_power_law` to fit S to a measurement.
+
+Conventions (all functions of this module):
+
+* Images are real tensors (..., C, h, w) in the model range [-1, 1] ("model units"); sigma and
+  sigma_y are standard deviations in the same units (0.05 in model units = 0.025 in [0, 1]).
+* Fourier transforms are orthonormal, ``torch.fft.fft2(x, norm="ortho")`` = F x. White noise of
+  variance v has E|F n|^2 = v at every frequency, and S(omega) = E|F (x - mean)|^2(omega) is the
+  variance of each orthonormal Fourier coefficient. The per-pixel variance is mean_omega S.
+* Frequencies omega = (fy, fx) are those of ``torch.fft.fftfreq`` (cycles per pixel, each
+  component in [-0.5, 0.5)); |omega| = sqrt(fy^2 + fx^2) is at most ~0.707.
+* A circulant blur y = h (*) x (circular convolution) has transfer function
+  H = ``torch.fft.fft2`` (unnormalised) of the kernel embedded in an (h, w) array with its centre
+  at pixel (0, 0) (see :func:`circulant_transfer`); then F y = H * F x exactly. Channels share S
+  and H and are independent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .base import Prior
+
+
+def frequency_radius(h: int, w: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> Tensor:
+    """(h, w) tensor |omega| in cycles per pixel on the ``fftfreq`` grid (0 at [0, 0])."""
+    fy = torch.fft.fftfreq(h, dtype=dtype, device=device)
+    fx = torch.fft.fftfreq(w, dtype=dtype, device=device)
+    return (fy[:, None] ** 2 + fx[None, :] ** 2).sqrt()
+
+
+def power_law_spectrum(
+    h: int, w: int, alpha: float, amplitude: float, omega0: float, dtype: torch.dtype = torch.float64, device=None
+) -> Tensor:
+    """(h, w) tensor S = amplitude * (|omega|^2 + omega0^2)^(-alpha/2) on the ``fftfreq`` grid."""
+    r2 = frequency_radius(h, w, dtype, device) ** 2
+    return amplitude * (r2 + omega0**2) ** (-alpha / 2)
+
+
+def circulant_transfer(kernel: Tensor, h: int, w: int) -> Tensor:
+    """(h, w) complex transfer function of circular convolution with ``kernel`` (kh, kw).
+
+    The kernel's centre pixel (kh // 2, kw // 2) is placed at (0, 0), so a symmetric kernel gives a
+    real H and the blurred image is not shifted: ``ifft2(H * fft2(x))`` = kernel (*) x (circular).
+    """
+    kernel = torch.as_tensor(kernel)
+    kh, kw = kernel.shape[-2:]
+    if kh > h or kw > w:
+        raise ValueError(f"kernel {tuple(kernel.shape[-2:])} larger than the image ({h}, {w})")
+    pad = torch.zeros(*kernel.shape[:-2], h, w, dtype=kernel.dtype, device=kernel.device)
+    pad[..., :kh, :kw] = kernel
+    pad = torch.roll(pad, shifts=(-(kh // 2), -(kw // 2)), dims=(-2, -1))
+    return torch.fft.fft2(pad)
+
+
+def _rings(x: Tensor, spectrum: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-frequency (ring index, radius, power) with DC dropped; rings are 1/max(h, w) wide."""
+    x = torch.as_tensor(x)
+    h, w = x.shape[-2:]
+    if spectrum:
+        if x.ndim != 2:
+            raise ValueError(f"a spectrum must be (h, w), got shape {tuple(x.shape)}")
+        p = x.to(torch.float64)
+    else:
+        xf = torch.fft.fft2(x.to(torch.float64), norm="ortho")
+        p = (xf.real**2 + xf.imag**2).reshape(-1, h, w).mean(0)
+    r = frequency_radius(h, w, device=p.device).flatten()
+    ring = torch.round(r * max(h, w)).long()
+    keep = torch.ones_like(r, dtype=torch.bool)
+    keep[0] = False  # DC
+    return ring[keep], r[keep], p.flatten()[keep]
+
+
+def _ring_mean(ring: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    n = int(ring.max()) + 1
+    count = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, ring, torch.ones_like(values))
+    total = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, ring, values)
+    ok = count > 0
+    return total[ok] / count[ok], ok
+
+
+def radial_power(x: Tensor, spectrum: bool = False) -> tuple[Tensor, Tensor]:
+    """Radially averaged power: (radius, power) 1-D float64 tensors over non-empty rings, DC excluded.
+
+    Args:
+        x: images (..., h, w) (real; power |F x|^2 is averaged over all leading axes), or an
+            (h, w) power spectrum on the ``fftfreq`` grid if ``spectrum=True``.
+    Rings have width 1/max(h, w) cycles/pixel; ``radius`` is the mean |omega| of a ring and
+    ``power`` the mean power in it.
+    """
+    ring, r, p = _rings(x, spectrum)
+    radius, _ = _ring_mean(ring, r)
+    power, _ = _ring_mean(ring, p)
+    return radius, power
+
+
+def fit_power_law(
+    x: Tensor, spectrum: bool = False, omega_min: float = 0.0, omega_max: float = 0.5
+) -> tuple[float, float]:
+    """Fit S(omega) ~ amplitude * |omega|^(-alpha) to images or to a power spectrum.
+
+    Least squares of log(ring-mean power) on log(ring radius) over the radially averaged power
+    spectrum (rings 1/max(h, w) wide; orthonormal FFT, so ``amplitude`` is in model units^2 per
+    Fourier coefficient), using rings whose radii lie in [omega_min, omega_max] cycles/pixel
+    (default: all rings up to Nyquist, DC excluded). A ring's radius is its effective radius
+    (mean of |omega|^-alpha)^(-1/alpha), refined with the fitted alpha (a few fixed-point passes),
+    so an exact power law is recovered exactly despite the ring averaging.
+    Images are (..., h, w) in model units (any mean: DC is excluded); with ``spectrum=True``
+    ``x`` is an (h, w) spectrum on the ``fftfreq`` grid.
+
+    Returns:
+        (alpha, amplitude) as floats. Natural images give alpha ~ 2.
+    """
+    ring, r, p = _rings(x, spectrum)
+    power, _ = _ring_mean(ring, p)
+    radius, _ = _ring_mean(ring, r)
+    sel = (radius >= omega_min) & (radius <= omega_max) & (power > 0)
+    if int(sel.sum()) < 2:
+        raise ValueError(
+            f"fit_power_law: fewer than 2 usable frequency rings in [{omega_min}, {omega_max}] "
+            f"cycles/pixel (image {tuple(torch.as_tensor(x).shape[-2:])})"
+        )
+    ly = power[sel].log()
+    alpha = amplitude = float("nan")
+    r_eff = radius
+    for _ in range(6):
+        lx = r_eff[sel].log()
+        design = torch.stack([torch.ones_like(lx), lx], dim=1)
+        coef = torch.linalg.lstsq(design, ly[:, None]).solution.flatten()
+        new_alpha, amplitude = float(-coef[1]), float(coef[0].exp())
+        if abs(new_alpha) < 1e-6 or abs(new_alpha - alpha) < 1e-10:
+            alpha = new_alpha
+            break
+        alpha = new_alpha
+        r_eff = _ring_mean(ring, r ** (-alpha))[0] ** (-1.0 / alpha)
+    return alpha, amplitude
+
+
+class GaussianSpectralPrior(Prior):
+    """x ~ N(mean, Cov) with Cov = F^H diag(S) F per channel, S = amplitude (|omega|^2 + omega0^2)^(-alpha/2).
+
+    The image size (h, w) is fixed at construction (S lives on that ``fftfreq`` grid); images are
+    (B, C, h, w) in model units. See the module docstring for the conventions.
+
+    Args:
+        size: (h, w) of the images this prior models.
+        alpha: power-law exponent (2 is typical of natural images).
+        amplitude: S scale (model units^2 per orthonormal Fourier coefficient). ``None`` chooses it
+            so that the per-pixel standard deviation (mean of S, square-rooted) is ``pixel_std``.
+        omega0: low-frequency roll-off (cycles/pixel) keeping S finite at DC; ``None`` = 1/max(h, w).
+        mean: the scalar mean of every pixel (model units).
+        channels: C; channels are independent with the same S.
+        pixel_std: used only when ``amplitude`` is None.
+    """
+
+    def __init__(
+        self,
+        size: tuple[int, int],
+        alpha: float = 2.0,
+        amplitude: float | None = None,
+        omega0: float | None = None,
+        mean: float = 0.0,
+        channels: int = 3,
+        pixel_std: float = 0.5,
+    ) -> None:
+        super().__init__()
+        h, w = (int(s) for s in size)
+        if h < 1 or w < 1:
+            raise ValueError(f"size must be positive, got {size}")
+        self.size = (h, w)
+        self.alpha = float(alpha)
+        self.omega0 = float(1.0 / max(h, w) if omega0 is None else omega0)
+        if self.omega0 <= 0 and self.alpha > 0:
+            raise ValueError("omega0 must be > 0 (S would be infinite at DC)")
+        if amplitude is None:
+            unit = power_law_spectrum(h, w, self.alpha, 1.0, self.omega0)
+            amplitude = pixel_std**2 / float(unit.mean())
+        if amplitude <= 0:
+            raise ValueError(f"amplitude must be > 0, got {amplitude}")
+        self.amplitude = float(amplitude)
+        self.mean = float(mean)
+        self.channels = int(channels)
+        self.sigma_min, self.sigma_max, self.size_multiple = 1e-4, 1e4, 1
+        self.register_buffer("S", power_law_spectrum(h, w, self.alpha, self.amplitude, self.omega0), persistent=False)
+
+    @classmethod
+    def fit(
+        cls,
+        images: Tensor,
+        size: tuple[int, int] | None = None,
+        omega0: float | None = None,
+        mean: float | None = None,
+        channels: int | None = None,
+        omega_min: float = 0.0,
+        omega_max: float = 0.5,
+    ) -> "GaussianSpectralPrior":
+        """A prior with (alpha, amplitude) from :func:`fit_power_law` on ``images`` (..., C, h, w).
+
+        ``size`` defaults to the images' size, ``mean`` to their mean, ``channels`` to their C.
+        """
+        images = torch.as_tensor(images)
+        alpha, amplitude = fit_power_law(images, omega_min=omega_min, omega_max=omega_max)
+        # E|F x|^2 per orthonormal coefficient is the process's power spectral density, a function
+        # of omega in cycles/pixel only: the fitted law holds on a grid of any size.
+        h, w = size or tuple(images.shape[-2:])
+        if channels is None:
+            channels = int(images.shape[-3]) if images.ndim >= 3 else 1
+        mean = float(images.mean()) if mean is None else mean
+        return cls((h, w), alpha=alpha, amplitude=amplitude, omega0=omega0, mean=mean, channels=channels)
+
+    # ----------------------------------------------------------------- spectrum
+
+    def spectrum(self, h: int | None = None, w: int | None = None) -> Tensor:
+        """(h, w) float64 tensor S of this power law on an (h, w) ``fftfreq`` grid (default: own size)."""
+        if h is None and w is None:
+            return self.S.clone()
+        h = self.size[0] if h is None else h
+        w = self.size[1] if w is None else w
+        return power_law_spectrum(h, w, self.alpha, self.amplitude, self.omega0, device=self.S.device)
+
+    def extra_repr(self) -> str:
+        return (
+            f"size={self.size}, alpha={self.alpha:.4g}, amplitude={self.amplitude:.4g}, "
+            f"omega0={self.omega0:.4g}, mean={self.mean:.4g}, channels={self.channels}"
+        )
+
+    def _check_size(self, x: Tensor, what: str = "image") -> None:
+        if tuple(x.shape[-2:]) != self.size:
+            raise ValueError(
+                f"GaussianSpectralPrior was built for {self.size[0]}x{self.size[1]} images, "
+                f"got a {what} of size {x.shape[-2]}x{x.shape[-1]} (shape {tuple(x.shape)})"
+            )
+
+    def _mean_coefficients(self, like: Tensor) -> Tensor:
+        """F(mean * 1): mean * sqrt(h w) at DC, zero elsewhere (complex, (h, w))."""
+        m = torch.zeros(self.size, dtype=like.dtype, device=like.device)
+        m[0, 0] = self.mean * math.sqrt(self.size[0] * self.size[1])
+        return m
+
+    # ----------------------------------------------------------------- sampling, denoising
+
+    def sample(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """(n, C, h, w) samples: mean + F^-1[sqrt(S) F z], z white N(0, 1) (real, exactly Cov)."""
+        device = self.S.device if device is None else device
+        z = torch.randn(n, self.channels, *self.size, generator=generator, dtype=torch.float64, device=device)
+        x = torch.fft.ifft2(self.S.to(device).sqrt() * torch.fft.fft2(z, norm="ortho"), norm="ortho").real
+        return (x + self.mean).to(dtype)
+
+    def wiener_gain(self, sigma: Tensor | float) -> Tensor:
+        """S / (S + sigma^2): the denoiser's per-frequency gain (its Jacobian). (B, h, w) or (h, w)."""
+        sigma = torch.as_tensor(sigma, dtype=torch.float64, device=self.S.device)
+        s2 = sigma.reshape(*sigma.shape, 1, 1) ** 2
+        return self.S / (self.S + s2)
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        """Exact MMSE denoiser E[x0 | x0 + sigma n = x] = mean + F^-1[S/(S+sigma^2) F(x - mean)].
+
+        x: (B, C, h, w) with the construction size (error otherwise); sigma: (B,) (model units).
+        Computed in float64, returned in x's dtype. Differentiable in x.
+        """
+        if x.ndim != 4:
+            raise ValueError(f"denoise expects (B, C, h, w), got shape {tuple(x.shape)}")
+        self._check_size(x)
+        sigma = torch.as_tensor(sigma, device=x.device)
+        if sigma.ndim == 0:
+            sigma = sigma.expand(x.shape[0])
+        gain = self.wiener_gain(sigma.to(self.S.device)).to(x.device)[:, None]  # (B, 1, h, w)
+        xf = torch.fft.fft2(x.to(torch.float64) - self.mean, norm="ortho")
+        return (torch.fft.ifft2(gain * xf, norm="ortho").real + self.mean).to(x.dtype)
+
+    # ----------------------------------------------------------------- posterior (circulant blur)
+
+    def _transfer(self, H: Tensor | None, device) -> Tensor:
+        if H is None:
+            return torch.ones(self.size, dtype=torch.complex128, device=device)
+        H = torch.as_tensor(H, device=device).to(torch.complex128)
+        self._check_size(H, "transfer function H")
+        return H
+
+    def posterior_variance(self, H: Tensor | None = None, sigma_y: float = 0.0) -> Tensor:
+        """Per-frequency posterior variance S sigma_y^2 / (S |H|^2 + sigma_y^2), float64 (h, w).
+
+        For y = h (*) x + n, n ~ N(0, sigma_y^2 I) (model units), H the (h, w) transfer function
+        (``None`` = identity: denoising). The posterior covariance is F^H diag(V) F per channel, so
+        the per-pixel posterior variance is V.mean(). Where S|H|^2 + sigma_y^2 = 0 (sigma_y = 0 and
+        H = 0) the measurement says nothing and V = S.
+        """
+        H = self._transfer(H, self.S.device)
+        S, s2 = self.S, float(sigma_y) ** 2
+        den = S * H.abs() ** 2 + s2
+        return torch.where(den > 0, S * s2 / den.clamp_min(1e-300), S)
+
+    def posterior_mean(self, y: Tensor, H: Tensor | None = None, sigma_y: float = 0.0) -> Tensor:
+        """E[x | y] = F^-1[(S H^* Y + sigma_y^2 F(mean)) / (S|H|^2 + sigma_y^2)], Y = F y.
+
+        y: (..., h, w) measurement in model units (same grid as x: circulant blur or denoising);
+        H: (h, w) transfer function (``None`` = identity); sigma_y: noise std in model units.
+        Returns the real part (exact for a real kernel, whose H is Hermitian) in y's dtype.
+        """
+        self._check_size(y, "measurement y")
+        H = self._transfer(H, y.device)
+        S = self.S.to(y.device)
+        s2 = float(sigma_y) ** 2
+        Y = torch.fft.fft2(y.to(torch.float64), norm="ortho")
+        M = self._mean_coefficients(Y)
+        den = S * H.abs() ** 2 + s2
+        X = torch.where(den > 0, (S * H.conj() * Y + s2 * M) / den.clamp_min(1e-300), M)
+        return torch.fft.ifft2(X, norm="ortho").real.to(y.dtype)
+
+    def posterior_sample(
+        self, y: Tensor, H: Tensor | None = None, sigma_y: float = 0.0, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """One exact posterior sample per measurement: posterior mean + F^-1[sqrt(V) F z]."""
+        mean = self.posterior_mean(y, H, sigma_y).to(torch.float64)
+        v = self.posterior_variance(H, sigma_y).to(y.device)
+        z = torch.randn(mean.shape, generator=generator, dtype=torch.float64, device=y.device)
+        return (mean + torch.fft.ifft2(v.sqrt() * torch.fft.fft2(z, norm="ortho"), norm="ortho").real).to(y.dtype)
+
+    def mmse(self, H: Tensor | None = None, sigma_y: float = 0.0) -> float:
+        """Expected per-pixel squared error of the posterior mean (model units^2): mean of V."""
+        return float(self.posterior_variance(H, sigma_y).mean())
