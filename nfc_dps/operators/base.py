@@ -61,6 +61,27 @@ def check_image(x: Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} contains NaN or Inf")
 
 
+def _describe(value: float | Tensor) -> str:
+    if isinstance(value, Tensor):
+        return f"{value.tolist()}" if value.numel() <= 8 else f"tensor of shape {tuple(value.shape)}"
+    return repr(value)
+
+
+def prox_scales(sigma_y: float | Tensor, r: float | Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
+    """(sigma_y^2, r^2) as (B, 1, 1, 1) tensors for a proximal solve on ``like`` (B, ...).
+
+    Raises ValueError unless sigma_y > 0 and r > 0 (r = inf is allowed: no prior term) and
+    sigma_y is finite; a zero sigma_y or r would otherwise give NaN silently.
+    """
+    s = per_image(sigma_y, like)
+    rr = per_image(r, like)
+    if bool(torch.isnan(s).any()) or bool(torch.isinf(s).any()) or bool((s <= 0).any()):
+        raise ValueError(f"sigma_y must be finite and > 0 for a proximal solve, got {_describe(sigma_y)}")
+    if bool(torch.isnan(rr).any()) or bool((rr <= 0).any()):
+        raise ValueError(f"r must be > 0 for a proximal solve, got {_describe(r)}")
+    return s * s, rr * rr
+
+
 class LinearOperator(torch.nn.Module):
     """Base class. Subclasses implement ``A`` and ``A_adjoint``; override the rest when they can."""
 
@@ -98,20 +119,23 @@ class LinearOperator(torch.nn.Module):
 
         Solves (A^T A / sigma_y^2 + I / r^2) x = A^T y / sigma_y^2 + z / r^2 per image.
         """
-        s2 = per_image(sigma_y, z) ** 2
-        r2 = per_image(r, z) ** 2
+        s2, r2 = prox_scales(sigma_y, r, z)
         rhs = self.A_adjoint(y) / s2 + z / r2
         return conjugate_gradient(lambda v: self.normal(v) / s2 + v / r2, rhs, z.clone(), max_iter, tol)
 
-    def measure(self, x: Tensor, sigma_y: float, generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Tensor:
-        """A x + sigma_y * noise, the noise drawn per image from ``generator`` (see randn_per_image)."""
+    def measure(self, x: Tensor, sigma_y: float | Tensor, generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Tensor:
+        """A x + sigma_y * noise, the noise drawn per image from ``generator`` (see randn_per_image).
+
+        ``sigma_y`` is a float or a (B,) tensor (per image), >= 0.
+        """
         check_image(x)
         ax = self.A(x)
-        if sigma_y < 0:
-            raise ValueError(f"sigma_y must be >= 0, got {sigma_y}")
-        if sigma_y == 0:
+        s = per_image(sigma_y, ax)
+        if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
+            raise ValueError(f"sigma_y must be finite and >= 0, got {_describe(sigma_y)}")
+        if not bool((s > 0).any()):
             return ax
-        return ax + sigma_y * randn_per_image(ax.shape, generator, ax.dtype, ax.device)
+        return ax + s * randn_per_image(ax.shape, generator, ax.dtype, ax.device)
 
 
 def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: float = 1e-6) -> Tensor:

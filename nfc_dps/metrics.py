@@ -1,0 +1,76 @@
+"""Image quality metrics on batched tensors: PSNR and SSIM, one value per image.
+
+Inputs are (B, C, H, W) float tensors, compared **as given**: the metrics do not clip. Callers
+clamp to [0, 1] first (the protocol: PSNR/SSIM on [0, 1] clipped images, data_range 1).
+
+SSIM convention: scikit-image's ``structural_similarity`` defaults, i.e. a 7x7 uniform window,
+K1 = 0.01, K2 = 0.03, sample covariance (N / (N - 1), N = 49), computed per channel on the
+"valid" region (the 3-pixel border that skimage crops is excluded), averaged over pixels then
+channels. It equals ``skimage.metrics.structural_similarity(x, y, data_range=data_range,
+channel_axis=-1)`` (gray: no channel_axis). Not the Gaussian-weighted SSIM of Wang et al. or
+torchmetrics' default, which give different numbers. Computed in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["psnr", "ssim", "mse"]
+
+_WIN = 7
+_K1, _K2 = 0.01, 0.03
+
+
+def _check_pair(x: Tensor, y: Tensor, data_range: float) -> None:
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must have shape (B, C, H, W), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+    if not (isinstance(data_range, (int, float)) and data_range > 0):
+        raise ValueError(f"data_range must be a positive number, got {data_range!r}")
+
+
+def mse(x: Tensor, y: Tensor) -> Tensor:
+    """Mean squared error per image, (B,) float64."""
+    _check_pair(x, y, 1.0)
+    return (x.double() - y.double()).pow(2).flatten(1).mean(1)
+
+
+def psnr(x: Tensor, y: Tensor, data_range: float = 1.0) -> Tensor:
+    """PSNR in dB per image, (B,): 10 log10(data_range^2 / MSE) over all channels and pixels,
+    as ``skimage.metrics.peak_signal_noise_ratio``. Identical images give +inf. No clipping."""
+    _check_pair(x, y, data_range)
+    err = mse(x, y)
+    return 10 * torch.log10(float(data_range) ** 2 / err)
+
+
+def ssim(x: Tensor, y: Tensor, data_range: float = 1.0) -> Tensor:
+    """Mean SSIM per image, (B,), with scikit-image's default conventions (see module doc).
+
+    H and W must be at least 7. No clipping.
+    """
+    _check_pair(x, y, data_range)
+    if min(x.shape[-2:]) < _WIN:
+        raise ValueError(f"SSIM needs images of at least {_WIN}x{_WIN}, got {tuple(x.shape[-2:])}")
+    b, c, h, w = x.shape
+    X = x.double().reshape(b * c, 1, h, w)
+    Y = y.double().reshape(b * c, 1, h, w)
+    # uniform 7x7 means over the valid region = skimage's filtered maps cropped by 3 pixels
+    stats = F.avg_pool2d(torch.cat([X, Y, X * X, Y * Y, X * Y], 1), _WIN, stride=1)
+    ux, uy, uxx, uyy, uxy = stats.unbind(1)
+    n = _WIN * _WIN
+    cov_norm = n / (n - 1)
+    vx = cov_norm * (uxx - ux * ux)
+    vy = cov_norm * (uyy - uy * uy)
+    vxy = cov_norm * (uxy - ux * uy)
+    c1 = (_K1 * data_range) ** 2
+    c2 = (_K2 * data_range) ** 2
+    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
+    return s.reshape(b, c, -1).mean(-1).mean(-1)
