@@ -87,12 +87,12 @@ class BandSchedule:
         u = level_progress(k, n)
         return self.cutoff_start + (self.cutoff_end - self.cutoff_start) * u
 
-    def spectral_cutoff(self, sigma: float, amplitude: Tensor, alpha: Tensor, k: int, n: int) -> Tensor:
-        """Per-image cutoff (B,) where amplitude * r^-alpha = kappa * sigma^2, clamped to [cutoff_start, 1]."""
+    def spectral_cutoff(self, crossing: Tensor, k: int, n: int) -> Tensor:
+        """Per-image cutoff (B,) from the radius where S meets kappa * sigma_k^2 (see
+        ``samplers.common.spectral_crossing``), clamped to [cutoff_start, 1]; 1 at the last levels."""
         if k >= n - self.full_band_levels:
-            return torch.ones_like(amplitude)
-        r = (amplitude / (self.kappa * sigma**2)) ** (1.0 / alpha)
-        return r.clamp(self.cutoff_start, 1.0)
+            return torch.ones_like(crossing)
+        return crossing.clamp(self.cutoff_start, 1.0)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import ddrm, diffpir, dps
 from .common import CountingPrior, counting
+from .ddrm import DDNMConfig, DDRMConfig, sample_ddnm, sample_ddrm
+from .diffpir import DiffPIRConfig, sample_diffpir
+from .dps import DPSConfig, sample_dps
 from .nfc import NFCConfig, sample_daps, sample_nfc
 from .presets import DAPS_PRESETS, NFC_PRESETS
 
@@ -23,6 +27,10 @@ class Method:
 METHODS: dict[str, Method] = {
     "nfc": Method(sample_nfc, NFCConfig, NFC_PRESETS),
     "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS),
+    "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
+    "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
+    "ddnm": Method(sample_ddnm, DDNMConfig, ddrm.PRESETS),
+    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.DDRM_PRESETS),
 }
 
 
@@ -46,5 +54,6 @@ def get_config(method: str, preset: str = "fast", **overrides: Any) -> Any:
     return replace(m.presets[preset], **overrides)
 
 
-__all__ = ["METHODS", "Method", "get_method", "get_config", "NFCConfig", "sample_nfc", "sample_daps",
-           "CountingPrior", "counting"]
+__all__ = ["METHODS", "Method", "get_method", "get_config", "CountingPrior", "counting",
+           "NFCConfig", "sample_nfc", "sample_daps", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
+           "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm"]

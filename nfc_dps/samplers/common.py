@@ -87,24 +87,39 @@ def pf_ode_predict(prior: Prior, x: Tensor, sigma_from: float, sigma_to: float, 
     return x
 
 
-def spectral_prior_variance(amplitude: Tensor, alpha: Tensor, sigma: float, shape: Sequence[int]) -> Tensor:
-    """Per-frequency Cov(x0 | x_sigma) of a Gaussian prior S = amplitude * r^-alpha: S sigma^2 / (S + sigma^2).
-
-    (B, 1, H, W) on the full FFT grid; at DC (r = 0) it equals sigma^2.
-    """
+def power_law_spectrum(amplitude: Tensor, alpha: Tensor, shape: Sequence[int]) -> Tensor:
+    """S(r) = amplitude * r^-alpha per image on the full FFT grid, (B, 1, H, W); DC set to +inf
+    (the mean is not shrunk towards anything) and r floored at half a grid step otherwise."""
     h, w = shape[-2:]
-    r = radial_frequency(h, w, device=amplitude.device, dtype=amplitude.dtype)
-    r = r.clamp_min(0.5 / max(h, w))
+    r = radial_frequency(h, w, device=amplitude.device, dtype=amplitude.dtype).clamp_min(0.5 / max(h, w))
     spec = amplitude.view(-1, 1, 1, 1) * r ** (-alpha.view(-1, 1, 1, 1))
-    v = spec * sigma**2 / (spec + sigma**2)
-    v[..., 0, 0] = sigma**2
-    return v
+    spec[..., 0, 0] = float("inf")
+    return spec
 
 
-def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor) -> tuple[Tensor, Tensor]:
-    """Power law (amplitude, alpha) per image fitted to the pseudo-inverse of the measurement,
-    on low radii where signal dominates noise and aliasing (METHOD.md: "S fitted from y")."""
-    return fit_power_law(operator.A_pinv(y_m), r_min=0.02, r_max=0.2)
+def spectral_prior_variance(spectrum: Tensor, sigma: float) -> Tensor:
+    """Cov(x0 | x_sigma) per frequency for a Gaussian prior with power spectrum S: S sigma^2 / (S + sigma^2).
+
+    ``spectrum`` (B|1, 1, H, W) on the full FFT grid (ortho convention); +inf entries give sigma^2.
+    """
+    s2 = sigma**2
+    return torch.where(torch.isinf(spectrum), torch.full_like(spectrum, s2), spectrum * s2 / (spectrum + s2))
+
+
+def spectral_crossing(spectrum: Tensor, level: float) -> Tensor:
+    """Per image, the largest normalised radius r with S(r) >= level (0 if none): where the
+    image spectrum meets the diffusion noise. (B,) tensor."""
+    h, w = spectrum.shape[-2:]
+    r = radial_frequency(h, w, device=spectrum.device, dtype=spectrum.dtype)
+    above = spectrum >= level
+    return torch.where(above, r.expand_as(spectrum), torch.zeros_like(spectrum)).flatten(1).amax(1)
+
+
+def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_shape: Sequence[int]) -> Tensor:
+    """Power-law spectrum (B, 1, H, W) fitted to the pseudo-inverse of the measurement, on low
+    radii where signal dominates noise and aliasing (METHOD.md: "S fitted from y")."""
+    amplitude, alpha = fit_power_law(operator.A_pinv(y_m), r_min=0.02, r_max=0.2)
+    return power_law_spectrum(amplitude, alpha, image_shape)
 
 
 def _filter(x: Tensor, transfer: Tensor) -> Tensor:
@@ -151,7 +166,7 @@ def gaussian_conditional(
 
     h, w = center.shape[-2:]
     if getattr(operator, "is_circulant", False):
-        H = operator.transfer_function(h, w).to(center.device)
+        H = operator.transfer_function(h, w, dtype=center.dtype, device=center.device)
         W2 = 1.0 if band is None else band**2
         inv_c = 1.0 / prior_var if spectral else torch.full_like(H.real, 1.0 / prior_var)
         precision = (H.abs() ** 2) * W2 / sigma_y**2 + inv_c

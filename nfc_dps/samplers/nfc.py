@@ -25,26 +25,27 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from ..frequency import lowpass_mask
+from ..frequency import haar_fuse, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
-from ..frequency import haar_fuse
 from .common import (
     Callback,
     Generators,
+    _filter,
     counting,
     fit_spectrum_from_measurement,
     gaussian_conditional,
     pf_ode_predict,
+    spectral_crossing,
     spectral_prior_variance,
     to_image_units,
     to_model_units,
-    _filter,
 )
 
 INNER_SOLVERS = ("langevin", "exact")
 PRIOR_COVARIANCES = ("isotropic", "spectral")
+SPECTRUM_SOURCES = ("measurement", "prior")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class NFCConfig:
     inner: "langevin" (DAPS's, ``langevin_steps`` steps, step = ``langevin_step`` / Lipschitz,
     decayed linearly to ``langevin_step * langevin_decay`` over the levels) or "exact".
     prior_covariance: "isotropic" (DAPS: sigma_k^2 I) or "spectral".
+    spectrum: where S (for the spectral covariance and the spectral cutoff) comes from:
+    "measurement" (a power law fitted to A^+ y) or "prior" (``prior.spectrum(h, w)``, e.g. the
+    Gaussian oracle's true spectrum).
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
@@ -71,6 +75,7 @@ class NFCConfig:
     langevin_step: float = 0.5
     langevin_decay: float = 0.01
     prior_covariance: str = "isotropic"
+    spectrum: str = "measurement"
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
@@ -79,6 +84,8 @@ class NFCConfig:
             raise ValueError(f"inner must be one of {INNER_SOLVERS}, got {self.inner!r}")
         if self.prior_covariance not in PRIOR_COVARIANCES:
             raise ValueError(f"prior_covariance must be one of {PRIOR_COVARIANCES}, got {self.prior_covariance!r}")
+        if self.spectrum not in SPECTRUM_SOURCES:
+            raise ValueError(f"spectrum must be one of {SPECTRUM_SOURCES}, got {self.spectrum!r}")
         if self.num_levels < 1 or self.ode_steps < 1:
             raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
         if isinstance(self.band, dict):
@@ -95,19 +102,16 @@ class NFCConfig:
         return replace(self, band=replace(self.band, blend_start=0.0), detail=replace(self.detail, levels=0))
 
 
-def band_weight(cfg: BandSchedule, k: int, n: int, shape: tuple[int, ...], sigma: float,
-                spectrum: tuple[Tensor, Tensor] | None, device, dtype) -> Tensor | None:
-    """W_k on the measurement's full FFT grid, (1|B, 1, h, w); None when it is all-pass."""
+def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int, ...], cutoff: Tensor | float,
+                device, dtype) -> Tensor | None:
+    """W_k = (1 - lambda_k) + lambda_k M_k on the measurement's full FFT grid, (1|B, 1, h, w);
+    None when it is all-pass. ``cutoff`` is a float or one per image (B,)."""
     lam = cfg.blend(k, n)
     if lam == 0.0:
         return None
-    h, w = shape[-2:]
-    if cfg.cutoff == "linear":
-        mask = lowpass_mask(h, w, cfg.linear_cutoff(k, n), cfg.transition, device=device, dtype=dtype)[None, None]
-    else:
-        amp, alpha = spectrum
-        cut = cfg.spectral_cutoff(sigma, amp, alpha, k, n)
-        mask = torch.stack([lowpass_mask(h, w, float(c), cfg.transition, device=device, dtype=dtype) for c in cut])[:, None]
+    h, w = measurement_shape[-2:]
+    cuts = cutoff.tolist() if isinstance(cutoff, Tensor) else [cutoff]
+    mask = torch.stack([lowpass_mask(h, w, float(c), cfg.transition, device=device, dtype=dtype) for c in cuts])[:, None]
     return (1 - lam) + lam * mask
 
 
@@ -150,7 +154,9 @@ def sample_nfc(
     sigmas = karras_sigmas(cfg.num_levels, cfg.sigma_min, min(cfg.sigma_max, prior.sigma_max), cfg.rho).tolist()
     n = cfg.num_levels
     needs_spectrum = cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
-    spectrum = fit_spectrum_from_measurement(operator, prob.y) if needs_spectrum else None
+    spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape) if needs_spectrum else None
+    # the band lives on the measurement grid: an image-grid radius r is r * H / h there (SR)
+    grid_ratio = image_shape[-1] / prob.y.shape[-1]
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for k in range(n):
@@ -158,8 +164,12 @@ def sample_nfc(
         x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
         prior_var: float | Tensor = sigma**2
         if cfg.prior_covariance == "spectral":
-            prior_var = spectral_prior_variance(spectrum[0], spectrum[1], sigma, image_shape)
-        band = band_weight(cfg.band, k, n, prob.y.shape, sigma, spectrum, y.device, y.dtype)
+            prior_var = spectral_prior_variance(spectrum, sigma)
+        if cfg.band.cutoff == "spectral" and cfg.band.active:
+            cutoff = cfg.band.spectral_cutoff(spectral_crossing(spectrum, cfg.band.kappa * sigma**2) * grid_ratio, k, n)
+        else:
+            cutoff = cfg.band.linear_cutoff(k, n)
+        band = band_weight(cfg.band, k, n, prob.y.shape, cutoff, y.device, y.dtype)
         if cfg.inner == "exact":
             x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band)
         else:
@@ -172,6 +182,16 @@ def sample_nfc(
         if callback is not None:
             callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
     return to_image_units(x)
+
+
+def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape) -> Tensor:
+    if source == "measurement":
+        return fit_spectrum_from_measurement(operator, y_m, image_shape)
+    inner = getattr(prior, "inner", prior)
+    if not hasattr(inner, "spectrum"):
+        raise ValueError(f"spectrum='prior' needs a prior with a spectrum(h, w) method; {type(inner).__name__} has none")
+    spec = inner.spectrum(*image_shape[-2:]).to(y_m)
+    return spec.view(1, 1, *spec.shape[-2:]) if spec.ndim == 2 else spec
 
 
 def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],
