@@ -93,14 +93,22 @@ def fit_power_law(x: Tensor, r_min: float = 0.02, r_max: float = 0.5, bins: int 
     noise or the operator's null space). Returns (amplitude (B,), alpha (B,)), alpha clamped to
     [0.5, 4].
     """
+    bins = max(4, min(bins, max(x.shape[-2:]) // 2))  # no empty rings on small images
     radii, power = radial_power_spectrum(x, bins)
     keep = (radii >= r_min) & (radii <= r_max)
-    lr = radii[keep].log()
-    lp = power[:, keep].clamp_min(1e-20).log()
-    lr_c = lr - lr.mean()
-    slope = (lp - lp.mean(1, keepdim=True)) @ lr_c / lr_c.square().sum()
-    alpha = (-slope).clamp(0.5, 4.0)
-    log_amp = lp.mean(1) + alpha * lr.mean()
+    valid = keep[None, :] & torch.isfinite(power) & (power > 0)
+    if bool((valid.sum(1) < 2).any()):  # too few rings in range: use every non-DC ring
+        valid = (radii > 0)[None, :] & torch.isfinite(power) & (power > 0)
+    wgt = valid.to(x.dtype)
+    n = wgt.sum(1).clamp_min(1)
+    lr = radii.log()[None, :].expand_as(power)
+    lp = torch.where(valid, power, torch.ones_like(power)).log()
+    lr_mean = (wgt * lr).sum(1) / n
+    lp_mean = (wgt * lp).sum(1) / n
+    cov = (wgt * (lr - lr_mean[:, None]) * (lp - lp_mean[:, None])).sum(1)
+    var = (wgt * (lr - lr_mean[:, None]) ** 2).sum(1).clamp_min(1e-12)
+    alpha = (-cov / var).clamp(0.5, 4.0)
+    log_amp = lp_mean + alpha * lr_mean
     return log_amp.exp(), alpha
 
 
