@@ -1,0 +1,478 @@
+"""nfc-dps command line end to end, on tiny images with a tiny random prior and 1-2 levels.
+
+Most tests call ``main(argv)`` in process; the kill-and-resume test runs ``python -m nfc_dps``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nfc_dps import cli
+from nfc_dps.cli import main
+from nfc_dps.io import TEMP_SUFFIX, image_opens, read_image, write_image
+
+
+@pytest.fixture(scope="module")
+def prior_dir(tmp_path_factory) -> str:
+    """A tiny, untrained diffusers UNet saved as an EDM prior (H, W multiples of 2)."""
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16),
+                       norm_num_groups=4, layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+    path = tmp_path_factory.mktemp("prior")
+    unet.save_pretrained(path)
+    (path / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two cores are shared with a training job: one torch thread avoids oversubscription."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def smooth(h=32, w=32, c=3, phase=0.0) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w]
+    yy, xx = yy / max(h - 1, 1), xx / max(w - 1, 1)
+    img = np.stack([xx, yy, 0.5 + 0.3 * np.sin(6 * xx + phase)], -1).astype(np.float32)
+    return img[..., 0] if c == 1 else img
+
+
+def make_images(folder: Path, n: int, **kw) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return [write_image(folder / f"im{i}.png", smooth(phase=i, **kw)) for i in range(n)]
+
+
+def run(*argv, prior=None, steps=2) -> int:
+    args = [str(a) for a in argv]
+    if prior is not None:
+        args += ["--prior", prior]
+    if steps is not None and args[0] in ("restore", "demo"):
+        args += ["--steps", str(steps)]
+    return main(args + ["--quiet"] if args[0] != "convert-adm" else args)
+
+
+def rows(out: Path) -> list[dict]:
+    import csv
+
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def mtimes(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in out.glob("*.png")}
+
+
+# ---------------------------------------------------------------- restore, resume, overwrite
+
+
+def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
+    make_images(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    argv = ("restore", "--input", tmp_path / "in", "--output", out, "--task", "denoise")
+    assert run(*argv, prior=prior_dir) == 0
+    for name in ("im0.png", "im1.png", "im2.png", "results.csv", "summary.json", "resolved_config.json", "manifest.json"):
+        assert (out / name).is_file(), name
+    r = rows(out)
+    assert [x["status"] for x in r] == ["done"] * 3 and [x["seed"] for x in r] == ["0", "1", "2"]
+    assert all(int(x["nfe"]) == 10 for x in r)  # 2 levels x 5 ODE steps
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["sampler"]["num_levels"] == 2 and resolved["task"]["task"] == "denoise"
+    assert resolved["versions"]["torch"] and resolved["seed"] == 0
+    first = {n: read_image(out / n)[0] for n in ("im0.png", "im1.png", "im2.png")}
+    before = mtimes(out)
+
+    assert run(*argv, prior=prior_dir) == 0  # resume: nothing to do
+    assert mtimes(out) == before and [x["status"] for x in rows(out)] == ["skipped"] * 3
+
+    (out / "im1.png").unlink()  # lost output
+    (out / "im2.png").write_bytes((out / "im2.png").read_bytes()[:40])  # torn output
+    assert run(*argv, prior=prior_dir) == 0
+    assert [x["status"] for x in rows(out)] == ["skipped", "done", "done"]
+    assert mtimes(out)["im0.png"] == before["im0.png"]
+    for n, a in first.items():
+        np.testing.assert_array_equal(read_image(out / n)[0], a)  # same seeds, same pixels
+
+    before = mtimes(out)
+    assert run(*argv, "--overwrite", prior=prior_dir) == 0
+    assert [x["status"] for x in rows(out)] == ["done"] * 3
+    assert all(mtimes(out)[n] != before[n] for n in first)
+
+    assert run(*argv, prior=prior_dir, steps=3) == 0  # another config: redone, not skipped
+    assert [x["status"] for x in rows(out)] == ["done"] * 3
+
+
+def test_seed_is_base_plus_index(tmp_path, prior_dir):
+    paths = make_images(tmp_path / "in", 3)
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "all", "--task", "denoise", "--seed", 5, prior=prior_dir) == 0
+    assert run("restore", "-i", paths[2], "-o", tmp_path / "one", "--task", "denoise", "--seed", 7, prior=prior_dir) == 0
+    np.testing.assert_array_equal(read_image(tmp_path / "all/im2.png")[0], read_image(tmp_path / "one/im2.png")[0])
+    assert rows(tmp_path / "all")[2]["seed"] == "7"
+
+
+@pytest.mark.parametrize("method", sorted(__import__("nfc_dps.samplers", fromlist=["METHODS"]).METHODS))
+def test_every_method_runs_from_the_cli(tmp_path, prior_dir, method):
+    make_images(tmp_path / "in", 1)
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "deblur_gaussian", "--param", "kernel_size=5",
+               "--param", "kernel_std=1.0", "--method", method, prior=prior_dir) == 0
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["sampler"]["method"] == method and image_opens(out / "im0.png")
+
+
+# ---------------------------------------------------------------- bad files
+
+
+def test_bad_files_reported_others_restored(tmp_path, prior_dir, capsys):
+    inp = tmp_path / "in"
+    make_images(inp, 2)
+    (inp / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    (inp / "empty.jpg").write_bytes(b"")
+    (inp / "notes.txt").write_text("not an image")
+    write_image(inp / "small.png", smooth(16, 16))  # its mask will have the wrong size
+    masks = tmp_path / "masks"
+    masks.mkdir()
+    for name, size in [("im0.png", 32), ("im1.png", 32), ("small.png", 32), ("corrupt.png", 32), ("empty.png", 32)]:
+        m = np.ones((size, size), np.float32)
+        m[8:16, 8:16] = 0
+        write_image(masks / name, m)
+    out = tmp_path / "out"
+    code = run("restore", "-i", inp, "-o", out, "--task", "inpaint_box", "--mask", masks, prior=prior_dir)
+    assert code == 1
+    err = capsys.readouterr().err
+    by_name = {r["name"]: r for r in rows(out)}
+    assert by_name["im0.png"]["status"] == by_name["im1.png"]["status"] == "done"
+    assert image_opens(out / "im0.png") and image_opens(out / "im1.png")
+    expect = {"corrupt.png": "corrupt", "empty.jpg": "empty", "notes.txt": "unsupported file type",
+              "small.png": "size"}
+    summary = json.loads((out / "summary.json").read_text())
+    failures = {f["name"]: f["error"] for f in summary["failures"]}
+    for name, reason in expect.items():
+        assert by_name[name]["status"] == "failed"
+        assert reason in by_name[name]["error"] and reason in failures[name]
+        assert name in err
+        assert not (out / (Path(name).stem + ".png")).exists()
+    assert summary["counts"] == {"images": 6, "restored": 2, "skipped_done_before": 0, "failed": 4}
+    assert "Traceback" not in err
+
+
+def test_nan_is_caught_and_never_saved(tmp_path, prior_dir, monkeypatch, capsys):
+    import nfc_dps.api as api
+
+    real = api.restore
+
+    def flaky(y, operator, **kw):
+        if kw["seed"] == 1:
+            raise FloatingPointError("nfc produced NaN/Inf")
+        res = real(y, operator, **kw)
+        if kw["seed"] == 2:
+            res.image = res.image * float("nan")
+        return res
+
+    monkeypatch.setattr(api, "restore", flaky)
+    make_images(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 1
+    r = rows(out)
+    assert [x["status"] for x in r] == ["done", "failed", "failed"]
+    assert all("NaN" in x["error"] for x in r[1:])
+    assert not (out / "im1.png").exists() and not (out / "im2.png").exists()
+    assert not list(out.glob(f".*{TEMP_SUFFIX}"))
+    assert "im1.png" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- usage errors
+
+
+def _cases(tmp_path: Path, prior: str):
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "bad.yaml").write_text("task: denoise\nnoise_sigmaa: 0.1\n")
+    out = str(tmp_path / "out")
+    base = ["restore", "-i", str(inp), "--prior", prior]
+    return {
+        "no task": (base + ["-o", out], "--task"),
+        "unknown task": (base + ["-o", out, "--task", "deblurr"], "invalid choice"),
+        "output is input": (base + ["-o", str(inp), "--task", "denoise"], "input folder"),
+        "output not writable": (base + ["-o", str(tmp_path / "afile" / "sub"), "--task", "denoise"], "not writable"),
+        "bad config key": (base + ["-o", out, "--config", str(tmp_path / "bad.yaml")], "noise_sigmaa"),
+        "bad --set": (base + ["-o", out, "--task", "denoise", "--set", "num_levelz=2"], "num_levelz"),
+        "bad --param": (base + ["-o", out, "--task", "denoise", "--param", "factor=2"], "factor"),
+        "missing input": (["restore", "-i", str(tmp_path / "nope"), "-o", out, "--task", "denoise"], "no such file"),
+        "kernel for denoise": (base + ["-o", out, "--task", "denoise", "--kernel", str(tmp_path / "afile")], "--kernel"),
+        "random mask": (base + ["-o", out, "--task", "inpaint_box"], "--mask"),
+        "missing prior": (["restore", "-i", str(inp), "-o", out, "--task", "denoise", "--prior", str(tmp_path / "noprior")], "prior"),
+        "negative noise": (base + ["-o", out, "--task", "denoise", "--noise-sigma", "-1"], "noise-sigma"),
+        "bad steps type": (base + ["-o", out, "--task", "denoise", "--steps", "many"], "invalid int"),
+        "bad device": (base + ["-o", out, "--task", "denoise", "--device", "warp9"], "device"),
+    }
+
+
+def test_usage_errors_exit_2_without_traceback(tmp_path, prior_dir, capsys):
+    for label, (argv, needle) in _cases(tmp_path, prior_dir).items():
+        code = main(argv + ["--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2, (label, err)
+        assert needle in err, (label, err)
+        assert "Traceback" not in err, label
+        assert not (tmp_path / "out" / "results.csv").exists(), label
+    assert main([]) == 2
+    assert main(["--help"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")
+def test_read_only_output(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        assert run("restore", "-i", tmp_path / "in", "-o", ro, "--task", "denoise", prior=prior_dir) == 2
+        assert "not writable" in capsys.readouterr().err
+    finally:
+        ro.chmod(0o700)
+
+
+def test_busy_output_folder_is_refused(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    out = tmp_path / "out"
+    out.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (out / cli.LOCK_FILE).write_text(str(other.pid))
+        assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 2
+        assert "another nfc-dps run" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 0  # stale lock
+
+
+# ---------------------------------------------------------------- image kinds, SR, samples, metrics
+
+
+def test_sr_alpha_bit_depth_gray_and_odd_sizes(tmp_path, prior_dir):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    alpha = np.linspace(0, 1, 16 * 16, dtype=np.float32).reshape(16, 16)
+    write_image(inp / "rgba.png", smooth(16, 16), alpha=alpha)
+    write_image(inp / "deep.png", smooth(16, 16), bit_depth=16)
+    write_image(inp / "gray.png", smooth(16, 16, c=1))
+    out = tmp_path / "sr"
+    assert run("restore", "-i", inp, "-o", out, "--task", "sr_bicubic", "--param", "factor=2", prior=prior_dir) == 0
+    x, info = read_image(out / "rgba.png")
+    assert x.shape == (32, 32, 3) and not info.has_alpha
+    assert "dropped" in {r["name"]: r for r in rows(out)}["rgba.png"]["alpha"]
+    assert json.loads((out / "summary.json").read_text())["alpha"]
+    assert read_image(out / "deep.png")[1].bit_depth == 16
+    assert read_image(out / "gray.png")[0].shape == (32, 32)
+
+    # same-size task: alpha re-attached; 16-bit in -> --bit-depth 8 out; odd sizes padded for the
+    # prior (multiples of 2). (The fast preset's spectral fit needs images of about 32 px or more.)
+    inp, out = tmp_path / "in32", tmp_path / "dn"
+    inp.mkdir()
+    alpha = np.linspace(0, 1, 32 * 32, dtype=np.float32).reshape(32, 32)
+    write_image(inp / "rgba.png", smooth(), alpha=alpha)
+    write_image(inp / "deep.png", smooth(), bit_depth=16)
+    write_image(inp / "odd.png", smooth(33, 35))
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--bit-depth", "8", prior=prior_dir) == 0
+    x, info = read_image(out / "rgba.png")
+    assert x.shape == (32, 32, 3) and info.has_alpha and np.abs(info.alpha - alpha).max() < 1 / 255
+    assert "re-attached" in {r["name"]: r for r in rows(out)}["rgba.png"]["alpha"]
+    assert read_image(out / "deep.png")[1].bit_depth == 8
+    assert read_image(out / "odd.png")[0].shape == (33, 35, 3)
+
+
+def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir):
+    make_images(tmp_path / "gt", 2)
+    make_images(tmp_path / "in", 2)
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--samples", 2, "--save-samples",
+               "--gt", tmp_path / "gt", prior=prior_dir) == 0
+    for stem in ("im0", "im1"):
+        assert image_opens(out / "std" / f"{stem}.png")
+        std = np.load(out / "std" / f"{stem}.npy")
+        assert std.shape == (32, 32, 3) and np.isfinite(std).all() and std.max() > 0
+        assert image_opens(out / "samples" / f"{stem}_0.png") and image_opens(out / "samples" / f"{stem}_1.png")
+    r = rows(out)
+    assert all(float(x["psnr"]) > 0 and -1 <= float(x["ssim"]) <= 1 for x in r)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["mean_psnr"] == pytest.approx(np.mean([float(x["psnr"]) for x in r]), abs=1e-3)
+    assert s["metrics_images"] == 2 and s["num_samples"] == 2
+
+
+def test_missing_ground_truth_is_reported(tmp_path, prior_dir):
+    make_images(tmp_path / "in", 2)
+    (tmp_path / "gt").mkdir()
+    write_image(tmp_path / "gt" / "im0.png", smooth())
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--gt", tmp_path / "gt", prior=prior_dir) == 1
+    r = rows(out)
+    assert r[0]["psnr"] and not r[1]["psnr"] and "no ground truth" in r[1]["error"]
+    assert image_opens(out / "im1.png")
+
+
+# ---------------------------------------------------------------- simulate -> restore
+
+
+@pytest.mark.parametrize("task, params, files", [
+    ("inpaint_box", ["box_size=8", "margin=2"], "masks"),
+    ("deblur_motion", ["kernel_size=7"], "kernels"),
+])
+def test_simulate_then_restore_from_record(tmp_path, prior_dir, task, params, files):
+    make_images(tmp_path / "clean", 2)
+    sim = tmp_path / "sim"
+    argv = ["simulate", "-i", tmp_path / "clean", "-o", sim, "--task", task, "--seed", 3]
+    for p in params:
+        argv += ["--param", p]
+    assert run(*argv) == 0
+    record = json.loads((sim / "simulation.json").read_text())
+    assert record["kind"] == "nfc_dps.simulation" and record["simulation_seed"] == 3
+    assert [i["operator_seed"] for i in record["images"]] == [3, 4]
+    assert record["simulated_task"]["task"] == task
+    for stem in ("im0", "im1"):
+        assert image_opens(sim / "measurements" / f"{stem}.png") and image_opens(sim / "ground_truth" / f"{stem}.png")
+        assert image_opens(sim / files / f"{stem}.png")
+        if files == "kernels":
+            k = np.load(sim / "kernels" / f"{stem}.npy")
+            assert k.shape == (7, 7) and abs(k.sum() - 1) < 1e-6
+    if files == "masks":  # a different box per image, drawn from seed + index
+        assert not np.array_equal(read_image(sim / "masks/im0.png")[0], read_image(sim / "masks/im1.png")[0])
+    first = (sim / "measurements" / "im0.png").read_bytes()
+    assert run(*argv) == 0 and (sim / "measurements" / "im0.png").read_bytes() == first  # reproducible
+
+    out = tmp_path / "out"
+    assert run("restore", "--config", sim / "simulation.json", "-o", out, prior=prior_dir) == 0
+    r = rows(out)
+    assert [x["status"] for x in r] == ["done", "done"] and all(x["psnr"] for x in r)
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["task"]["task"] in ("inpaint_mask", "deblur_kernel")
+    # the resolved config reproduces the run (resume finds everything done)
+    assert run("restore", "--config", out / "resolved_config.json", "-i", sim / "measurements", "-o", out,
+               prior=prior_dir, steps=None) == 0
+    assert [x["status"] for x in rows(out)] == ["skipped", "skipped"]
+
+
+def test_readme_flow_simulate_folder_as_restore_input(tmp_path, prior_dir):
+    """`restore --input <simulate output> --config configs/deblur_motion.yaml --gt clean/` uses the
+    recorded kernels (a random task cannot be rebuilt from its config alone)."""
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    make_images(tmp_path / "clean", 2)
+    assert run("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "meas", "--config",
+               configs / "deblur_motion.yaml", "--param", "kernel_size=7") == 0
+    out = tmp_path / "restored"
+    assert run("restore", "-i", tmp_path / "meas", "-o", out, "--config", configs / "deblur_motion.yaml",
+               "--gt", tmp_path / "clean", prior=prior_dir) == 0
+    r = rows(out)
+    assert [x["name"] for x in r] == ["im0.png", "im1.png"] and all(x["psnr"] for x in r)
+    task = json.loads((out / "resolved_config.json").read_text())["task"]
+    assert task["task"] == "deblur_kernel" and task["kernel_path"] == str((tmp_path / "meas" / "kernels").resolve())
+
+
+def test_simulate_sr_crops_to_factor(tmp_path):
+    (tmp_path / "clean").mkdir()
+    write_image(tmp_path / "clean" / "a.png", smooth(34, 33))
+    assert run("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--config",
+               Path(__file__).resolve().parents[1] / "configs" / "sr4_bicubic.yaml") == 0
+    assert read_image(tmp_path / "sim/measurements/a.png")[0].shape == (8, 8, 3)
+    assert read_image(tmp_path / "sim/ground_truth/a.png")[0].shape == (32, 32, 3)
+    rec = json.loads((tmp_path / "sim/simulation.json").read_text())
+    assert rec["images"][0]["crop"] == [1, 0, 32, 32] and rec["task"]["task"] == "sr_bicubic"
+
+
+# ---------------------------------------------------------------- demo, convert-adm
+
+
+def test_demo_small(tmp_path, prior_dir, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--output", str(out), "--prior", prior_dir, "--size", "32", "--steps", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "astronaut" in printed and "PSNR" in printed
+    grid, _ = read_image(out / "grid.png")
+    assert grid.shape[0] > 3 * 32 and grid.shape[1] > 6 * 32
+    lines = (out / "metrics.csv").read_text().strip().splitlines()
+    assert lines[0].startswith("task,image") and len(lines) == 7
+    for task in ("sr4_bicubic", "inpaint_box", "deblur_gaussian"):
+        for name in ("astronaut", "coffee"):
+            for kind in ("measurement", "restored", "ground_truth"):
+                assert image_opens(out / task / f"{name}_{kind}.png")
+    assert read_image(out / "sr4_bicubic" / "astronaut_restored.png")[0].shape == (32, 32, 3)
+
+
+def test_convert_adm_errors(tmp_path, monkeypatch, capsys):
+    assert main(["convert-adm", str(tmp_path / "missing.pt"), str(tmp_path / "o"), "--preset", "ffhq256"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    assert main(["convert-adm", str(tmp_path / "junk.pt"), str(tmp_path / "o"), "--preset", "ffhq256"]) == 1
+    assert "junk.pt" in capsys.readouterr().err
+    assert main(["convert-adm", str(tmp_path / "junk.pt"), str(tmp_path / "o"), "--preset", "lsun"]) == 2
+    import nfc_dps.priors as priors
+
+    monkeypatch.delattr(priors, "adm", raising=False)
+    monkeypatch.setitem(sys.modules, "nfc_dps.priors.adm", None)
+    assert main(["convert-adm", str(tmp_path / "junk.pt"), str(tmp_path / "o"), "--preset", "ffhq256"]) == 2
+    assert "not available" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- killed mid-folder
+
+
+def test_sigkill_mid_folder_then_resume(tmp_path, prior_dir):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 5)
+    argv = ["restore", "-i", str(inp), "-o", str(out), "--task", "denoise", "--prior", prior_dir,
+            "--steps", "60", "--quiet"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "nfc_dps", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done: dict = {}
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "manifest.json").is_file():
+                done = json.loads((out / "manifest.json").read_text())["images"]  # atomic: always whole
+                if done:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert done, proc.stderr.read().decode()[-2000:]
+    assert proc.returncode == -signal.SIGKILL
+    done = json.loads((out / "manifest.json").read_text())["images"]
+    assert 1 <= len(done) < 5, "the run finished before it could be killed: raise --steps"
+    stamps = {n: (out / n).stat().st_mtime_ns for n in done}
+
+    assert main(argv) == 0  # resume (the lock of the killed run is stale)
+    manifest = json.loads((out / "manifest.json").read_text())["images"]
+    assert sorted(manifest) == [f"im{i}.png" for i in range(5)]
+    for n, entry in done.items():
+        assert manifest[n] == entry and (out / n).stat().st_mtime_ns == stamps[n]  # not recomputed
+    assert all(image_opens(out / f"im{i}.png") for i in range(5))
+    assert not list(out.glob(f".*{TEMP_SUFFIX}")) and not (out / cli.LOCK_FILE).exists()
+    statuses = {r["name"]: r["status"] for r in rows(out)}
+    assert all(statuses[n] == "skipped" for n in done)
+
+    fresh = tmp_path / "fresh"  # an uninterrupted run gives the same images
+    assert main([*argv[:4], str(fresh), *argv[5:]]) == 0
+    for i in range(5):
+        np.testing.assert_array_equal(read_image(out / f"im{i}.png")[0], read_image(fresh / f"im{i}.png")[0])

@@ -1,0 +1,183 @@
+"""nfc_dps.config: YAML -> validated configs; every shipped config resolves; errors name file and key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from nfc_dps.config import (
+    ConfigBundle,
+    ConfigError,
+    SamplerSpec,
+    load_config,
+    load_mapping,
+    parse_scalar,
+    parse_task,
+    resolved_config,
+    steps_field,
+)
+from nfc_dps.operators import TASKS
+from nfc_dps.samplers import METHODS
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+YAMLS = sorted(CONFIGS.glob("*.yaml"))
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_configs_folder_is_complete():
+    names = {p.name for p in YAMLS}
+    for required in ["sr4_bicubic.yaml", "sr4_average.yaml", "inpaint_box.yaml", "inpaint_random.yaml",
+                     "deblur_gaussian.yaml", "deblur_motion.yaml", "nfc_fast.yaml", "nfc_paper.yaml",
+                     "daps_fast.yaml", "daps_paper.yaml"]:
+        assert required in names
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[p.name for p in YAMLS])
+def test_every_shipped_config_resolves(path):
+    bundle = load_config([path])
+    assert bundle.sources == [str(path)]
+    if bundle.task is not None:
+        t = bundle.task
+        assert t.task in TASKS and t.noise_sigma == pytest.approx(0.025)
+        text = path.read_text()
+        assert "0.025" in text and "[-1, 1]" in text and "[0, 1]" in text  # units said in the file
+        size = (256, 256)
+        op = t.build(size, seed=0)
+        assert tuple(op.image_shape(op.measurement_shape((1, 3, *size)))) == (1, 3, *size)
+    else:
+        cfg = bundle.sampler.build()
+        assert bundle.sampler.method in METHODS
+        assert isinstance(cfg, METHODS[bundle.sampler.method].config_class)
+        assert cfg == METHODS[bundle.sampler.method].presets[bundle.sampler.preset]
+
+
+def test_task_config_defaults_and_path_resolution(tmp_path):
+    (tmp_path / "sub").mkdir()
+    p = _write(tmp_path / "sub", "t.yaml", "task: inpaint_mask\nmask_path: masks/m.png\nnoise_sigma: 1e-2\n")
+    t = load_config([p]).task
+    assert t.task == "inpaint_mask" and t.noise_sigma == 0.01
+    assert t.params["mask_path"] == str((tmp_path / "sub" / "masks" / "m.png").resolve())
+    t = parse_task({"task": "deblur_gaussian", "kernel_size": 5.0}, "x")
+    assert t.params == {"kernel_size": 5} and t.as_dict()["kernel_std"] == 3.0 and t.noise_sigma == 0.025
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("task: deblur_gaussian\nkernel_sise: 5\n", ["kernel_sise", "kernel_size", "kernel_std", "boundary"]),
+    ("task: deblurr\n", ["deblurr", "deblur_gaussian", "sr_bicubic"]),
+    ("task: deblur_gaussian\nkernel_size: big\n", ["kernel_size", "integer", "big"]),
+    ("task: deblur_gaussian\nnoise_sigma: -0.1\n", ["noise_sigma", ">= 0"]),
+    ("task: denoise\nnoise_sigma: 0.1\nnoise_sigma: 0.2\n", ["duplicate key", "noise_sigma"]),
+    ("method: nfc\nnum_level: 3\n", ["num_level", "num_levels", "ode_steps"]),
+    ("method: nfc\nband: {cutof_start: 0.3}\n", ["cutof_start", "band", "cutoff_start"]),
+    ("method: nfc\nband: 3\n", ["band", "mapping"]),
+    ("method: nfcc\n", ["nfcc", "nfc", "daps"]),
+    ("method: nfc\npreset: slow\n", ["slow", "fast", "paper"]),
+    ("method: nfc\ninner: magic\n", ["inner", "magic"]),
+    ("method: nfc\nnum_levels: 2.5\n", ["num_levels", "integer"]),
+    ("task: denoise\nmethod: nfc\n", ["sampler", "method"]),
+    ("foo: 1\n", ["cannot tell", "foo", "task", "method"]),
+    ("", ["empty"]),
+    ("- 1\n- 2\n", ["mapping"]),
+    ("task: [unclosed\n", ["invalid YAML"]),
+    ("task: {task: denoise}\nbogus: 1\n", ["bogus", "sampler", "seed"]),
+])
+def test_errors_name_file_and_key(tmp_path, text, needles):
+    p = _write(tmp_path, "bad.yaml", text)
+    with pytest.raises(ConfigError) as e:
+        load_config([p]).sampler.build()
+    msg = str(e.value)
+    assert "bad.yaml" in msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_mapping("/nonexistent/x.yaml")
+
+
+def test_nested_override_merges_onto_preset(tmp_path):
+    p = _write(tmp_path, "s.yaml", "method: nfc\npreset: fast\nnum_levels: 3\nband: {cutoff_start: 0.5}\n")
+    cfg = load_config([p]).sampler.build()
+    preset = METHODS["nfc"].presets["fast"]
+    assert cfg.num_levels == 3 and cfg.band.cutoff_start == 0.5
+    assert cfg.band.blend_start == preset.band.blend_start and cfg.inner == preset.inner
+    assert cfg.detail == preset.detail
+
+
+def test_later_files_and_flags_win(tmp_path):
+    a = _write(tmp_path, "a.yaml", "method: nfc\nnum_levels: 3\nband: {cutoff_start: 0.5}\n")
+    b = _write(tmp_path, "b.yaml", "preset: paper\nband: {transition: 0.2}\n")
+    t1 = _write(tmp_path, "t1.yaml", "task: deblur_gaussian\nkernel_size: 9\n")
+    t2 = _write(tmp_path, "t2.yaml", "task: deblur_gaussian\nkernel_size: 7\n")
+    bundle = load_config([a, t1, b, t2])
+    assert bundle.task.params["kernel_size"] == 7
+    spec = bundle.sampler
+    spec.set("num_levels", 4, "--steps")
+    cfg = spec.build()
+    assert spec.preset == "paper" and cfg.num_levels == 4 and cfg.inner == "langevin"
+    assert cfg.band.cutoff_start == 0.5 and cfg.band.transition == 0.2
+    spec.set("band.kappa", "x", "--set")
+    with pytest.raises(ConfigError, match="--set.*band.kappa"):
+        spec.build()
+
+
+def test_switching_method_drops_other_method_overrides(tmp_path):
+    a = _write(tmp_path, "a.yaml", "method: nfc\nband: {cutoff_start: 0.5}\n")
+    b = _write(tmp_path, "b.yaml", "method: daps\nnum_levels: 3\n")
+    spec = load_config([a, b]).sampler
+    assert spec.method == "daps" and spec.build().num_levels == 3 and "band" not in spec.overrides
+
+
+def test_resolved_config_round_trip(tmp_path):
+    task = parse_task({"task": "deblur_gaussian", "kernel_size": 9, "noise_sigma": 0.01}, "t")
+    spec = SamplerSpec("nfc", "fast")
+    spec.set("num_levels", 3, "x")
+    spec.set("band.cutoff_start", 0.45, "x")
+    rec = resolved_config(task, spec, seed=7, num_samples=2, prior="p", command="restore")
+    assert rec["seed"] == 7 and "seed + index" in rec["per_image_seed"] and rec["num_samples"] == 2
+    for pkg in ("torch", "diffusers", "numpy", "nfc_dps"):
+        assert rec["versions"][pkg]
+    assert "0.025" in rec["units"]
+    p = tmp_path / "resolved_config.json"
+    p.write_text(json.dumps(rec))
+    back = load_config([p])
+    assert back.task.as_dict() == task.as_dict() and back.seed == 7 and back.num_samples == 2
+    assert back.sampler.build() == spec.build()
+
+
+def test_sampler_overrides_for_every_method():
+    for name, m in METHODS.items():
+        field = steps_field(name)
+        assert field is not None
+        for preset in m.presets:
+            spec = SamplerSpec(name, preset)
+            spec.set(field, 2, "--steps")
+            cfg = spec.build()
+            assert getattr(cfg, field) == 2
+    assert steps_field("nfc") == "num_levels"
+
+
+def test_parse_scalar():
+    assert parse_scalar("3") == 3 and parse_scalar("1e-3") == 0.001 and parse_scalar("0.5") == 0.5
+    assert parse_scalar("langevin") == "langevin" and parse_scalar("true") is True
+
+
+def test_bundle_default():
+    b = ConfigBundle()
+    assert b.task is None and b.sampler.method == "nfc" and b.sampler.preset == "fast"
+    assert dataclasses.asdict(b.sampler.build()) == dataclasses.asdict(METHODS["nfc"].presets["fast"])
+
+
+def test_one_yaml_per_sampler_preset():
+    names = {p.name for p in YAMLS}
+    missing = [f"{m}_{p}.yaml" for m, meth in METHODS.items() for p in meth.presets if f"{m}_{p}.yaml" not in names]
+    assert not missing, f"add configs/{missing[0]} (and the others: {missing})"

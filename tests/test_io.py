@@ -1,0 +1,248 @@
+"""nfc_dps.io: reading/writing images of every supported kind, atomic writers, folder listing."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from nfc_dps.io import (
+    TEMP_SUFFIX,
+    ImageReadError,
+    atomic_write_bytes,
+    image_opens,
+    list_folder,
+    list_images,
+    quantize,
+    read_image,
+    remove_stale_temp_files,
+    write_csv,
+    write_image,
+    write_json,
+)
+
+
+def _img(h=12, w=10, c=3, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (h, w) if c == 1 else (h, w, c)
+    return rng.random(shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("ext", [".png", ".tif", ".bmp"])
+@pytest.mark.parametrize("c", [1, 3])
+def test_roundtrip_8bit_lossless(tmp_path, ext, c):
+    x = _img(c=c)
+    p = write_image(tmp_path / f"a{ext}", x)
+    y, info = read_image(p)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    assert info.bit_depth == 8 and info.alpha is None and info.output_bit_depth == 8
+    np.testing.assert_array_equal(y, quantize(x, 8) / np.float32(255))
+
+
+@pytest.mark.parametrize("ext", [".png", ".tif"])
+@pytest.mark.parametrize("c", [1, 3])
+def test_roundtrip_16bit(tmp_path, ext, c):
+    x = _img(c=c, seed=1)
+    p = write_image(tmp_path / f"a{ext}", x, bit_depth=16)
+    y, info = read_image(p)
+    assert info.bit_depth == 16 and info.output_bit_depth == 16 and y.shape == x.shape
+    assert np.abs(y - x).max() <= 0.5 / 65535 + 1e-7
+
+
+@pytest.mark.parametrize("ext", [".png", ".tif"])
+def test_roundtrip_16bit_rgba(tmp_path, ext):
+    x, a = _img(seed=2), _img(c=1, seed=3)
+    y, info = read_image(write_image(tmp_path / f"a{ext}", x, bit_depth=16, alpha=a))
+    assert y.shape == x.shape and info.has_alpha and info.bit_depth == 16
+    assert np.abs(info.alpha - a).max() <= 1e-4 and np.abs(y - x).max() <= 1e-4
+
+
+def test_jpeg_8bit_close(tmp_path):
+    yy, xx = np.mgrid[0:32, 0:32] / 31.0
+    x = np.stack([xx, yy, 0.5 * np.ones_like(xx)], -1).astype(np.float32)
+    y, info = read_image(write_image(tmp_path / "a.jpg", x))
+    assert info.format == "JPEG" and np.abs(y - x).mean() < 0.02
+
+
+def test_16bit_png_written_by_pillow_gray(tmp_path):
+    q = (np.arange(20, dtype=np.uint16).reshape(4, 5) * 3000)
+    Image.fromarray(q).save(tmp_path / "g.png")
+    y, info = read_image(tmp_path / "g.png")
+    assert info.bit_depth == 16
+    np.testing.assert_allclose(y, q / 65535.0, atol=1e-7)
+
+
+def _png16_filtered(q: np.ndarray, ftypes) -> bytes:
+    """A 16-bit PNG whose rows use the given filter types (0-4), to exercise the decoder."""
+    h, w, c = q.shape
+    bpp = 2 * c
+    raw = q.astype(">u2").view(np.uint8).reshape(h, w * bpp).astype(np.int64)
+    out = []
+    prev = np.zeros(w * bpp, np.int64)
+    for y in range(h):
+        line, f = raw[y], ftypes[y % len(ftypes)]
+        left = np.concatenate([np.zeros(bpp, np.int64), line[:-bpp]])
+        upleft = np.concatenate([np.zeros(bpp, np.int64), prev[:-bpp]])
+        if f == 0:
+            pred = np.zeros_like(line)
+        elif f == 1:
+            pred = left
+        elif f == 2:
+            pred = prev
+        elif f == 3:
+            pred = (left + prev) // 2
+        else:
+            p = left + prev - upleft
+            pa, pb, pc = np.abs(p - left), np.abs(p - prev), np.abs(p - upleft)
+            pred = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, prev, upleft))
+        out.append(bytes([f]) + ((line - pred) & 0xFF).astype(np.uint8).tobytes())
+        prev = line
+
+    def chunk(k, b):
+        return struct.pack(">I", len(b)) + k + b + struct.pack(">I", zlib.crc32(k + b) & 0xFFFFFFFF)
+
+    ctype = {2: 4, 3: 2, 4: 6}[c]
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, ctype, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"".join(out))) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("c", [2, 3, 4])
+def test_16bit_png_decoder_all_filters(tmp_path, c):
+    q = np.random.default_rng(c).integers(0, 65536, (7, 6, c)).astype(np.uint16)
+    (tmp_path / "f.png").write_bytes(_png16_filtered(q, [0, 1, 2, 3, 4]))
+    y, info = read_image(tmp_path / "f.png")
+    colour = q[..., :-1] if c in (2, 4) else q
+    colour = colour[..., 0] if colour.shape[-1] == 1 else colour
+    np.testing.assert_allclose(y, colour / 65535.0, atol=1e-7)
+    assert info.has_alpha == (c in (2, 4))
+    if info.has_alpha:
+        np.testing.assert_allclose(info.alpha, q[..., -1] / 65535.0, atol=1e-7)
+
+
+def test_modes_gray_alpha_palette_bilevel(tmp_path):
+    rgba = (np.random.default_rng(0).random((6, 7, 4)) * 255).astype(np.uint8)
+    Image.fromarray(rgba).save(tmp_path / "rgba.png")
+    y, info = read_image(tmp_path / "rgba.png")
+    assert y.shape == (6, 7, 3) and info.has_alpha and info.mode == "RGBA"
+    np.testing.assert_allclose(info.alpha, rgba[..., 3] / 255.0, atol=1e-6)
+    Image.fromarray(rgba[..., :2]).save(tmp_path / "la.png")  # gray + alpha
+    y, info = read_image(tmp_path / "la.png")
+    assert y.shape == (6, 7) and info.has_alpha
+    Image.fromarray(rgba[..., :3]).convert("P").save(tmp_path / "p.png")
+    y, info = read_image(tmp_path / "p.png")
+    assert y.shape == (6, 7, 3) and not info.has_alpha
+    Image.fromarray(rgba[..., 0] > 128).save(tmp_path / "b.png")
+    y, info = read_image(tmp_path / "b.png")
+    assert y.shape == (6, 7) and info.bit_depth == 1 and set(np.unique(y)) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_matches_pillow(tmp_path, orientation):
+    from PIL import ImageOps
+
+    a = (np.random.default_rng(0).random((4, 6, 3)) * 255).astype(np.uint8)
+    im = Image.fromarray(a)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    im.save(tmp_path / "o.jpg", exif=exif, quality=100)
+    y, info = read_image(tmp_path / "o.jpg")
+    with Image.open(tmp_path / "o.jpg") as ref:
+        expect = np.asarray(ImageOps.exif_transpose(ref), np.float32) / 255
+    assert info.orientation == orientation
+    np.testing.assert_allclose(y, expect, atol=1e-6)
+    assert y.shape[:2] == ((6, 4) if orientation >= 5 else (4, 6))
+
+
+def test_16bit_png_orientation_uses_same_rule(tmp_path):
+    """The own decoder's orientation matches Pillow's exif_transpose on the 8-bit equivalent."""
+    from nfc_dps.io import _orient
+    from PIL import ImageOps
+
+    a = (np.random.default_rng(1).random((3, 5, 3)) * 255).astype(np.uint8)
+    for o in range(1, 9):
+        im = Image.fromarray(a)
+        im.getexif()[0x0112] = o
+        ref = np.asarray(ImageOps.exif_transpose(im))
+        np.testing.assert_array_equal(_orient(a, o), ref)
+
+
+# ---------------------------------------------------------------- errors name the file
+
+
+def test_errors_name_the_file(tmp_path):
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "junk.png").write_bytes(b"this is not an image at all")
+    write_image(tmp_path / "ok.png", _img())
+    data = (tmp_path / "ok.png").read_bytes()
+    (tmp_path / "trunc.png").write_bytes(data[: len(data) // 2])
+    (tmp_path / "notes.txt").write_text("hello")
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "anim.png", format="GIF")
+    cases = {"empty.png": "empty", "junk.png": "not a readable image", "trunc.png": "",
+             "notes.txt": "unsupported file type", "missing.png": "no such file", "anim.png": "unsupported image format GIF"}
+    for name, reason in cases.items():
+        with pytest.raises(ImageReadError) as e:
+            read_image(tmp_path / name)
+        assert name in str(e.value) and reason in str(e.value)
+        assert not image_opens(tmp_path / name)
+    assert image_opens(tmp_path / "ok.png")
+
+
+def test_truncated_16bit_png(tmp_path):
+    write_image(tmp_path / "a.png", _img(), bit_depth=16)
+    data = (tmp_path / "a.png").read_bytes()
+    (tmp_path / "t.png").write_bytes(data[:-30])
+    with pytest.raises(ImageReadError, match="t.png"):
+        read_image(tmp_path / "t.png")
+
+
+def test_write_never_rescales_and_rejects_nan(tmp_path):
+    x = np.full((4, 4), 0.2, np.float32)
+    x[0, 0], x[0, 1] = -3.0, 7.0
+    y, _ = read_image(write_image(tmp_path / "c.png", x))
+    assert y[0, 0] == 0 and y[0, 1] == 1 and abs(y[1, 1] - 51 / 255) < 1e-6  # clipped, not rescaled
+    x[2, 2] = np.nan
+    with pytest.raises(FloatingPointError, match="bad.png"):
+        write_image(tmp_path / "bad.png", x)
+    assert not (tmp_path / "bad.png").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(TEMP_SUFFIX)]
+    with pytest.raises(ValueError, match="16-bit"):
+        write_image(tmp_path / "a.jpg", _img(), bit_depth=16)
+    with pytest.raises(ValueError, match="cannot write"):
+        write_image(tmp_path / "a.gif", _img())
+
+
+# ---------------------------------------------------------------- atomic writers, listing
+
+
+def test_atomic_writers(tmp_path):
+    write_json(tmp_path / "a.json", {"x": float("nan"), "p": tmp_path, "v": np.float32(1.5)})
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": None, "p": str(tmp_path), "v": 1.5}
+    write_csv(tmp_path / "r.csv", [{"a": 1.23456, "b": None}, {"a": "x", "b": float("inf")}], ["a", "b"])
+    assert (tmp_path / "r.csv").read_text() == "a,b\n1.2346,\nx,\n"
+    mode = (tmp_path / "r.csv").stat().st_mode & 0o777
+    assert mode & 0o644 == 0o644  # not the 0600 of a bare mkstemp file
+
+    atomic_write_bytes(tmp_path / "b.bin", b"old")
+    with pytest.raises(TypeError):
+        atomic_write_bytes(tmp_path / "b.bin", 12345)  # type: ignore[arg-type]
+    assert (tmp_path / "b.bin").read_bytes() == b"old"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(TEMP_SUFFIX)]
+    (tmp_path / f".x.png.abc{TEMP_SUFFIX}").write_bytes(b"partial")
+    assert len(remove_stale_temp_files(tmp_path)) == 1
+
+
+def test_list_images_sorted(tmp_path):
+    for n in ["b.png", "a.JPG", "c.tiff", ".hidden.png", "notes.txt", "z.bmp"]:
+        (tmp_path / n).write_bytes(b"x")
+    (tmp_path / "sub.png").mkdir()
+    assert [p.name for p in list_images(tmp_path)] == ["a.JPG", "b.png", "c.tiff", "z.bmp"]
+    assert [p.name for p in list_folder(tmp_path)[1]] == ["notes.txt"]
+    with pytest.raises(NotADirectoryError):
+        list_images(tmp_path / "b.png")
