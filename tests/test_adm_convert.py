@@ -34,15 +34,6 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny networks: one thread is fastest, and avoids contention with background jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 

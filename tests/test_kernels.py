@@ -11,14 +11,6 @@ from PIL import Image
 from nfc_dps.operators import gaussian_kernel, load_kernel, motion_kernel
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_gaussian_kernel_matches_dps_construction():
     k = gaussian_kernel(61, 3.0)
     assert k.shape == (61, 61) and k.dtype == torch.float32

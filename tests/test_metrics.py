@@ -12,14 +12,6 @@ from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 from nfc_dps.metrics import mse, psnr, ssim
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _crop(name):
     img = getattr(data, name)().astype(np.float64) / 255.0
     crops = {"astronaut": (slice(30, 126), slice(180, 244)),  # 96 x 64 RGB

@@ -26,16 +26,6 @@ from nfc_dps.operators import (
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: torch's intra-op threads only contend with the background jobs (a 2-core
-    machine under load runs these FFTs ~100x slower with 2 threads). Restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 SHAPES = [(2, 3, 32, 48), (1, 1, 40, 24)]
 
 # An odd, non-square, asymmetric kernel (5 x 3), and an even one for convention checks.

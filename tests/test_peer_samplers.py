@@ -23,8 +23,6 @@ from nfc_dps.samplers.ddrm import DDNMConfig, DDRMConfig, sample_ddnm, sample_dd
 from nfc_dps.samplers.diffpir import DiffPIRConfig, sample_diffpir
 from nfc_dps.samplers.dps import DPSConfig, dps_guidance, sample_dps, sigma_grid, vp_sigma
 
-torch.set_num_threads(1)
-
 PRIOR_STD = 0.5  # model units
 
 

@@ -20,15 +20,6 @@ from nfc_dps.priors.gaussian import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is fastest and avoids contention with background jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def linear_alphas_cumprod(n: int = 1000) -> torch.Tensor:
     return torch.cumprod(1 - torch.linspace(1e-4, 0.02, n, dtype=torch.float64), 0)
 

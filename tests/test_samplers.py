@@ -16,14 +16,6 @@ from nfc_dps.samplers.nfc import NFCConfig, sample_daps, sample_nfc
 from nfc_dps.schedules import BandSchedule, DetailSchedule
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 SIZE = 32
 SIGMA_Y = 0.05  # model units ([-1, 1]); 0.025 in [0, 1] units
 

@@ -30,12 +30,17 @@ def test_band_schedule_paper_values():
 
 
 def test_spectral_cutoff_widens_as_sigma_falls():
+    from nfc_dps.samplers.common import power_law_spectrum, spectral_crossing
+
     b = BandSchedule(cutoff="spectral", cutoff_start=0.05)
-    amp, alpha = torch.tensor([1e-3, 1e-2]), torch.tensor([2.0, 2.0])
-    cuts = [b.spectral_cutoff(s, amp, alpha, 0, 10) for s in (10.0, 1.0, 0.1, 0.01)]
+    spec = power_law_spectrum(torch.tensor([1e-3, 1e-2]), torch.tensor([2.0, 2.0]), (1, 1, 64, 64))
+    cuts = [b.spectral_cutoff(spectral_crossing(spec, s**2), 0, 10) for s in (10.0, 1.0, 0.1, 0.01)]
     for lo, hi in zip(cuts, cuts[1:]):
         assert (hi >= lo).all()
-    assert torch.equal(b.spectral_cutoff(0.5, amp, alpha, 9, 10), torch.ones(2))
+    assert (cuts[-1] > cuts[0]).all()
+    # S = a r^-2 meets sigma^2 at r = sqrt(a) / sigma (up to the grid's resolution)
+    assert spectral_crossing(spec, 0.1**2)[0].item() == pytest.approx(0.316, abs=0.03)
+    assert torch.equal(b.spectral_cutoff(cuts[0], 9, 10), torch.ones(2))
     with pytest.raises(ValueError, match="cutoff"):
         BandSchedule(cutoff="cubic")
 
