@@ -5,6 +5,7 @@
     nfc-dps restore --config sim/simulation.json --output out/         # inputs + GT from sim/
     nfc-dps restore --input y/ --output out/ --task sr_bicubic --gt gt/ --samples 4
     nfc-dps convert-adm ffhq_10m.pt priors/ffhq --preset ffhq256
+    nfc-dps bench --protocol local                 # nfc_dps.benchmark (docs/benchmarks.md)
 
 Exit status: 0 all images done; 1 some image failed (each is reported with its file name and the
 reason; the others are still restored); 2 usage or setup error (bad flag or config, unreadable
@@ -979,6 +980,20 @@ def cmd_convert_adm(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# bench (nfc_dps.benchmark owns the options and the run)
+
+
+def cmd_bench(args) -> int:
+    from .benchmark import run_from_args
+
+    return run_from_args(args)
+
+
+def _unavailable(command: str, reason: str) -> int:
+    raise UsageError(f"{command} is not available in this installation ({reason})")
+
+
+# --------------------------------------------------------------------------------------------
 # argument parsing
 
 
@@ -1074,6 +1089,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bit-depth", type=int, choices=(8, 16), default=16, help="measurement PNG bit depth (default 16)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages")
     s.set_defaults(func=cmd_simulate)
+
+    try:
+        from . import benchmark
+    except Exception as e:  # noqa: BLE001 - a broken optional module must not break the other commands
+        bench_error = str(e)
+        b = sub.add_parser("bench", help="benchmarks (unavailable in this installation)")
+        b.set_defaults(func=lambda a: _unavailable("bench", bench_error))
+    else:
+        b = sub.add_parser("bench", help="PSNR/SSIM tables vs peers and classical baselines (docs/benchmarks.md)",
+                           description="See docs/benchmarks.md; same options as scripts/benchmark.py.")
+        benchmark.build_parser(b)
+        b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("convert-adm", help="convert an ADM (guided-diffusion) checkpoint to a diffusers prior folder")
     c.add_argument("checkpoint", help="ADM .pt (e.g. ffhq_10m.pt) or .safetensors state dict")

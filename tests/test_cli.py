@@ -234,6 +234,7 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, prior_dir, capsys):
         assert not (tmp_path / "out" / "results.csv").exists(), label
     assert main([]) == 2
     assert main(["--help"]) == 0
+    assert main(["bench", "--help"]) == 0  # wired to nfc_dps.benchmark
     capsys.readouterr()
 
 
