@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .operators.base import LinearOperator
+from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior
 from .samplers import counting, get_config, get_method
 
@@ -108,7 +109,9 @@ def restore(
         callback: called after every sampler step with a dict of intermediates (model units).
         progress: show a tqdm bar over the sampler's steps.
         config: a full sampler config (overrides ``preset``); ``**overrides`` replace fields.
-    Gray measurements with an RGB prior are replicated to RGB and averaged back.
+    Gray measurements with an RGB prior are replicated to RGB and averaged back. Images whose
+    size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
+    is unmeasured, filled by the prior) and cropped back.
     """
     from .priors.default import load_prior
 
@@ -138,6 +141,11 @@ def restore(
         else:
             raise ValueError(f"measurement has {c} channels but the prior models {pc}")
     image_shape = tuple(operator.image_shape(batch.shape))
+    h, w = image_shape[-2:]
+    mult = prior.size_multiple
+    if h % mult or w % mult:  # restore on a padded canvas; the border is filled by the prior
+        operator = CroppedOperator(operator, (h, w), (padded_size(h, mult), padded_size(w, mult)))
+        image_shape = tuple(operator.image_shape(batch.shape))
     full_shape = (b * num_samples, *image_shape[1:])
     y_rep = batch.repeat_interleave(num_samples, dim=0)
     gens = image_generators(seeds, num_samples, device=batch.device)
@@ -167,7 +175,7 @@ def restore(
         x = x.mean(1, keepdim=True)
     if not torch.isfinite(x).all():
         raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
-    x = x.reshape(b, num_samples, *x.shape[1:])
+    x = x[..., :h, :w].reshape(b, num_samples, x.shape[1], h, w)
     samples = x.clamp(0, 1)
     if num_samples == 1:
         return Restoration(back(samples[:, 0]), None, None, counted.nfe, seconds, cfg)

@@ -1,0 +1,48 @@
+"""Restoring on a padded canvas: priors that need H, W to be multiples of 2^k."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .base import LinearOperator
+
+
+class CroppedOperator(LinearOperator):
+    """A' x = A(x[..., :H, :W]) for x on a larger (H + ph, W + pw) canvas.
+
+    The padded border is not measured: the sampler fills it from the prior, and the caller crops
+    it off. Adjoint: zero-pad A^T y. The prox and pseudo-inverse fall back to the base class's
+    conjugate gradients (the inner operator's closed forms do not survive the crop).
+    """
+
+    name = "cropped"
+    is_circulant = False
+
+    def __init__(self, inner: LinearOperator, image_hw: Sequence[int], canvas_hw: Sequence[int]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.h, self.w = (int(v) for v in image_hw)
+        self.canvas_h, self.canvas_w = (int(v) for v in canvas_hw)
+        if self.canvas_h < self.h or self.canvas_w < self.w:
+            raise ValueError(f"canvas {tuple(canvas_hw)} is smaller than the image {tuple(image_hw)}")
+
+    def A(self, x: Tensor) -> Tensor:
+        return self.inner.A(x[..., : self.h, : self.w])
+
+    def A_adjoint(self, y: Tensor) -> Tensor:
+        z = self.inner.A_adjoint(y)
+        return torch.nn.functional.pad(z, (0, self.canvas_w - self.w, 0, self.canvas_h - self.h))
+
+    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
+        return self.inner.measurement_shape((*image_shape[:-2], self.h, self.w))
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        return (*self.inner.image_shape(measurement_shape)[:-2], self.canvas_h, self.canvas_w)
+
+
+def padded_size(size: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is >= size."""
+    return -(-size // multiple) * multiple
