@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -113,6 +114,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    # a plain `kill` saves the state too (the finally clause below), so nothing is lost
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt("SIGTERM")))
     args.workdir.mkdir(parents=True, exist_ok=True)
     state_path = args.workdir / "state.pt"
     log_path = args.workdir / "loss.csv"
