@@ -94,6 +94,11 @@ def export(ema_unet, out_dir: Path, crop: int) -> None:
         json.dump({"parameterization": "edm", "sigma_data": 0.5, "sigma_min": 0.002, "sigma_max": 80.0, "tile": crop}, f, indent=2)
 
 
+def _interrupt_on_sigterm(signum, frame) -> None:
+    """A plain `kill` then runs the `finally: save()` below, so no training is lost."""
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("runs/prior"))
@@ -114,8 +119,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    # a plain `kill` saves the state too (the finally clause below), so nothing is lost
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt("SIGTERM")))
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     args.workdir.mkdir(parents=True, exist_ok=True)
     state_path = args.workdir / "state.pt"
     log_path = args.workdir / "loss.csv"
