@@ -117,30 +117,6 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _pad_to_multiple(prior):
-    """Wrap a prior whose network needs H, W multiples of m: reflect-pad, denoise, crop."""
-    from .priors.base import Prior, reflect_pad
-
-    class PadToMultiple(Prior):
-        def __init__(self, inner) -> None:
-            super().__init__()
-            self.inner = inner
-            self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-            self.size_multiple = 1
-
-        def denoise(self, x, sigma):
-            m = self.inner.size_multiple
-            h, w = x.shape[-2:]
-            ph, pw = (-h) % m, (-w) % m
-            if not (ph or pw):
-                return self.inner.denoise(x, sigma)
-            t, l = ph // 2, pw // 2
-            out = self.inner.denoise(reflect_pad(x, t, ph - t, l, pw - l), sigma)
-            return out[..., t:t + h, l:l + w]
-
-    return PadToMultiple(prior) if getattr(prior, "size_multiple", 1) > 1 else prior
-
-
 def _load_prior(path: str | None, device) -> Any:
     from .priors.default import load_prior
 
@@ -149,7 +125,7 @@ def _load_prior(path: str | None, device) -> Any:
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         where = path or "the embedded default prior"
         raise UsageError(f"cannot load {where}: {e}") from e
-    return _pad_to_multiple(prior)
+    return prior  # restore() pads images to the prior's size multiple itself
 
 
 def _prior_id(path: str | None) -> dict[str, Any]:
