@@ -96,9 +96,10 @@ def fit_power_law(x: Tensor, r_min: float = 0.02, r_max: float = 0.5, bins: int 
     bins = max(4, min(bins, max(x.shape[-2:]) // 2))  # no empty rings on small images
     radii, power = radial_power_spectrum(x, bins)
     keep = (radii >= r_min) & (radii <= r_max)
-    valid = keep[None, :] & torch.isfinite(power) & (power > 0)
-    if bool((valid.sum(1) < 2).any()):  # too few rings in range: use every non-DC ring
-        valid = (radii > 0)[None, :] & torch.isfinite(power) & (power > 0)
+    usable = torch.isfinite(power) & (power > 0)
+    valid = keep[None, :] & usable
+    few = valid.sum(1, keepdim=True) < 2  # too few rings in range: that image uses every ring
+    valid = torch.where(few, usable, valid)
     wgt = valid.to(x.dtype)
     n = wgt.sum(1).clamp_min(1)
     lr = radii.log()[None, :].expand_as(power)
@@ -110,6 +111,16 @@ def fit_power_law(x: Tensor, r_min: float = 0.02, r_max: float = 0.5, bins: int 
     alpha = (-cov / var).clamp(0.5, 4.0)
     log_amp = lp_mean + alpha * lr_mean
     return log_amp.exp(), alpha
+
+
+def power_law_spectrum(amplitude: Tensor, alpha: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """S(r) = amplitude * r^-alpha per image on the full FFT grid, (B, 1, H, W); DC set to +inf
+    (the mean is not shrunk towards anything) and r floored at half a grid step otherwise."""
+    h, w = shape[-2:]
+    r = radial_frequency(h, w, device=amplitude.device, dtype=amplitude.dtype).clamp_min(0.5 / max(h, w))
+    spec = amplitude.view(-1, 1, 1, 1) * r ** (-alpha.view(-1, 1, 1, 1))
+    spec[..., 0, 0] = float("inf")
+    return spec
 
 
 # --------------------------------------------------------------------------- Haar wavelets

@@ -27,7 +27,7 @@ import torch
 
 from nfc_dps.priors.base import EDMDenoiser
 from nfc_dps.priors.diffusers_prior import PRIOR_CONFIG_NAME, _UNetCall
-from nfc_dps.priors.training_data import TRAIN_IMAGES, dead_leaves, load_skimage_image
+from nfc_dps.priors.training_data import TRAIN_IMAGES, dead_leaves, load_skimage_image, training_power_law
 
 UNET_CONFIG = dict(
     in_channels=3,
@@ -91,7 +91,8 @@ def export(ema_unet, out_dir: Path, crop: int) -> None:
     half.load_state_dict(ema_unet.state_dict())
     half.half().save_pretrained(out_dir / "unet", safe_serialization=True)
     with open(out_dir / PRIOR_CONFIG_NAME, "w") as f:
-        json.dump({"parameterization": "edm", "sigma_data": 0.5, "sigma_min": 0.002, "sigma_max": 80.0, "tile": crop}, f, indent=2)
+        json.dump({"parameterization": "edm", "sigma_data": 0.5, "sigma_min": 0.002, "sigma_max": 80.0, "tile": crop,
+                   "power_law": [round(v, 6) for v in training_power_law()]}, f, indent=2)
 
 
 def _interrupt_on_sigterm(signum, frame) -> None:

@@ -230,3 +230,21 @@ def test_cropped_operator_is_adjoint():
     assert op.image_shape(y.shape) == (2, 3, 16, 24)
     lhs, rhs = (op.A(x) * y).sum(), (x * op.A_adjoint(y)).sum()
     assert torch.allclose(lhs, rhs, rtol=1e-10)
+
+
+def test_prior_declared_power_law_feeds_the_spectral_covariance():
+    from nfc_dps.samplers.common import counting
+
+    prior = ShrinkPrior()
+    with pytest.raises(NotImplementedError, match="power_law"):
+        prior.spectrum(8, 8)
+    prior.power_law = (1e-3, 2.0)
+    spec = counting(prior).spectrum(8, 8)  # wrappers delegate to the prior they wrap
+    assert spec.shape == (8, 8) and torch.isinf(spec[0, 0]) and (spec[1:, 1:] > 0).all()
+    op = BlurOperator(gaussian_kernel(3, 1.0), "circular")
+    y = op.measure(torch.rand(1, 3, 8, 8), 0.01, torch.Generator().manual_seed(0))
+    cfg = get_config("nfc", "fast", num_levels=3, ode_steps=1, spectrum="prior")
+    out = nfc_dps.restore(y, op, prior=prior, config=cfg, sigma_y=0.01, progress=False)
+    assert torch.isfinite(out.image).all()
+    with pytest.raises(ValueError, match="declares"):
+        nfc_dps.restore(y, op, prior=ShrinkPrior(), config=cfg, sigma_y=0.01, progress=False)

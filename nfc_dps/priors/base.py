@@ -48,6 +48,21 @@ class Prior(nn.Module):
     sigma_min: float = 0.002
     sigma_max: float = 80.0
     size_multiple: int = 1
+    #: optional (amplitude, alpha): the data's power spectrum S = amplitude * r^-alpha per ortho
+    #: Fourier coefficient in model units, r the normalised radius (nfc_dps.frequency)
+    power_law: tuple[float, float] | None = None
+
+    def spectrum(self, h: int, w: int) -> Tensor:
+        """(h, w) power spectrum of the prior's images, from ``power_law`` (or a wrapped prior's)."""
+        from ..frequency import power_law_spectrum
+
+        if self.power_law is not None:
+            amplitude, alpha = (torch.tensor([float(v)], dtype=torch.float64) for v in self.power_law)
+            return power_law_spectrum(amplitude, alpha, (h, w))[0, 0]
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, Prior):
+            return inner.spectrum(h, w)
+        raise NotImplementedError(f"{type(self).__name__} declares no power spectrum (power_law is None)")
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
         """(B, C, H, W) noisy image, (B,) sigma -> (B, C, H, W) estimate of the clean image."""

@@ -28,7 +28,8 @@ DEFAULT_SCHEDULE = {
     "beta_end": 0.02,
     "prediction_type": "epsilon",
 }
-_PRIOR_CONFIG_KEYS = {"parameterization", "sigma_data", "sigma_min", "sigma_max", "tile", "tile_overlap", "prediction_type"}
+_PRIOR_CONFIG_KEYS = {"parameterization", "sigma_data", "sigma_min", "sigma_max", "tile", "tile_overlap", "prediction_type",
+                      "power_law"}
 
 
 def alphas_cumprod_from_config(cfg: dict) -> torch.Tensor:
@@ -144,6 +145,11 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
             channels=channels,
             size_multiple=size_multiple,
         )
+    if "power_law" in prior_cfg:
+        pl = prior_cfg["power_law"]
+        if not (isinstance(pl, list) and len(pl) == 2 and all(isinstance(v, (int, float)) and v > 0 for v in pl)):
+            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: power_law must be [amplitude, alpha] > 0, got {pl!r}")
+        prior.power_law = (float(pl[0]), float(pl[1]))
     if prior_cfg.get("tile"):
         prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
     return prior.to(device)

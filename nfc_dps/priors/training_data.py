@@ -62,3 +62,26 @@ def dead_leaves(size: int, rng: np.random.Generator, n_disks: int = 600, r_min: 
         if filled.all():
             break
     return img
+
+
+def training_power_law(crop: int = 64, per_image: int = 8, seed: int = 0) -> tuple[float, float]:
+    """(amplitude, alpha) of S = amplitude * r^-alpha fitted to random crops of the training photos.
+
+    Model units ([-1, 1]), orthonormal FFT, r the normalised radius of nfc_dps.frequency; the
+    geometric mean of the per-crop amplitudes and the median exponent (r in [0.02, 0.5]).
+    Stored with the default prior so samplers can use the spectrum the prior was trained on.
+    """
+    import torch
+
+    from ..frequency import fit_power_law
+
+    rng = np.random.default_rng(seed)
+    crops = []
+    for name in TRAIN_IMAGES:
+        img = load_skimage_image(name)
+        for _ in range(per_image):
+            y, x = rng.integers(img.shape[0] - crop + 1), rng.integers(img.shape[1] - crop + 1)
+            crops.append(img[y : y + crop, x : x + crop])
+    batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2).double() * 2 - 1
+    amplitude, alpha = fit_power_law(batch, r_min=0.02, r_max=0.5)
+    return float(amplitude.log().mean().exp()), float(alpha.median())

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..frequency import fit_power_law, radial_frequency
+from ..frequency import fit_power_law, power_law_spectrum, radial_frequency
 from ..operators.base import LinearOperator, conjugate_gradient, randn_per_image
 from ..priors.base import Prior
 
@@ -85,16 +85,6 @@ def pf_ode_predict(prior: Prior, x: Tensor, sigma_from: float, sigma_to: float, 
         d = (x - prior.denoise(x, sigma_vector(s, x))) / s
         x = x + (s_next - s) * d
     return x
-
-
-def power_law_spectrum(amplitude: Tensor, alpha: Tensor, shape: Sequence[int]) -> Tensor:
-    """S(r) = amplitude * r^-alpha per image on the full FFT grid, (B, 1, H, W); DC set to +inf
-    (the mean is not shrunk towards anything) and r floored at half a grid step otherwise."""
-    h, w = shape[-2:]
-    r = radial_frequency(h, w, device=amplitude.device, dtype=amplitude.dtype).clamp_min(0.5 / max(h, w))
-    spec = amplitude.view(-1, 1, 1, 1) * r ** (-alpha.view(-1, 1, 1, 1))
-    spec[..., 0, 0] = float("inf")
-    return spec
 
 
 def spectral_prior_variance(spectrum: Tensor, sigma: float) -> Tensor:

@@ -185,12 +185,13 @@ def sample_nfc(
 
 
 def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape) -> Tensor:
+    """(B|1, 1, H, W) power spectrum S for the spectral covariance and cutoff."""
     if source == "measurement":
         return fit_spectrum_from_measurement(operator, y_m, image_shape)
-    inner = getattr(prior, "inner", prior)
-    if not hasattr(inner, "spectrum"):
-        raise ValueError(f"spectrum='prior' needs a prior with a spectrum(h, w) method; {type(inner).__name__} has none")
-    spec = inner.spectrum(*image_shape[-2:]).to(y_m)
+    try:
+        spec = prior.spectrum(*image_shape[-2:]).to(y_m)
+    except NotImplementedError as e:
+        raise ValueError(f"spectrum='prior' needs a prior that declares its power spectrum: {e}") from e
     return spec.view(1, 1, *spec.shape[-2:]) if spec.ndim == 2 else spec
 
 
