@@ -1,0 +1,185 @@
+"""Benchmark harness: a tiny end-to-end local run, resume, reused measurements, the oracle and
+profile modes, and a 2-process torchrun run identical to the single-process one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nfc_dps import benchmark as bench
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "benchmark.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_prior(tmp_path_factory) -> Path:
+    """A tiny random EDM-parameterised diffusers UNet saved as a prior folder (16 px images)."""
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+                       norm_num_groups=4)
+    root = tmp_path_factory.mktemp("prior")
+    unet.save_pretrained(root / "unet")
+    (root / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
+    return root
+
+
+def base_args(prior: Path, out: Path, *extra: str) -> list[str]:
+    return ["--protocol", "local", "--prior", str(prior), "--out", str(out), "--size", "16", "--zoom", "1",
+            "--image-names", "astronaut,camera", "--budgets", "2", "--threads", "1", "--device", "cpu", *extra]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def stable_part(rows):
+    return [{k: v for k, v in r.items() if k not in bench.VOLATILE} for r in rows]
+
+
+def test_local_run_end_to_end_and_resume(tiny_prior, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian,inpaint_random", "--methods", "nfc,tv")
+    assert bench.main(args) == 0
+    rows = read_rows(out / "results.csv")
+    assert len(rows) == 2 * 2 * 2  # tasks x methods x images
+    assert set(rows[0]) == set(bench.COLUMNS)
+    assert {(r["method"], r["budget"], r["nfe"]) for r in rows} == {("nfc", "2", "2"), ("tv", "0", "0")}
+    for r in rows:
+        assert r["note"] == ""
+        assert 0 < float(r["psnr"]) < 100 and -1 <= float(r["ssim"]) <= 1
+        assert r["lpips"] == "" or float(r["lpips"]) >= 0
+    summary = (out / "summary.md").read_text()
+    assert "PSNR (mean ± std)" in summary and "| nfc @2 |" in summary and "| tv |" in summary
+    assert (out / "grid.png").is_file() and not (out / "parts").exists()
+    assert (out / "images" / "deblur_gaussian" / "astronaut" / "nfc-sample-2.png").is_file()
+    before = (out / "results.csv").read_text()
+    capsys.readouterr()
+    # rerun: every row is done, nothing is recomputed (timings unchanged), same file
+    assert bench.main(args) == 0
+    assert "] psnr " not in capsys.readouterr().out
+    assert (out / "results.csv").read_text() == before
+    # adding a method only adds its rows
+    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian,inpaint_random",
+                                "--methods", "nfc,tv,wiener")) == 0
+    rows2 = read_rows(out / "results.csv")
+    assert len(rows2) == 8 + 2  # wiener applies to the blur only
+    assert [r for r in rows2 if r["method"] != "wiener"] == rows
+    assert "inpaint_random / wiener: skipped" in (out / "summary.md").read_text()
+    # another noise level in the same folder is refused, not silently mixed
+    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "tv",
+                                "--sigma-y", "0.05")) == 2
+
+
+def test_measurements_generated_once_and_reused(tmp_path):
+    spec = bench.BenchSpec(out=tmp_path / "a", size=16, zoom=1, image_names=("chelsea",), save_images=False)
+    task = bench.task_specs("local", 16, "circular")["deblur_motion"]
+    img = bench.load_images(spec)[0][1]
+    op1, x1, y1, meta1 = bench.measurement(spec, task, "chelsea", img)
+    npz = tmp_path / "a" / "measurements" / "deblur_motion" / "chelsea.npz"
+    assert npz.is_file() and npz.with_suffix(".json").is_file()
+    stamp = npz.stat().st_mtime_ns
+    op2, x2, y2, meta2 = bench.measurement(spec, task, "chelsea", img)  # loaded, not regenerated
+    assert npz.stat().st_mtime_ns == stamp
+    assert torch.equal(y1, y2) and torch.equal(x1, x2) and torch.equal(op1.kernel, op2.kernel)
+    # an independent folder regenerates the identical measurement from the derived seeds
+    _, _, y3, _ = bench.measurement(bench.BenchSpec(out=tmp_path / "b", size=16, zoom=1, save_images=False),
+                                    task, "chelsea", img)
+    assert torch.equal(y1, y3)
+    # a different specification for the same file is an error
+    with pytest.raises(ValueError, match="differs"):
+        bench.measurement(bench.BenchSpec(out=tmp_path / "a", size=16, zoom=1, sigma_y=0.1, save_images=False),
+                          task, "chelsea", img)
+
+
+def test_budget_configs_hit_the_budget_exactly():
+    c = bench.method_config("nfc", "fast", 20)
+    assert (c.num_levels, c.ode_steps, c.nfe) == (4, 5, 20)
+    c = bench.method_config("daps", "fast", 2)
+    assert (c.num_levels, c.ode_steps, c.nfe) == (1, 2, 2)
+    assert bench.method_config("nfc", "fast", 7).nfe == 7
+    assert bench.method_config("dps", "fast", 50).num_steps == 50
+    c = bench.method_config("nfc", "fast", 10, {"inner": "langevin", "band.blend_start": 0.1})
+    assert c.inner == "langevin" and c.band.blend_start == 0.1
+    with pytest.raises(ValueError, match="unknown config key"):
+        bench.method_config("nfc", "fast", 10, {"nope": 1})
+    assert bench.stable_seed(0, "a", "b") == bench.stable_seed(0, "a", "b") != bench.stable_seed(0, "b", "a")
+
+
+def test_samples_add_mean_rows(tiny_prior, tmp_path):
+    out = tmp_path / "k"
+    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc",
+                                "--samples", "2", "--image-names", "coffee", "--no-images")) == 0
+    rows = read_rows(out / "results.csv")
+    assert [r["estimator"] for r in rows] == ["sample", "mean2"]
+    assert "nfc (mean of 2) @2" in (out / "summary.md").read_text()
+
+
+def test_oracle_table_reports_bounds(tmp_path):
+    out = tmp_path / "oracle"
+    assert bench.main(["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3",
+                       "--budgets", "4", "--methods", "nfc,daps,ddrm,wiener", "--threads", "1", "--device", "cpu"]) == 0
+    rows = read_rows(out / "results.csv")
+    methods = {r["method"] for r in rows}
+    assert {"exact-mmse", "exact-sample", "wiener", "nfc-iso", "nfc-spec-y", "nfc-spec-S", "daps-iso", "ddrm"} <= methods
+    assert all(len([r for r in rows if r["method"] == m]) == 3 for m in methods)
+    text = (out / "summary.md").read_text()
+    assert "posterior mean (MMSE)" in text and "to sample bound" in text
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["bound_mmse_db"] == pytest.approx(cfg["bound_sample_db"] + 10 * np.log10(2))
+
+
+def test_profile_reports_ratio(tiny_prior, tmp_path):
+    out = tmp_path / "profile"
+    assert bench.main(["--profile", "--prior", str(tiny_prior), "--out", str(out), "--size", "16", "--zoom", "1",
+                       "--image-names", "camera", "--budgets", "4", "--methods", "nfc", "--threads", "1",
+                       "--device", "cpu"]) == 0
+    res = json.loads((out / "profile.json").read_text())
+    r = res["methods"]["nfc"]
+    assert r["nfe"] == 4 and r["ratio"] > 0 and "network" in r["phases_s"] and "inner (exact)" in r["phases_s"]
+    assert "total / network" in (out / "profile.md").read_text() and r["overhead_ratio"] >= 1.0
+
+
+def test_torchrun_two_processes_equal_single_process(tiny_prior, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    common = ["--tasks", "deblur_gaussian", "--methods", "nfc,ddnm", "--no-images", "--no-plots"]
+    single = subprocess.run([sys.executable, str(SCRIPT), *base_args(tiny_prior, tmp_path / "single", *common)],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert single.returncode == 0, single.stderr[-2000:]
+    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                            str(SCRIPT), *base_args(tiny_prior, tmp_path / "multi", *common)],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert multi.returncode == 0, (multi.stdout + multi.stderr)[-3000:]
+    assert "[rank 1]" in multi.stdout and "[rank 0]" in multi.stdout  # both ranks did work
+    a = read_rows(tmp_path / "single" / "results.csv")
+    b = read_rows(tmp_path / "multi" / "results.csv")
+    assert len(a) == 2 * 2  # 1 task x 2 methods x 2 images
+    assert stable_part(a) == stable_part(b)
+    assert not (tmp_path / "multi" / "parts").exists()
+    # the measurements are byte-identical too
+    for img in ("astronaut", "camera"):
+        with np.load(tmp_path / "single" / "measurements" / "deblur_gaussian" / f"{img}.npz") as za, \
+                np.load(tmp_path / "multi" / "measurements" / "deblur_gaussian" / f"{img}.npz") as zb:
+            assert all(np.array_equal(za[k], zb[k]) for k in za.files)
+
+
+def test_without_matplotlib_plots_are_skipped_with_a_message(tiny_prior, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out = tmp_path / "nompl"
+    assert bench.main(base_args(tiny_prior, out, "--tasks", "sr4", "--methods", "bicubic,tv")) == 0
+    assert "matplotlib not installed" in capsys.readouterr().out
+    assert (out / "results.csv").is_file() and (out / "summary.md").is_file() and (out / "grid.png").is_file()
+    assert not (out / "bars.png").exists()
