@@ -34,7 +34,8 @@ def to01(y_m):  # blur has DC gain 1: y = (y_m + 1) / 2, sigma halves
     return (y_m + 1) / 2
 
 
-EXACT = dict(num_levels=40, ode_steps=1, ode_sigma_min=1e-5, inner="exact", prior_covariance="spectral", spectrum="prior")
+EXACT = dict(num_levels=40, ode_steps=1, ode_sigma_min=1e-5, inner="exact", prior_covariance="spectral", spectrum="prior",
+             final_step="sample")
 
 
 def gens(n, offset=0):
@@ -248,3 +249,17 @@ def test_prior_declared_power_law_feeds_the_spectral_covariance():
     assert torch.isfinite(out.image).all()
     with pytest.raises(ValueError, match="declares"):
         nfc_dps.restore(y, op, prior=ShrinkPrior(), config=cfg, sigma_y=0.01, progress=False)
+
+
+def test_final_mean_step_is_the_conditional_mean_of_the_last_level():
+    prior, op, H, x, y_m = oracle_problem(1)
+    k = 64
+    y = to01(y_m).expand(k, -1, -1, -1)
+    sample_cfg = NFCConfig(**EXACT).as_daps()
+    mean_cfg = NFCConfig(**{**EXACT, "final_step": "mean"}).as_daps()
+    samples = sample_nfc(prior, op, y, SIGMA_Y / 2, (k, 1, SIZE, SIZE), sample_cfg, gens(k)) * 2 - 1
+    means = sample_nfc(prior, op, y, SIGMA_Y / 2, (k, 1, SIZE, SIZE), mean_cfg, gens(k)) * 2 - 1
+    # same trajectory up to the last level, then no last-level noise: less spread, same centre
+    assert means.var(0).mean() < samples.var(0).mean()
+    post_mean = prior.posterior_mean(y_m, H, SIGMA_Y)
+    assert (means.mean(0) - post_mean[0]).norm() <= 1.5 * (samples.mean(0) - post_mean[0]).norm() + 1e-9

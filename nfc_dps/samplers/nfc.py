@@ -45,7 +45,8 @@ from .common import (
 
 INNER_SOLVERS = ("langevin", "exact")
 PRIOR_COVARIANCES = ("isotropic", "spectral")
-SPECTRUM_SOURCES = ("measurement", "prior")
+SPECTRUM_SOURCES = ("auto", "measurement", "prior")
+FINAL_STEPS = ("sample", "mean")
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,11 @@ class NFCConfig:
     decayed linearly to ``langevin_step * langevin_decay`` over the levels) or "exact".
     prior_covariance: "isotropic" (DAPS: sigma_k^2 I) or "spectral".
     spectrum: where S (for the spectral covariance and the spectral cutoff) comes from:
-    "measurement" (a power law fitted to A^+ y) or "prior" (``prior.spectrum(h, w)``, e.g. the
-    Gaussian oracle's true spectrum).
+    "measurement" (a power law fitted to A^+ y), "prior" (``prior.spectrum(h, w)``: the power
+    law the prior declares, or the Gaussian oracle's true spectrum) or "auto" (the prior's when
+    it declares one, else the measurement's).
+    final_step: at the last level, "sample" returns a draw from p(x0 | x, y) (DAPS), "mean" its
+    mean E[x0 | x, y] (the usual final denoising step; no sigma_min-sized noise in the output).
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
@@ -75,7 +79,8 @@ class NFCConfig:
     langevin_step: float = 0.5
     langevin_decay: float = 0.01
     prior_covariance: str = "isotropic"
-    spectrum: str = "measurement"
+    spectrum: str = "auto"
+    final_step: str = "mean"
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
@@ -86,6 +91,8 @@ class NFCConfig:
             raise ValueError(f"prior_covariance must be one of {PRIOR_COVARIANCES}, got {self.prior_covariance!r}")
         if self.spectrum not in SPECTRUM_SOURCES:
             raise ValueError(f"spectrum must be one of {SPECTRUM_SOURCES}, got {self.spectrum!r}")
+        if self.final_step not in FINAL_STEPS:
+            raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {self.final_step!r}")
         if self.num_levels < 1 or self.ode_steps < 1:
             raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
         if isinstance(self.band, dict):
@@ -170,8 +177,10 @@ def sample_nfc(
         else:
             cutoff = cfg.band.linear_cutoff(k, n)
         band = band_weight(cfg.band, k, n, prob.y.shape, cutoff, y.device, y.dtype)
-        if cfg.inner == "exact":
-            x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band)
+        last_mean = k == n - 1 and cfg.final_step == "mean"
+        if cfg.inner == "exact" or last_mean:
+            x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
+                                      sample=not last_mean)
         else:
             step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
             x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step, generators)
@@ -186,13 +195,14 @@ def sample_nfc(
 
 def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape) -> Tensor:
     """(B|1, 1, H, W) power spectrum S for the spectral covariance and cutoff."""
-    if source == "measurement":
-        return fit_spectrum_from_measurement(operator, y_m, image_shape)
-    try:
-        spec = prior.spectrum(*image_shape[-2:]).to(y_m)
-    except NotImplementedError as e:
-        raise ValueError(f"spectrum='prior' needs a prior that declares its power spectrum: {e}") from e
-    return spec.view(1, 1, *spec.shape[-2:]) if spec.ndim == 2 else spec
+    if source in ("prior", "auto"):
+        try:
+            spec = prior.spectrum(*image_shape[-2:]).to(y_m)
+            return spec.view(1, 1, *spec.shape[-2:]) if spec.ndim == 2 else spec
+        except NotImplementedError as e:
+            if source == "prior":
+                raise ValueError(f"spectrum='prior' needs a prior that declares its power spectrum: {e}") from e
+    return fit_spectrum_from_measurement(operator, y_m, image_shape)
 
 
 def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],

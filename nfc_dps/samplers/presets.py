@@ -10,7 +10,7 @@ NFC_PRESETS: dict[str, NFCConfig] = {
     # arXiv 2602.00176 as published: N=200, n=5, T=200 Langevin steps, linear band 0.4 -> 1.0
     # blended by a cosine 0.35 -> 0, one-level Haar with w_L = 1, w_H = 0.2 unlocked 0.05 -> 1.
     "paper": NFCConfig(
-        num_levels=200, ode_steps=5, inner="langevin", langevin_steps=200,
+        num_levels=200, ode_steps=5, inner="langevin", langevin_steps=200, final_step="sample",
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
         detail=DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05),
     ),
@@ -23,6 +23,6 @@ NFC_PRESETS: dict[str, NFCConfig] = {
 
 DAPS_PRESETS: dict[str, NFCConfig] = {
     # DAPS-1K (Zhang et al. 2025): 200 levels x 5 Euler steps, 100 Langevin steps per level.
-    "paper": NFCConfig(num_levels=200, ode_steps=5, inner="langevin", langevin_steps=100).as_daps(),
-    "fast": NFCConfig(num_levels=20, ode_steps=5, inner="langevin", langevin_steps=100).as_daps(),
+    "paper": NFCConfig(num_levels=200, ode_steps=5, inner="langevin", langevin_steps=100, final_step="sample").as_daps(),
+    "fast": NFCConfig(num_levels=20, ode_steps=5, inner="langevin", langevin_steps=100, final_step="sample").as_daps(),
 }
