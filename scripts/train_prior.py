@@ -11,6 +11,11 @@ Resumable: the state (model, EMA, optimiser, step, RNG) is saved to --workdir ev
 weights (fp16 safetensors) as a prior folder that nfc_dps loads.
 
     python scripts/train_prior.py --workdir runs/prior --hours 2 --export assets/default_prior
+
+To continue the shipped prior on a fresh machine (the optimiser state is not shipped):
+
+    python scripts/train_prior.py --workdir runs/prior2 --init-from assets/default_prior --hours 2 \
+        --export runs/prior2/export --device cuda
 """
 
 from __future__ import annotations
@@ -116,6 +121,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export", type=Path, default=None, help="write the EMA prior folder here at every save")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="warm start a NEW run (no state in --workdir) from an exported prior folder, "
+                         "e.g. assets/default_prior: its weights seed both the model and the EMA")
     args = ap.parse_args()
 
     if args.threads:
@@ -141,6 +149,13 @@ def main() -> None:
         print(f"resumed from {state_path} at step {step}")
     else:
         torch.manual_seed(args.seed)
+        if args.init_from:
+            from diffusers import UNet2DModel
+
+            src = UNet2DModel.from_pretrained(args.init_from / "unet", torch_dtype=torch.float32)
+            unet.load_state_dict(src.state_dict())
+            ema.load_state_dict(src.state_dict())
+            print(f"warm start from {args.init_from}")
     rng = np.random.default_rng(args.seed)
     if rng_state is not None:
         rng.bit_generator.state = rng_state
