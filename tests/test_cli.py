@@ -19,6 +19,7 @@ import torch
 
 from nfc_dps import cli
 from nfc_dps.cli import main
+from nfc_dps.samplers import get_config
 from nfc_dps.io import TEMP_SUFFIX, image_opens, read_image, write_image
 
 
@@ -90,7 +91,8 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
         assert (out / name).is_file(), name
     r = rows(out)
     assert [x["status"] for x in r] == ["done"] * 3 and [x["seed"] for x in r] == ["0", "1", "2"]
-    assert all(int(x["nfe"]) == 10 for x in r)  # 2 levels x 5 ODE steps
+    ode_steps = get_config("nfc", "fast").ode_steps
+    assert all(int(x["nfe"]) == 2 * ode_steps for x in r)  # 2 levels (--steps) x the preset's ODE steps
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["sampler"]["num_levels"] == 2 and resolved["task"]["task"] == "denoise"
     assert resolved["versions"]["torch"] and resolved["seed"] == 0
