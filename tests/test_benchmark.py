@@ -106,9 +106,11 @@ def test_measurements_generated_once_and_reused(tmp_path):
 
 
 def test_budget_configs_hit_the_budget_exactly():
-    c = bench.method_config("nfc", "fast", 20)
+    c = bench.method_config("nfc", "fast", 20, {"ode_steps": 5})
     assert (c.num_levels, c.ode_steps, c.nfe) == (4, 5, 20)
-    c = bench.method_config("daps", "fast", 2)
+    c = bench.method_config("nfc", "fast", 50, {"ode_steps": 2})
+    assert (c.num_levels, c.ode_steps, c.nfe) == (25, 2, 50)
+    c = bench.method_config("daps", "fast", 2, {"ode_steps": 5})
     assert (c.num_levels, c.ode_steps, c.nfe) == (1, 2, 2)
     assert bench.method_config("nfc", "fast", 7).nfe == 7
     assert bench.method_config("dps", "fast", 50).num_steps == 50
