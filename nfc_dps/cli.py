@@ -834,7 +834,7 @@ def _grid(rows: list[list[np.ndarray]], labels_top: list[str], labels_left: list
     from PIL import Image, ImageDraw
 
     th, tw = rows[0][0].shape[:2]
-    top, left = 14, 96
+    top, left = 26, 96  # two text lines above each column: "image:" then its role
     H = top + len(rows) * (th + pad) + pad
     W = left + len(rows[0]) * (tw + pad) + pad
     canvas = np.ones((H, W, 3), np.float32)
@@ -845,7 +845,7 @@ def _grid(rows: list[list[np.ndarray]], labels_top: list[str], labels_left: list
     pil = Image.fromarray(nio.quantize(canvas, 8))
     draw = ImageDraw.Draw(pil)
     for c, text in enumerate(labels_top):
-        draw.text((left + pad + c * (tw + pad) + 2, 1), text, fill=(0, 0, 0))
+        draw.text((left + pad + c * (tw + pad) + 2, 1), text.replace(": ", ":\n", 1), fill=(0, 0, 0), spacing=1)
     for r, text in enumerate(labels_left):
         draw.text((2, top + pad + r * (th + pad) + th // 2 - 5), text, fill=(0, 0, 0))
     return np.asarray(pil, np.float32) / 255.0
