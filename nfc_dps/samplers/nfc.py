@@ -129,15 +129,17 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     Step size = step_fraction / L, L the gradient's Lipschitz bound (||A|| <= 1, W <= 1).
     """
     spectral = isinstance(prior_var, Tensor)
-    lipschitz = 1.0 / sigma_y**2 + float(1.0 / (prior_var.min() if spectral else prior_var))
+    inv_var = 1.0 / prior_var  # computed once, not per step
+    band2 = None if band is None else band**2
+    lipschitz = 1.0 / sigma_y**2 + float(inv_var.max() if spectral else inv_var)
     eta = step_fraction / lipschitz
     x = x0_hat
     for _ in range(steps):
         residual = operator.A(x) - y
-        if band is not None:
-            residual = _filter(_filter(residual, band), band)
+        if band2 is not None:
+            residual = _filter(residual, band2)  # W^T W r in one FFT pair
         diff = x - x0_hat
-        grad = operator.A_adjoint(residual) / sigma_y**2 + (_filter(diff, 1.0 / prior_var) if spectral else diff / prior_var)
+        grad = operator.A_adjoint(residual) / sigma_y**2 + (_filter(diff, inv_var) if spectral else diff * inv_var)
         x = x - eta * grad + (2 * eta) ** 0.5 * randn_per_image(x.shape, generators, x.dtype, x.device)
     return x
 

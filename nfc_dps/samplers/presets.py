@@ -1,5 +1,6 @@
 """Named presets for NFC and DAPS. ``paper`` reproduces the published settings (1000 NFE);
-``fast`` is about 100 NFE with the exact Gaussian-conditional inner step."""
+``fast`` is 100 NFE: NFC with the exact Gaussian-conditional inner step, DAPS with its own
+Langevin inner loop (as published)."""
 
 from __future__ import annotations
 
