@@ -288,6 +288,7 @@ class BenchSpec:
     seed: int = 0
     boundary: str = "circular"
     device: str = "cpu"
+    precision: str = "auto"
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     plots: bool = True
     save_images: bool = True
@@ -606,7 +607,7 @@ def _load_prior(spec: BenchSpec, device: torch.device):
     from .priors.default import load_prior
 
     try:
-        return load_prior(spec.prior, device=device)
+        return load_prior(spec.prior, device=device, precision=spec.precision)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e}\nPass --prior DIR (e.g. runs/prior/export, the training job's export).") from e
 
@@ -1061,7 +1062,10 @@ def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, name
     if spec.label:
         h["label"] = spec.label
     if spec.protocol != "oracle":
+        from .priors.diffusers_prior import resolve_precision
+
         h["prior"] = _prior_fingerprint(spec.prior)
+        h["network precision"] = resolve_precision(spec.precision, device)
     h.update({
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
@@ -1366,7 +1370,7 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
         f"{sweep * 1000:.1f} ms mean over a sigma sweep")
     result: dict[str, Any] = {"size": spec.size, "task": task.name, "device": str(device), "bare_forward_s": bare,
                               "bare_forward_sweep_s": sweep, "machine": machine_description(),
-                              "prior": _prior_fingerprint(spec.prior), "methods": {}}
+                              "prior": _prior_fingerprint(spec.prior), "precision": prior.precision, "methods": {}}
     budget = spec.budgets[0] if spec.budgets else None
     for m in [m for m in spec.methods if m in DIFFUSION_METHODS]:
         cfg = method_config(m, spec.preset, budget, spec.overrides.get(m))
@@ -1471,6 +1475,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--boundary", choices=("circular", "reflect"), default=None,
                    help="blur boundary (local: circular; paper: reflect, as DPS)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="prior network compute precision (auto: bfloat16 where the hardware has it natively)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
                    help="config override, e.g. nfc.inner=langevin or nfc.band.blend_start=0.2 (repeatable)")
@@ -1510,7 +1516,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         zoom=max(1, args.zoom), tasks=tasks, methods=methods, budgets=_int_list(args.budgets),
         preset=args.preset or ("paper" if protocol == "paper" else "fast"), samples=max(1, args.samples),
         sigma_y=args.sigma_y, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
-        device=args.device, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
+        device=args.device, precision=args.precision, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
         save_images=not args.no_images, label=args.label, oracle_alpha=args.oracle_alpha,
         oracle_pixel_std=args.oracle_pixel_std)
 

@@ -117,11 +117,11 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _load_prior(path: str | None, device) -> Any:
+def _load_prior(path: str | None, device, precision: str = "auto") -> Any:
     from .priors.default import load_prior
 
     try:
-        prior = load_prior(path, device=device)
+        prior = load_prior(path, device=device, precision=precision)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         where = path or "the embedded default prior"
         raise UsageError(f"cannot load {where}: {e}") from e
@@ -436,10 +436,10 @@ def cmd_restore(args) -> int:
             images, others = ([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp])
         if not images and not others:
             raise UsageError(f"--input {inp}: no files to restore")
-        prior = _load_prior(args.prior, device)
+        prior = _load_prior(args.prior, device, args.precision)
         cfg = spec.build()
         record = resolved_config(task, spec, seed, samples, prior=_prior_id(args.prior)["path"],
-                                 command="restore", device=str(device), inputs=str(inp.resolve()),
+                                 command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
                                  ground_truth=str(gt_dir.resolve()) if gt_dir else None)
         nio.write_json(out / RESOLVED_JSON, record)
         run = _RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir)
@@ -868,7 +868,7 @@ def cmd_demo(args) -> int:
         spec.set("num_levels", int(args.steps), "--steps")
     cfg = spec.build()
     out = _check_output_folder(Path(args.output), [])
-    prior = _load_prior(args.prior, device)
+    prior = _load_prior(args.prior, device, args.precision)
     images = {name: _demo_image(name, args.size) for name in DEMO_IMAGES}
     sigma = DEFAULT_NOISE_SIGMA
     seed = args.seed
@@ -985,6 +985,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages (errors still shown)")
 
 
+def _precision_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="the prior network's compute precision (default auto: bfloat16 where the CPU or GPU has it "
+                        "natively, about 2x faster; float32 otherwise)")
+
+
 def _task_flags(p: argparse.ArgumentParser) -> None:
     from .operators import TASKS
 
@@ -1015,6 +1021,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=None, help="annealing levels (default: the fast preset's 20; ~5 NFE each)")
     d.add_argument("--size", type=int, default=96, help="image size in pixels (default 96)")
     d.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    _precision_flag(d)
     d.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     _common(d)
     d.set_defaults(func=cmd_demo)
@@ -1042,6 +1049,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="sampler field, e.g. --set inner=langevin --set band.cutoff_start=0.5 (repeatable)")
     r.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    _precision_flag(r)
     r.add_argument("--kernel", default=None, metavar="FILE|DIR",
                    help="blur kernel (.npy or image) for all inputs, or a folder of kernels matched by file name")
     r.add_argument("--mask", default=None, metavar="FILE|DIR",

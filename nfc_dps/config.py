@@ -56,7 +56,8 @@ _RUN_KEYS = ("kind", "task", "sampler", "seed", "num_samples")
 #: keys we write into resolved_config.json / simulation.json for people to read; ignored on load
 _INFO_KEYS = ("versions", "per_image_seed", "prior", "units", "created", "command", "device", "note",
               "images", "measurements", "ground_truth", "kernels", "masks", "simulated_task", "alpha",
-              "bit_depth", "outputs", "noise_seed", "operator_seed", "inputs", "threads", "simulation_seed")
+              "bit_depth", "outputs", "noise_seed", "operator_seed", "inputs", "threads", "simulation_seed",
+              "precision")
 
 
 class ConfigError(ValueError):

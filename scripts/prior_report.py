@@ -424,6 +424,9 @@ def markdown(report: dict) -> str:
         f"{tim['tiled']['runs']} after a warm-up): "
         + ", ".join(f"{report['row_labels'][k]} {tim[k]['median_s']:.2f} s (min {tim[k]['min_s']:.2f} s)"
                     for k in ("tiled", "overlap", "whole") if k in tim)
+        + (f"; network precision {p['precision']}" if "precision" in p else "")
+        + (f" (as sampled in float32: {tim['tiled_float32']['median_s']:.2f} s, min {tim['tiled_float32']['min_s']:.2f} s)"
+           if "tiled_float32" in tim else "")
         + f"; {m['torch_threads']} torch threads on {m['cpu_count']} cores, training job {job} "
         f"(load average {m['load_average_1_5_15'][0]:.1f} at the end).",
         "",
@@ -446,6 +449,8 @@ def main() -> None:
     ap.add_argument("--tune-crop", type=int, default=128, help="size of the training crops used to tune TV/wavelet")
     ap.add_argument("--tune-per-image", type=int, default=2, help="tuning crops per training photo")
     ap.add_argument("--timing-runs", type=int, default=5)
+    ap.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="the network's compute precision (auto: bfloat16 where the CPU/GPU has it natively)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     ap.add_argument("--no-overlap", action="store_true", help="skip the overlap=True row (4x the cost)")
     ap.add_argument("--no-whole", action="store_true", help="skip the untiled reference row")
@@ -483,16 +488,17 @@ def main() -> None:
             from nfc_dps.priors.default import default_prior_path
 
             src = default_prior_path()
-            prior = nfc_dps.load_prior()
+            prior = nfc_dps.load_prior(precision=args.precision)
             pinfo = {"path": str(src), "step": None}
         else:
             src = args.prior
             local, pinfo = snapshot_prior(src, Path(tmp))
-            prior = nfc_dps.load_prior(local)
+            prior = nfc_dps.load_prior(local, precision=args.precision)
         pinfo["label"] = args.label
         pinfo["disk_bytes"] = disk_size(Path(src))
         pinfo["parameters"] = int(sum(p.numel() for p in prior.parameters()))
         pinfo["type"] = type(prior).__name__
+        pinfo["precision"] = prior.precision
         if isinstance(prior, TiledPrior):
             pinfo["tile"] = prior.tile
     log(f"prior {pinfo['path']} step {pinfo.get('step')}: {pinfo['parameters']:,} parameters")
@@ -535,6 +541,10 @@ def main() -> None:
 
     log(f"timing 256x256 forward passes ({args.timing_runs} runs each)")
     timing = {k: time_forward(pr, 256, args.timing_runs) for k, (_, pr) in variants.items()}
+    if prior.precision != "float32":  # the same prior in float32, for reference
+        with tempfile.TemporaryDirectory() as tmp:
+            local = default_prior_path() if args.prior is None else snapshot_prior(args.prior, Path(tmp))[0]
+            timing["tiled_float32"] = time_forward(nfc_dps.load_prior(local, precision="float32"), 256, args.timing_runs)
     machine = machine_info()  # after the work: load average and training job state as timed
 
     report = {

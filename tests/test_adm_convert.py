@@ -71,7 +71,7 @@ def test_network_matches_reference_float64(converted):
 def test_network_matches_reference_float32(converted, tmp_path):
     preset, ref, _, ckpt = converted
     convert_adm_checkpoint(ckpt, tmp_path / "f32", preset)  # default float32 weights
-    prior = load_diffusers_prior(tmp_path / "f32")
+    prior = load_diffusers_prior(tmp_path / "f32", precision="float32")
     assert next(prior.network.parameters()).dtype == torch.float32
     ref32 = ADMUNet(**preset).float()
     ref32.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})

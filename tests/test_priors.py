@@ -300,7 +300,7 @@ def test_load_diffusers_prior_matches_network(saved_unet, layout):
     from nfc_dps.priors.diffusers_prior import DEFAULT_SCHEDULE
 
     unet, root = saved_unet
-    prior = load_diffusers_prior(root / layout)
+    prior = load_diffusers_prior(root / layout, precision="float32")
     sched = SCHED if layout == "pipe" else DEFAULT_SCHEDULE
     assert isinstance(prior, EpsilonDenoiser) and prior.prediction_type == sched["prediction_type"]
     assert prior.channels == 3 and prior.size_multiple == 2
@@ -461,3 +461,45 @@ def test_reflect_pad_matches_numpy(h, w, pads):
     want = np.pad(want, ((0, 0), (0, 0), (left, right)), mode="reflect" if w > 1 else "edge")
     assert got.shape == (2, h + top + bottom, w + left + right)
     np.testing.assert_array_equal(got, want)
+
+
+def test_tile_layout_leaves_room_for_moving_seams():
+    tp = TiledPrior(PointwisePrior(), 48)
+    # fewest tiles with >= tile/2 spare pixels; a single covering tile has no seam and needs none
+    assert [tp.tiles_along(n) for n in (256, 240, 64, 96, 40, 48, 20)] == [6, 6, 2, 3, 1, 1, 1]
+    x = torch.zeros(1, 3, 256, 256, dtype=torch.float64)
+    tp(x, 0.3)
+    assert tp.inner.shapes == [(36, 3, 48, 48)]
+    offsets = {tp._offset(s, 32, 32) for s in torch.logspace(-2, 2, 50).tolist()}
+    assert all(0 <= oy <= 32 and 0 <= ox <= 32 for oy, ox in offsets)
+    assert len({oy for oy, _ in offsets}) > 10 and len({ox for _, ox in offsets}) > 10  # seams move with sigma
+
+
+def test_seams_differ_between_noise_levels():
+    """A non-local inner prior shows where the seams are: they must not sit still."""
+    x = torch.randn(1, 3, 40, 40, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    tp = TiledPrior(NonlocalPrior(), 16)
+    a, b = tp(x, 0.3), tp(x, 0.31)
+    inner = NonlocalPrior()
+    assert not torch.allclose(a - inner.denoise(x, torch.tensor([0.3], dtype=torch.float64)),
+                              b - inner.denoise(x, torch.tensor([0.31], dtype=torch.float64)), atol=1e-3)
+
+
+def test_precision_option(saved_unet):
+    from nfc_dps.priors.diffusers_prior import resolve_precision
+
+    _, root = saved_unet
+    with pytest.raises(ValueError, match="precision must be one of"):
+        load_diffusers_prior(root / "bare", precision="float16")
+    assert resolve_precision("float32", "cpu") == "float32"
+    assert resolve_precision("auto", "cpu") in ("float32", "bfloat16")
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(13))
+    sigma = torch.tensor([0.3, 4.0])
+    full = load_diffusers_prior(root / "bare", precision="float32")
+    half = load_diffusers_prior(root / "bare", precision="bfloat16")
+    assert full.precision == "float32" and half.precision == "bfloat16"
+    with torch.no_grad():
+        want, got = full(x, sigma), half(x, sigma)
+    assert got.dtype == torch.float32  # the sampler side stays in the input's dtype
+    rel = float((got - want).norm() / want.norm())
+    assert 0 < rel < 2e-2, rel  # bfloat16 really ran, and it is close

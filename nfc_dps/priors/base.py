@@ -51,6 +51,8 @@ class Prior(nn.Module):
     #: optional (amplitude, alpha): the data's power spectrum S = amplitude * r^-alpha per ortho
     #: Fourier coefficient in model units, r the normalised radius (nfc_dps.frequency)
     power_law: tuple[float, float] | None = None
+    #: the network's compute precision, "float32" or "bfloat16" (set by the loaders)
+    precision: str = "float32"
 
     def spectrum(self, h: int, w: int) -> Tensor:
         """(h, w) power spectrum of the prior's images, from ``power_law`` (or a wrapped prior's)."""
@@ -204,58 +206,70 @@ class TiledPrior(Prior):
     """Applies a prior tile by tile at the size it was trained at.
 
     A network with GroupNorm sees different statistics at another image size (METHOD.md, "Priors:
-    measured facts": 3-4 dB lost). The image is reflect-padded, cut into ``tile`` x ``tile`` tiles
-    on a grid shifted by an offset that depends on sigma (so seams move from one noise level to the
-    next and never settle, yet a call is deterministic and independent of the batch), denoised as
-    one batch, and reassembled. With ``overlap=True`` four half-shifted grids are blended with
-    raised-cosine weights instead (4x the cost, no seams; used for one-step denoising reports).
+    measured facts": 3-4 dB lost). Each axis of length n is covered by the fewest ``tile``-sized
+    tiles that leave at least ``tile // 2`` pixels to spare (one tile, when it covers the axis,
+    needs no spare: it has no seams). The image is reflect-padded by that spare, split between the
+    two sides by an offset that depends on sigma (so seams move from one noise level to the next
+    and never settle, yet a call is deterministic and independent of the batch), denoised as one
+    batch of tiles, and cropped back. At 256 px with 48 px tiles that is 6 x 6 tiles (1.3x the
+    image's pixels). With ``overlap=True`` four half-shifted grids are blended with raised-cosine
+    weights instead (about 4x the cost, no seams; used for one-step denoising reports).
     """
 
     def __init__(self, inner: Prior, tile: int, overlap: bool = False) -> None:
         super().__init__()
         self.inner, self.tile, self.overlap = inner, int(tile), overlap
         self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
+        self.precision = inner.precision
         self.size_multiple = 1
 
-    def _offset(self, sigma: float) -> tuple[int, int]:
-        code = int(abs(math.log(max(sigma, 1e-12))) * 1e6) * 2654435761 % (2**32)
-        return code % self.tile, (code // self.tile) % self.tile
+    def tiles_along(self, n: int) -> int:
+        """Number of tiles covering an axis of ``n`` pixels (see the class docstring)."""
+        count = -(-n // self.tile)
+        if count > 1 and count * self.tile - n < self.tile // 2:
+            count += 1
+        return count
 
-    def _grid(self, x: Tensor, sigma: Tensor, oy: int, ox: int) -> Tensor:
-        """Denoise on the tile grid whose origin is shifted by (oy, ox) pixels."""
+    def _offset(self, sigma: float, spare_y: int, spare_x: int) -> tuple[int, int]:
+        """Pixels of padding before the first tile, in [0, spare], a hash of sigma."""
+        code = int(abs(math.log(max(sigma, 1e-12))) * 1e6) * 2654435761 % (2**32)
+        return code % (spare_y + 1), (code // (spare_y + 1)) % (spare_x + 1)
+
+    def _grid(self, x: Tensor, sigma: Tensor, oy: int, ox: int, ny: int, nx: int) -> Tensor:
+        """Denoise on the ny x nx tile grid whose origin lies (oy, ox) pixels before the image's."""
         b, c, h, w = x.shape
         t = self.tile
-        ph, pw = (-(h + oy)) % t, (-(w + ox)) % t
-        xp = reflect_pad(x, oy, ph, ox, pw)
-        hp, wp = xp.shape[-2:]
-        ny, nx = hp // t, wp // t
+        xp = reflect_pad(x, oy, ny * t - h - oy, ox, nx * t - w - ox)
         tiles = xp.reshape(b, c, ny, t, nx, t).permute(0, 2, 4, 1, 3, 5).reshape(b * ny * nx, c, t, t)
         out = self.inner.denoise(tiles, sigma.repeat_interleave(ny * nx))
-        out = out.reshape(b, ny, nx, c, t, t).permute(0, 3, 1, 4, 2, 5).reshape(b, c, hp, wp)
+        out = out.reshape(b, ny, nx, c, t, t).permute(0, 3, 1, 4, 2, 5).reshape(b, c, ny * t, nx * t)
         return out[..., oy : oy + h, ox : ox + w]
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
         h, w = x.shape[-2:]
-        if h == self.tile and w == self.tile and not self.overlap:
+        t = self.tile
+        if h == t and w == t and not self.overlap:
             return self.inner.denoise(x, sigma)
         if self.overlap:
-            half = self.tile // 2
-            win = torch.sin(torch.pi * (torch.arange(self.tile, device=x.device, dtype=x.dtype) + 0.5) / self.tile) ** 2
+            half = t // 2
+            win = torch.sin(torch.pi * (torch.arange(t, device=x.device, dtype=x.dtype) + 0.5) / t) ** 2
             acc = torch.zeros_like(x)
             norm = torch.zeros_like(x[:1, :1])
             for oy in (0, half):
                 for ox in (0, half):
-                    wy = win[(torch.arange(h, device=x.device) + oy) % self.tile]
-                    wx = win[(torch.arange(w, device=x.device) + ox) % self.tile]
+                    wy = win[(torch.arange(h, device=x.device) + oy) % t]
+                    wx = win[(torch.arange(w, device=x.device) + ox) % t]
                     weight = wy[:, None] * wx[None, :]
-                    acc = acc + self._grid(x, sigma, oy, ox) * weight
+                    ny, nx = -(-(h + oy) // t), -(-(w + ox) // t)
+                    acc = acc + self._grid(x, sigma, oy, ox, ny, nx) * weight
                     norm = norm + weight
             return acc / norm
+        ny, nx = self.tiles_along(h), self.tiles_along(w)
         out = torch.empty_like(x)
         for s in sigma.unique():
             sel = (sigma == s).nonzero().flatten()
-            oy, ox = self._offset(float(s))
-            out[sel] = self._grid(x[sel], sigma[sel], oy, ox)
+            oy, ox = self._offset(float(s), ny * t - h, nx * t - w)
+            out[sel] = self._grid(x[sel], sigma[sel], oy, ox, ny, nx)
         return out
 
 

@@ -22,8 +22,11 @@ def default_prior_path() -> Path:
     return Path(__file__).resolve().parents[2] / "assets" / "default_prior"
 
 
-def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu") -> Prior:
-    """Load a prior from a local diffusers folder, or the embedded default prior when ``path`` is None."""
+def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu", precision: str = "auto") -> Prior:
+    """Load a prior from a local diffusers folder, or the embedded default prior when ``path`` is None.
+
+    precision: the network's compute precision, "auto" | "float32" | "bfloat16" (see
+    :func:`~nfc_dps.priors.diffusers_prior.load_diffusers_prior`)."""
     if path is None:
         path = default_prior_path()
         if not path.is_dir():
@@ -31,4 +34,4 @@ def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu
                 f"embedded default prior not found at {path}; install nfc_dps from a source checkout "
                 f"(pip install -e .) or set {ENV_VAR} to a prior folder"
             )
-    return load_diffusers_prior(path, device=device)
+    return load_diffusers_prior(path, device=device, precision=precision)

@@ -52,14 +52,49 @@ def alphas_cumprod_from_config(cfg: dict) -> torch.Tensor:
     return torch.cumprod(1 - betas, 0)
 
 
-class _UNetCall(torch.nn.Module):
-    """Adapts ``UNet2DModel.forward`` (returns an output object) to ``net(x, t) -> Tensor``."""
+PRECISIONS = ("auto", "float32", "bfloat16")
 
-    def __init__(self, unet: torch.nn.Module) -> None:
+
+def native_bfloat16(device: str | torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware (CUDA: Ampere or newer; CPU:
+    the AVX512-BF16 or AMX-BF16 instructions, read from /proc/cpuinfo; elsewhere False)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+def resolve_precision(precision: str, device: str | torch.device) -> str:
+    """``"auto"`` -> ``"bfloat16"`` where the device has native bfloat16, else ``"float32"``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        return "bfloat16" if native_bfloat16(device) else "float32"
+    return precision
+
+
+class _UNetCall(torch.nn.Module):
+    """Adapts ``UNet2DModel.forward`` (returns an output object) to ``net(x, t) -> Tensor``.
+
+    ``precision="bfloat16"`` runs the network under ``torch.autocast`` (convolutions and matrix
+    products in bfloat16, normalisations in float32); the output comes back in ``x``'s dtype, so
+    the preconditioning around the network and every sampler stay in float32 (or float64).
+    """
+
+    def __init__(self, unet: torch.nn.Module, precision: str = "float32") -> None:
         super().__init__()
-        self.unet = unet
+        self.unet, self.precision = unet, precision
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.precision == "bfloat16":
+            with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+                return self.unet(x, t).sample.to(x.dtype)
         return self.unet(x, t).sample
 
 
@@ -85,9 +120,24 @@ def _read_json(path: Path) -> dict:
     return obj
 
 
-def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Prior:
-    """Load a local diffusers UNet folder as a prior (see module docstring for layouts)."""
+def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                         precision: str = "auto") -> Prior:
+    """Load a local diffusers UNet folder as a prior (see module docstring for layouts).
+
+    dtype: the weights' dtype. precision: the network's compute precision, ``"float32"`` (no
+    autocast: the weights' own dtype),
+    ``"bfloat16"`` (autocast; about 2x faster on CPUs with AVX512-BF16, and changes one-step
+    denoising PSNR of the default prior by at most 0.01 dB, docs/prior.md) or ``"auto"`` (bfloat16
+    where the device has it natively, see :func:`native_bfloat16`). The resolved choice is the
+    prior's ``precision`` attribute.
+    """
     from diffusers import UNet2DModel
+
+    if precision == "auto" and dtype != torch.float32:
+        precision = "float32"  # weights in another dtype (e.g. float64 for checks) run as they are
+    precision = resolve_precision(precision, device)
+    if precision == "bfloat16" and dtype != torch.float32:
+        raise ValueError(f"precision='bfloat16' autocasts float32 weights; got dtype={dtype}")
 
     folder = Path(path)
     if not folder.exists():
@@ -111,7 +161,7 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         detail = "; ".join(f"{k.replace('_', ' ')}: {v[:5]}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v)
         raise OSError(f"{unet_dir}: weights do not match config.json ({detail})")
     unet = unet.to(device=device).eval().requires_grad_(False)  # dtype already set by torch_dtype
-    network = _UNetCall(unet)
+    network = _UNetCall(unet, precision)
     size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
     channels = int(unet.config.in_channels)
 
@@ -152,4 +202,5 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         prior.power_law = (float(pl[0]), float(pl[1]))
     if prior_cfg.get("tile"):
         prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
+    prior.precision = precision
     return prior.to(device)
