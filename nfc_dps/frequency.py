@@ -56,18 +56,21 @@ def lowpass_mask(h: int, w: int, cutoff: float, transition: float = 0.1, rfft: b
     return (torch.cos(0.5 * math.pi * t) ** 2).to(dtype)
 
 
-def band_limit(x: Tensor, mask: Tensor) -> Tensor:
-    """Apply a real radial frequency mask to the last two dims of x (orthonormal FFT).
+def fourier_filter(x: Tensor, transfer: Tensor) -> Tensor:
+    """Filter the last two dims of a real x by a real, symmetric transfer function T(ω) = T(-ω)
+    (a radial mask, a power spectrum, a posterior variance): F^-1(T · F x), orthonormal FFT.
 
-    ``mask`` is (H, W//2+1) on the rfft grid (preferred, from ``rfft=True``) or (H, W) on the
-    full grid; any leading broadcastable dims are allowed, e.g. (B, 1, H, W//2+1) per image.
+    ``transfer`` is (H, W//2+1) on the rfft grid or (H, W) on the full grid (then only its rfft
+    half is read, which is exact for a symmetric T); leading dims broadcast, e.g. (B, 1, H, W).
+    Computed with rfft2/irfft2: half the work of a complex FFT pair.
     """
     h, w = x.shape[-2:]
-    if mask.shape[-2:] == (h, w // 2 + 1):
-        return torch.fft.irfft2(torch.fft.rfft2(x, norm="ortho") * mask, s=(h, w), norm="ortho")
-    if mask.shape[-2:] == (h, w):
-        return torch.fft.ifft2(torch.fft.fft2(x, norm="ortho") * mask, norm="ortho").real
-    raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit images of size {(h, w)}")
+    half = w // 2 + 1
+    if transfer.shape[-2:] == (h, w):
+        transfer = transfer[..., :half]
+    elif transfer.shape[-2:] != (h, half):
+        raise ValueError(f"transfer function of shape {tuple(transfer.shape)} does not fit images of size {(h, w)}")
+    return torch.fft.irfft2(torch.fft.rfft2(x, norm="ortho") * transfer, s=(h, w), norm="ortho")
 
 
 def radial_power_spectrum(x: Tensor, bins: int = 32) -> tuple[Tensor, Tensor]:

@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from nfc_dps.frequency import (
-    band_limit,
+    fourier_filter,
     fit_power_law,
     haar_decompose,
     haar_fuse,
     haar_reconstruct,
     lowpass_mask,
+    power_law_spectrum,
     radial_frequency,
 )
 
@@ -33,8 +34,8 @@ def test_lowpass_all_pass_at_one_and_monotone(h, w):
     assert torch.equal(lowpass_mask(h, w, 1.0), torch.ones(h, w))
     assert torch.equal(lowpass_mask(h, w, 1.5, rfft=True), torch.ones(h, w // 2 + 1))
     x = torch.randn(2, 3, h, w, dtype=torch.float64)
-    assert torch.equal(band_limit(x, lowpass_mask(h, w, 1.0, dtype=torch.float64)), band_limit(x, torch.ones(h, w, dtype=torch.float64)))
-    assert torch.allclose(band_limit(x, lowpass_mask(h, w, 1.0, rfft=True, dtype=torch.float64)), x, atol=1e-12)
+    assert torch.equal(fourier_filter(x, lowpass_mask(h, w, 1.0, dtype=torch.float64)), fourier_filter(x, torch.ones(h, w, dtype=torch.float64)))
+    assert torch.allclose(fourier_filter(x, lowpass_mask(h, w, 1.0, rfft=True, dtype=torch.float64)), x, atol=1e-12)
     prev = torch.zeros(h, w)
     for c in torch.linspace(0, 1, 21):
         m = lowpass_mask(h, w, float(c))
@@ -52,16 +53,20 @@ def test_lowpass_rejects_bad_cutoff():
 
 
 @pytest.mark.parametrize("h,w", [(16, 16), (20, 12), (15, 9)])
-def test_band_limit_real_grid_matches_full_grid_and_is_projection_like(h, w):
+def test_fourier_filter_real_grid_matches_full_grid_and_is_projection_like(h, w):
     x = torch.randn(2, 1, h, w, dtype=torch.float64)
     m_full = lowpass_mask(h, w, 0.3, transition=0.0, dtype=torch.float64)
     m_half = lowpass_mask(h, w, 0.3, transition=0.0, rfft=True, dtype=torch.float64)
-    a, b = band_limit(x, m_full), band_limit(x, m_half)
+    a, b = fourier_filter(x, m_full), fourier_filter(x, m_half)
     assert torch.allclose(a, b, atol=1e-10)
     # a hard mask is an orthogonal projection: idempotent
-    assert torch.allclose(band_limit(a, m_full), a, atol=1e-10)
+    assert torch.allclose(fourier_filter(a, m_full), a, atol=1e-10)
     with pytest.raises(ValueError, match="does not fit"):
-        band_limit(x, torch.ones(h + 1, w))
+        fourier_filter(x, torch.ones(h + 1, w))
+    # any symmetric full-grid transfer (here an inverse power-law spectrum) equals the complex-FFT filter
+    spec = 1 / power_law_spectrum(torch.tensor([0.01], dtype=torch.float64), torch.tensor([2.5], dtype=torch.float64), (h, w))
+    want = torch.fft.ifft2(torch.fft.fft2(x, norm="ortho") * spec, norm="ortho").real
+    assert torch.allclose(fourier_filter(x, spec), want, atol=1e-10)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 16, 16), (1, 1, 24, 40), (1, 3, 33, 17), (2, 1, 7, 5)])

@@ -263,3 +263,34 @@ def test_final_mean_step_is_the_conditional_mean_of_the_last_level():
     assert means.var(0).mean() < samples.var(0).mean()
     post_mean = prior.posterior_mean(y_m, H, SIGMA_Y)
     assert (means.mean(0) - post_mean[0]).norm() <= 1.5 * (samples.mean(0) - post_mean[0]).norm() + 1e-9
+
+
+@pytest.mark.parametrize("op", [BlurOperator(gaussian_kernel(9, 1.5), "circular"), Inpainting(box_mask(SIZE, SIZE, 12, 4))])
+def test_inner_temperature_scales_the_draw_around_the_conditional_mean(op):
+    """Exact inner step: draw(t) = mean + t (draw(1) - mean) for the same noise, any operator."""
+    from nfc_dps.samplers.common import gaussian_conditional, spectral_prior_variance
+
+    prior, _, _, x, _ = oracle_problem(2)
+    y = op.A(x) + SIGMA_Y * torch.randn(x.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    var = spectral_prior_variance(prior.spectrum(SIZE, SIZE).view(1, 1, SIZE, SIZE), 0.7)
+    centre = x + 0.3
+    mean = gaussian_conditional(op, y, centre, SIGMA_Y, var, None, sample=False, cg_iters=200)
+    one = gaussian_conditional(op, y, centre, SIGMA_Y, var, gens(2), cg_iters=200)
+    half = gaussian_conditional(op, y, centre, SIGMA_Y, var, gens(2), cg_iters=200, temperature=0.5)
+    zero = gaussian_conditional(op, y, centre, SIGMA_Y, var, gens(2), cg_iters=200, temperature=0.0)
+    assert (one - mean).norm() > 0.1 * mean.norm()
+    # exact up to the solver's tolerance (closed form for the blur, CG for the mask)
+    assert ((half - mean) - 0.5 * (one - mean)).norm() < 1e-3 * (one - mean).norm()
+    assert torch.equal(zero, mean)
+
+
+def test_langevin_at_temperature_zero_descends_to_the_conditional_mean():
+    from nfc_dps.samplers.common import gaussian_conditional
+    from nfc_dps.samplers.nfc import langevin_refine
+
+    prior, op, _, x, y_m = oracle_problem(1)
+    mean = gaussian_conditional(op, y_m, x + 0.2, SIGMA_Y, 0.04, None, sample=False)
+    got = langevin_refine(op, y_m, x + 0.2, SIGMA_Y, 0.04, None, 3000, 0.9, gens(1), temperature=0.0)
+    assert (got - mean).norm() < 1e-3 * mean.norm()
+    with pytest.raises(ValueError, match="inner_temperature"):
+        NFCConfig(inner_temperature=1.5)

@@ -138,27 +138,31 @@ class LinearOperator(torch.nn.Module):
         return ax + s * randn_per_image(ax.shape, generator, ax.dtype, ax.device)
 
 
-def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: float = 1e-6) -> Tensor:
+def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: float = 1e-6,
+                       precondition=None) -> Tensor:
     """Solve apply(x) = b for a symmetric positive definite ``apply``, independently per image.
 
-    Stops when every image's residual norm is below tol * ||b||. Shapes (B, ...).
+    ``precondition``: optional SPD approximation of apply's inverse (preconditioned CG). Stops when
+    every image's residual norm is below tol * ||b||. Shapes (B, ...).
     """
     def dot(a: Tensor, c: Tensor) -> Tensor:
         return (a * c).flatten(1).sum(1).view(-1, *([1] * (a.ndim - 1)))
 
     x = x0
     r = b - apply(x)
-    p = r.clone()
-    rs = dot(r, r)
+    z = r if precondition is None else precondition(r)
+    p = z.clone()
+    rr, rz = dot(r, r), dot(r, z)
     b_norm2 = dot(b, b).clamp_min(1e-30)
     for _ in range(max_iter):
-        if bool((rs <= (tol**2) * b_norm2).all()):
+        if bool((rr <= (tol**2) * b_norm2).all()):
             break
         ap = apply(p)
-        alpha = rs / dot(p, ap).clamp_min(1e-30)
+        alpha = rz / dot(p, ap).clamp_min(1e-30)
         x = x + alpha * p
         r = r - alpha * ap
-        rs_new = dot(r, r)
-        p = r + (rs_new / rs.clamp_min(1e-30)) * p
-        rs = rs_new
+        z = r if precondition is None else precondition(r)
+        rr, rz_new = dot(r, r), dot(r, z)
+        p = z + (rz_new / rz.clamp_min(1e-30)) * p
+        rz = rz_new
     return x

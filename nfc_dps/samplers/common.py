@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..frequency import fit_power_law, power_law_spectrum, radial_frequency
+from ..frequency import fit_power_law, fourier_filter, power_law_spectrum, radial_frequency
 from ..operators.base import LinearOperator, conjugate_gradient, randn_per_image
 from ..priors.base import Prior
 
@@ -112,11 +112,6 @@ def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_s
     return power_law_spectrum(amplitude, alpha, image_shape)
 
 
-def _filter(x: Tensor, transfer: Tensor) -> Tensor:
-    """Real image filtered by a real, symmetric full-grid transfer function (ortho FFT)."""
-    return torch.fft.ifft2(torch.fft.fft2(x, norm="ortho") * transfer, norm="ortho").real
-
-
 def gaussian_conditional(
     operator: LinearOperator,
     y: Tensor,
@@ -127,6 +122,7 @@ def gaussian_conditional(
     band: Tensor | None = None,
     sample: bool = True,
     cg_iters: int = 50,
+    temperature: float = 1.0,
 ) -> Tensor:
     """Sample (or the mean of) p(x) ∝ exp(-||W (y - A x)||^2 / (2 sigma_y^2)) N(x; center, C).
 
@@ -139,17 +135,19 @@ def gaussian_conditional(
     Perturb-and-solve: x~ = center + C^1/2 e, u~ = W y + sigma_y e', then
     x = argmin ||u~ - W A x||^2 / (2 sigma_y^2) + ||x - x~||_C^-1^2 / 2 is an exact sample.
     Closed form for circulant blur (Fourier) and for the isotropic, unweighted case (the
-    operator's prox); conjugate gradients otherwise.
+    operator's prox); conjugate gradients otherwise. ``temperature`` t scales both perturbations,
+    so the draw has the same mean and t^2 times the covariance (t = 1: exact; t = 0: the mean).
     """
     spectral = isinstance(prior_var, Tensor)
     x_t, y_t = center, y
+    sample = sample and temperature > 0
     if sample:
-        e = randn_per_image(center.shape, generators, center.dtype, center.device)
-        x_t = center + (_filter(e, prior_var.sqrt()) if spectral else prior_var**0.5 * e)
+        e = temperature * randn_per_image(center.shape, generators, center.dtype, center.device)
+        x_t = center + (fourier_filter(e, prior_var.sqrt()) if spectral else prior_var**0.5 * e)
     if band is not None:
-        y_t = _filter(y, band)
+        y_t = fourier_filter(y, band)
     if sample:
-        y_t = y_t + sigma_y * randn_per_image(y.shape, generators, y.dtype, y.device)
+        y_t = y_t + temperature * sigma_y * randn_per_image(y.shape, generators, y.dtype, y.device)
 
     if not spectral and band is None:
         return operator.prox(y_t, x_t, sigma_y, prior_var**0.5)
@@ -164,14 +162,23 @@ def gaussian_conditional(
         rhs = H.conj() * Wy / sigma_y**2 + inv_c * torch.fft.fft2(x_t, norm="ortho")
         return torch.fft.ifft2(rhs / precision, norm="ortho").real
 
-    def apply_w(v: Tensor) -> Tensor:
-        return v if band is None else _filter(v, band)
+    band2 = None if band is None else band**2
+    inv_c = 1.0 / prior_var
 
     def apply_inv_c(v: Tensor) -> Tensor:
-        return _filter(v, 1.0 / prior_var) if spectral else v / prior_var
+        return fourier_filter(v, inv_c) if spectral else v * inv_c
 
-    def normal(v: Tensor) -> Tensor:
-        return operator.A_adjoint(apply_w(apply_w(operator.A(v)))) / sigma_y**2 + apply_inv_c(v)
+    def normal(v: Tensor) -> Tensor:  # A^T W^T W A / sigma_y^2 + C^-1, W^T W in one FFT pair
+        av = operator.A(v)
+        return operator.A_adjoint(av if band2 is None else fourier_filter(av, band2)) / sigma_y**2 + apply_inv_c(v)
 
-    rhs = operator.A_adjoint(apply_w(y_t)) / sigma_y**2 + apply_inv_c(x_t)
-    return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5)
+    rhs = operator.A_adjoint(y_t if band is None else fourier_filter(y_t, band)) / sigma_y**2 + apply_inv_c(x_t)
+    precondition = None
+    if spectral:
+        # Fourier-diagonal approximation of the normal operator: C^-1 + rho / sigma_y^2, rho the
+        # gain of A^T A on a constant image (observed fraction for inpainting, 1/s^2 for SR x s)
+        ones = torch.ones_like(center)
+        rho = operator.A(ones).square().flatten(1).sum(1).view(-1, 1, 1, 1) / ones[0].numel()
+        approx_inv = 1.0 / (1.0 / prior_var + rho / sigma_y**2)
+        precondition = lambda v: fourier_filter(v, approx_inv)  # noqa: E731
+    return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5, precondition=precondition)

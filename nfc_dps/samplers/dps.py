@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..frequency import band_limit, lowpass_mask
+from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import karras_sigmas
@@ -220,10 +220,10 @@ def dps_guidance(prior: Prior, operator: LinearOperator, y: Tensor, x: Tensor, s
         x0_hat = prior.denoise(x_in, sigma_vector(sigma, x))
         residual = y - operator.A(x0_hat.detach())
         if band is not None:
-            residual = band_limit(residual, band)
+            residual = fourier_filter(residual, band)
         norm = residual.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.ndim - 1)))
         if band is not None:
-            residual = band_limit(residual, band)
+            residual = fourier_filter(residual, band)
         direction = -operator.A_adjoint(residual / norm)
         (g,) = torch.autograd.grad(x0_hat, x_in, grad_outputs=direction)
     return x0_hat.detach(), g

@@ -25,14 +25,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from ..frequency import haar_fuse, lowpass_mask
+from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
 from .common import (
     Callback,
     Generators,
-    _filter,
     counting,
     fit_spectrum_from_measurement,
     gaussian_conditional,
@@ -65,6 +64,11 @@ class NFCConfig:
     it declares one, else the measurement's).
     final_step: at the last level, "sample" returns a draw from p(x0 | x, y) (DAPS), "mean" its
     mean E[x0 | x, y] (the usual final denoising step; no sigma_min-sized noise in the output).
+    inner_temperature: t scales the inner step's noise so that it targets the same mean with t^2
+    times the covariance: 1 = the posterior sampler of the paper (DAPS's inner step); 0 = the
+    conditional mean at every level (a deterministic data step, as DDNM and DiffPIR take; the
+    re-noising between levels still draws fresh noise). Values below 1 trade sample diversity
+    (and so a calibrated ``std`` map) for PSNR.
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
@@ -81,6 +85,7 @@ class NFCConfig:
     prior_covariance: str = "isotropic"
     spectrum: str = "auto"
     final_step: str = "mean"
+    inner_temperature: float = 1.0
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
@@ -93,6 +98,8 @@ class NFCConfig:
             raise ValueError(f"spectrum must be one of {SPECTRUM_SOURCES}, got {self.spectrum!r}")
         if self.final_step not in FINAL_STEPS:
             raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {self.final_step!r}")
+        if not 0.0 <= self.inner_temperature <= 1.0:
+            raise ValueError(f"inner_temperature must be in [0, 1], got {self.inner_temperature}")
         if self.num_levels < 1 or self.ode_steps < 1:
             raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
         if isinstance(self.band, dict):
@@ -123,10 +130,12 @@ def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int,
 
 
 def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y: float, prior_var: float | Tensor,
-                    band: Tensor | None, steps: int, step_fraction: float, generators: Generators) -> Tensor:
+                    band: Tensor | None, steps: int, step_fraction: float, generators: Generators,
+                    temperature: float = 1.0) -> Tensor:
     """DAPS's inner loop: Langevin dynamics on -log p(x0 | x0_hat, y), started at x0_hat.
 
-    Step size = step_fraction / L, L the gradient's Lipschitz bound (||A|| <= 1, W <= 1).
+    Step size = step_fraction / L, L the gradient's Lipschitz bound (||A|| <= 1, W <= 1). The noise
+    is scaled by ``temperature`` t (target ∝ p^(1/t^2): same mode, t^2 times the covariance).
     """
     spectral = isinstance(prior_var, Tensor)
     inv_var = 1.0 / prior_var  # computed once, not per step
@@ -137,10 +146,12 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     for _ in range(steps):
         residual = operator.A(x) - y
         if band2 is not None:
-            residual = _filter(residual, band2)  # W^T W r in one FFT pair
+            residual = fourier_filter(residual, band2)  # W^T W r in one FFT pair
         diff = x - x0_hat
-        grad = operator.A_adjoint(residual) / sigma_y**2 + (_filter(diff, inv_var) if spectral else diff * inv_var)
-        x = x - eta * grad + (2 * eta) ** 0.5 * randn_per_image(x.shape, generators, x.dtype, x.device)
+        grad = operator.A_adjoint(residual) / sigma_y**2 + (fourier_filter(diff, inv_var) if spectral else diff * inv_var)
+        x = x - eta * grad
+        if temperature > 0:
+            x = x + temperature * (2 * eta) ** 0.5 * randn_per_image(x.shape, generators, x.dtype, x.device)
     return x
 
 
@@ -182,10 +193,11 @@ def sample_nfc(
         last_mean = k == n - 1 and cfg.final_step == "mean"
         if cfg.inner == "exact" or last_mean:
             x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
-                                      sample=not last_mean)
+                                      sample=not last_mean, temperature=cfg.inner_temperature)
         else:
             step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
-            x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step, generators)
+            x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step,
+                                 generators, cfg.inner_temperature)
         if cfg.detail.active:
             w_low, w_high = cfg.detail.weights(k, n)
             x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
