@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .frequency import radial_frequency
+from .frequency import power_law_spectrum, radial_frequency
 from .operators.base import LinearOperator, check_image, conjugate_gradient
 from .operators.blur import BlurOperator
 from .operators.denoising import Denoising
@@ -176,9 +176,8 @@ def fit_measurement_spectrum(y: Tensor, gain2: Tensor | None, sigma: float, r_mi
 
 
 def _power_law(amp: Tensor, alpha: Tensor, h: int, w: int) -> Tensor:
-    """(B, 1, h, w) float64 S on the full grid, r floored at half a grid step (DC handled by callers)."""
-    r = radial_frequency(h, w, dtype=torch.float64).clamp_min(0.5 / max(h, w))
-    return amp.view(-1, 1, 1, 1) * r ** (-alpha.view(-1, 1, 1, 1))
+    """(B, 1, h, w) float64 S on the full grid with a finite DC (callers pass the mean through)."""
+    return power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)
 
 
 def _circular_wiener(y: Tensor, H: Tensor, sigma: float, amp: Tensor, alpha: Tensor) -> Tensor:

@@ -1044,7 +1044,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     _task_flags(r)
     r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc)")
-    r.add_argument("--preset", default=None, help="sampler preset: fast (~100 NFE, default) or paper")
+    r.add_argument("--preset", default=None, help="sampler preset: fast (~100 NFE, default), paper, or for nfc fast_psnr (conditional-mean inner steps: higher PSNR, uncalibrated std)")
     r.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="sampler field, e.g. --set inner=langevin --set band.cutoff_start=0.5 (repeatable)")

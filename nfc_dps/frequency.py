@@ -116,13 +116,15 @@ def fit_power_law(x: Tensor, r_min: float = 0.02, r_max: float = 0.5, bins: int 
     return log_amp.exp(), alpha
 
 
-def power_law_spectrum(amplitude: Tensor, alpha: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """S(r) = amplitude * r^-alpha per image on the full FFT grid, (B, 1, H, W); DC set to +inf
-    (the mean is not shrunk towards anything) and r floored at half a grid step otherwise."""
+def power_law_spectrum(amplitude: Tensor, alpha: Tensor, shape: tuple[int, ...], infinite_dc: bool = True) -> Tensor:
+    """S(r) = amplitude * r^-alpha per image on the full FFT grid, (B, 1, H, W), r floored at half
+    a grid step. ``infinite_dc``: DC set to +inf (the mean is not shrunk towards anything);
+    otherwise DC keeps the floored value (for callers that treat the mean themselves)."""
     h, w = shape[-2:]
     r = radial_frequency(h, w, device=amplitude.device, dtype=amplitude.dtype).clamp_min(0.5 / max(h, w))
     spec = amplitude.view(-1, 1, 1, 1) * r ** (-alpha.view(-1, 1, 1, 1))
-    spec[..., 0, 0] = float("inf")
+    if infinite_dc:
+        spec[..., 0, 0] = float("inf")
     return spec
 
 
