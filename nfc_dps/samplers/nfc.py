@@ -69,6 +69,9 @@ class NFCConfig:
     conditional mean at every level (a deterministic data step, as DDNM and DiffPIR take; the
     re-noising between levels still draws fresh noise). Values below 1 trade sample diversity
     (and so a calibrated ``std`` map) for PSNR.
+    renoise_eta: the noise added between levels is sigma_{k+1} (sqrt(1 - eta^2) eps_hat + eta eps),
+    eps fresh and eps_hat = (x_k - x0_hat) / sigma_k the noise the predictor removed (DDIM's eta,
+    as DDRM and DDNM re-noise): 1 = fresh noise only (DAPS, the paper).
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
@@ -86,6 +89,7 @@ class NFCConfig:
     spectrum: str = "auto"
     final_step: str = "mean"
     inner_temperature: float = 1.0
+    renoise_eta: float = 1.0
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
@@ -98,6 +102,8 @@ class NFCConfig:
             raise ValueError(f"spectrum must be one of {SPECTRUM_SOURCES}, got {self.spectrum!r}")
         if self.final_step not in FINAL_STEPS:
             raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {self.final_step!r}")
+        if not 0.0 <= self.renoise_eta <= 1.0:
+            raise ValueError(f"renoise_eta must be in [0, 1], got {self.renoise_eta}")
         if not 0.0 <= self.inner_temperature <= 1.0:
             raise ValueError(f"inner_temperature must be in [0, 1], got {self.inner_temperature}")
         if self.num_levels < 1 or self.ode_steps < 1:
@@ -201,7 +207,14 @@ def sample_nfc(
         if cfg.detail.active:
             w_low, w_high = cfg.detail.weights(k, n)
             x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
-        x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device) if sigma_next > 0 else x0
+        if sigma_next > 0:
+            noise = randn_per_image(x0.shape, generators, x0.dtype, x0.device)
+            if cfg.renoise_eta < 1:
+                eta = cfg.renoise_eta
+                noise = (1 - eta**2) ** 0.5 * (x - x0_hat) / sigma + eta * noise
+            x = x0 + sigma_next * noise
+        else:
+            x = x0
         if callback is not None:
             callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
     return to_image_units(x)
