@@ -18,7 +18,9 @@ Range-space correction, ``correction=``:
   lam_i = sigma_{i+1} / sigma_y and gamma_i = 0: the correction's noise lam_i A^+ n is counted
   against the next level's noise budget. It treats A^+ n as white noise of std sigma_y, which is
   exact for inpainting, denoising and block-average SR (A A^T = c I) and an approximation for
-  blur and bicubic SR, where A^+ amplifies the noise (use "prox" there).
+  bicubic SR, where A^+ amplifies the noise (use "prox" there). For circulant blur the rule is
+  applied per singular value in Fourier, as DDNM+'s SVD form: lam_k = min(1, s_k sigma_{i+1} /
+  sigma_y), frequencies with s_k <= ``singular_cutoff`` dropped (:func:`scaled_rule_fourier`).
 * ``"prox"`` -- DDNM+ (prox variant), our noise-aware form: x0_hat' = prox(y, x0_hat, sigma_y,
   r = sigma_i) = argmin ||y - A z||^2 / (2 sigma_y^2) + ||z - x0_hat||^2 / (2 sigma_i^2), the
   Gaussian-conditional mean if x0_hat's error had std sigma_i. In a singular basis it takes
@@ -48,6 +50,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..frequency import fourier_filter
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from .common import Callback, Generators, counting, sigma_vector, to_image_units, to_model_units
@@ -81,9 +84,9 @@ class DDNMConfig:
         sqrt(1 - eta^2)); DDNM/DDRM: 0.85.
     correction: "prox" (noise-aware prox, robust on every operator) or "scaled" (DDNM+'s scalar
         rule); see the module docstring. Both are exact null-space DDNM when sigma_y = 0.
-    singular_cutoff: for "scaled" on circulant operators (blur), A^+ drops frequencies with
-        |H| <= this, as DDNM's SVD operators (taken from DDRM) do; default 3e-2. Without it A^+
-        amplifies the measurement noise by up to 1/sqrt(eps) and the sampler diverges.
+    singular_cutoff: for "scaled" on circulant operators (blur) the rule is applied per
+        frequency (DDNM+'s SVD form, :func:`scaled_rule_fourier`) and frequencies with
+        |H| <= this are dropped, as DDNM's SVD operators (taken from DDRM) do; default 3e-2.
     sigma_max: top noise level (model units), clamped to 157 and to the prior's sigma_max.
     schedule: "uniform" (DDNM's skip on the DDPM grid), "quad" or "karras".
     """
@@ -115,19 +118,23 @@ PRESETS = {
 }
 
 
-def truncated_pinv(operator: LinearOperator, cutoff: float) -> Callable[[Tensor], Tensor]:
-    """A^+ with singular values |H| <= cutoff dropped, for circulant operators (DDRM/DDNM's SVD
-    truncation); the operator's own ``A_pinv`` for every other operator."""
-    if not getattr(operator, "is_circulant", False):
-        return operator.A_pinv
+def scaled_rule_fourier(H: Tensor, residual: Tensor, sigma_next: float, noise: float, cutoff: float
+                        ) -> tuple[Tensor, Tensor]:
+    """DDNM+'s noise-aware rule per singular value of a circulant operator (A = F* diag(H) F).
 
-    def pinv(r: Tensor) -> Tensor:
-        H = operator.transfer_function(*r.shape[-2:], dtype=r.dtype, device=r.device)
-        keep = H.abs() > cutoff
-        inv = torch.where(keep, 1.0 / torch.where(keep, H, torch.ones_like(H)), torch.zeros_like(H))
-        return torch.fft.ifft2(torch.fft.fft2(r) * inv).real
-
-    return pinv
+    Component k takes lambda_k = min(1, s_k sigma_next / noise) of A^+ (y - A x0_hat) (s_k = |H_k|;
+    components with s_k <= cutoff are dropped, as DDNM's SVD operators do) and is re-noised with
+    gamma_k = sqrt(sigma_next^2 - (lambda_k noise / s_k)^2), so its total noise stays sigma_next.
+    Returns (correction image, gamma as a real full-grid transfer function).
+    """
+    s = H.abs()
+    keep = s > cutoff
+    safe = torch.where(keep, s, torch.ones_like(s))
+    lam = torch.where(keep, (safe * sigma_next / noise).clamp(max=1.0), torch.zeros_like(s))
+    inv = torch.where(keep, lam / torch.where(keep, H, torch.ones_like(H)), torch.zeros_like(H))
+    correction = torch.fft.ifft2(torch.fft.fft2(residual) * inv).real
+    gamma = (sigma_next**2 - (lam * noise / safe) ** 2).clamp_min(0).sqrt()
+    return correction, gamma
 
 
 def sample_ddnm(
@@ -148,23 +155,34 @@ def sample_ddnm(
     noise = 2.0 * float(sigma_y)  # the true noise std in model units (prob.sigma is floored)
     sigmas, _ = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
 
-    pinv = truncated_pinv(operator, cfg.singular_cutoff) if noise > 0 else operator.A_pinv
+    circulant = getattr(operator, "is_circulant", False)
+    H = operator.transfer_function(*image_shape[-2:], dtype=y.dtype, device=y.device) if circulant else None
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
         x0_hat = prior.denoise(x, sigma_vector(sigma, x))
         eps = (x - x0_hat) / sigma
-        gamma = sigma_next
+        gamma: float | Tensor = sigma_next
         if noise == 0:
-            x0_c = x0_hat + pinv(prob.y - operator.A(x0_hat))
+            x0_c = x0_hat + operator.A_pinv(prob.y - operator.A(x0_hat))
         elif cfg.correction == "prox":
             x0_c = operator.prox(prob.y, x0_hat, noise, sigma)
+        elif H is not None:  # the SVD form of the scalar rule: one lambda per frequency
+            correction, gamma = scaled_rule_fourier(H, prob.y - operator.A(x0_hat), sigma_next, noise,
+                                                    cfg.singular_cutoff)
+            x0_c = x0_hat + correction
         else:
             lam = 1.0 if sigma_next >= noise else sigma_next / noise
             gamma = math.sqrt(max(sigma_next**2 - (lam * noise) ** 2, 0.0))
-            x0_c = x0_hat + lam * pinv(prob.y - operator.A(x0_hat))
-        x = ddim_step(x0_c, eps, gamma, cfg.eta**2, generators)
+            x0_c = x0_hat + lam * operator.A_pinv(prob.y - operator.A(x0_hat))
+        if isinstance(gamma, Tensor):  # per-frequency re-noising weights
+            direction = (1 - cfg.eta**2) ** 0.5 * eps
+            if cfg.eta > 0 and sigma_next > 0:
+                direction = direction + cfg.eta * randn_per_image(x0_c.shape, generators, x0_c.dtype, x0_c.device)
+            x = x0_c + fourier_filter(direction, gamma)
+        else:
+            x = ddim_step(x0_c, eps, gamma, cfg.eta**2, generators)
         if callback is not None:
             callback({"step": i, "sigma": sigma, "x": x, "x0_hat": x0_c, "nfe": prior.nfe})
     return to_image_units(x)
