@@ -96,6 +96,7 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["sampler"]["num_levels"] == 2 and resolved["task"]["task"] == "denoise"
     assert resolved["versions"]["torch"] and resolved["seed"] == 0
+    assert resolved["precision"] in ("float32", "bfloat16")  # "auto" resolved for this machine
     first = {n: read_image(out / n)[0] for n in ("im0.png", "im1.png", "im2.png")}
     before = mtimes(out)
 
@@ -223,6 +224,7 @@ def _cases(tmp_path: Path, prior: str):
         "negative noise": (base + ["-o", out, "--task", "denoise", "--noise-sigma", "-1"], "noise-sigma"),
         "bad steps type": (base + ["-o", out, "--task", "denoise", "--steps", "many"], "invalid int"),
         "bad device": (base + ["-o", out, "--task", "denoise", "--device", "warp9"], "device"),
+        "bad precision": (base + ["-o", out, "--task", "denoise", "--precision", "float16"], "--precision"),
     }
 
 
