@@ -294,6 +294,8 @@ def test_langevin_at_temperature_zero_descends_to_the_conditional_mean():
     assert (got - mean).norm() < 1e-3 * mean.norm()
     with pytest.raises(ValueError, match="inner_temperature"):
         NFCConfig(inner_temperature=1.5)
+    with pytest.raises(ValueError, match="cg_iterations"):
+        NFCConfig(cg_iterations=0)
 
 
 def test_renoise_eta_reuses_the_removed_noise():

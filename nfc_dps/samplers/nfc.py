@@ -72,6 +72,8 @@ class NFCConfig:
     renoise_eta: the noise added between levels is sigma_{k+1} (sqrt(1 - eta^2) eps_hat + eta eps),
     eps fresh and eps_hat = (x_k - x0_hat) / sigma_k the noise the predictor removed (DDIM's eta,
     as DDRM and DDNM re-noise): 1 = fresh noise only (DAPS, the paper).
+    cg_iterations: cap on the conjugate-gradient iterations of the exact inner step where it has
+    no closed form (spectral covariance with inpainting, SR, reflect-boundary blur).
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
@@ -90,6 +92,7 @@ class NFCConfig:
     final_step: str = "mean"
     inner_temperature: float = 1.0
     renoise_eta: float = 1.0
+    cg_iterations: int = 50
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
@@ -106,6 +109,8 @@ class NFCConfig:
             raise ValueError(f"renoise_eta must be in [0, 1], got {self.renoise_eta}")
         if not 0.0 <= self.inner_temperature <= 1.0:
             raise ValueError(f"inner_temperature must be in [0, 1], got {self.inner_temperature}")
+        if self.cg_iterations < 1:
+            raise ValueError(f"cg_iterations must be >= 1, got {self.cg_iterations}")
         if self.num_levels < 1 or self.ode_steps < 1:
             raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
         if isinstance(self.band, dict):
@@ -199,7 +204,8 @@ def sample_nfc(
         last_mean = k == n - 1 and cfg.final_step == "mean"
         if cfg.inner == "exact" or last_mean:
             x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
-                                      sample=not last_mean, temperature=cfg.inner_temperature)
+                                      sample=not last_mean, cg_iters=cfg.cg_iterations,
+                                      temperature=cfg.inner_temperature)
         else:
             step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
             x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step,
