@@ -1451,6 +1451,8 @@ def _str_list(s: str) -> tuple[str, ...]:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The benchmark's arguments (added to ``parser`` when given, e.g. an `nfc-dps bench` subparser)."""
+    from .priors.diffusers_prior import PRECISIONS
+
     p = parser or argparse.ArgumentParser(
         prog="benchmark", description="PSNR/SSIM tables against the peers and classical baselines, NFE curves, "
                                       "timing, the Gaussian oracle and a per-NFE profile (see docs/benchmarks.md).")
@@ -1475,7 +1477,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--boundary", choices=("circular", "reflect"), default=None,
                    help="blur boundary (local: circular; paper: reflect, as DPS)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="prior network compute precision (auto: bfloat16 where the hardware has it natively)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",

@@ -986,7 +986,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _precision_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+    from .priors.diffusers_prior import PRECISIONS
+
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="the prior network's compute precision (default auto: bfloat16 where the CPU or GPU has it "
                         "natively, about 2x faster; float32 otherwise)")
 

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from nfc_dps.priors.base import Prior, TiledPrior, reflect_pad
+from nfc_dps.priors.diffusers_prior import PRECISIONS
 from nfc_dps.priors.training_data import (
     HELDOUT_IMAGES,
     TRAIN_IMAGES,
@@ -449,7 +450,7 @@ def main() -> None:
     ap.add_argument("--tune-crop", type=int, default=128, help="size of the training crops used to tune TV/wavelet")
     ap.add_argument("--tune-per-image", type=int, default=2, help="tuning crops per training photo")
     ap.add_argument("--timing-runs", type=int, default=5)
-    ap.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+    ap.add_argument("--precision", choices=PRECISIONS, default="auto",
                     help="the network's compute precision (auto: bfloat16 where the CPU/GPU has it natively)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     ap.add_argument("--no-overlap", action="store_true", help="skip the overlap=True row (4x the cost)")
@@ -487,13 +488,14 @@ def main() -> None:
         if args.prior is None:
             from nfc_dps.priors.default import default_prior_path
 
-            src = default_prior_path()
-            prior = nfc_dps.load_prior(precision=args.precision)
+            src = local = default_prior_path()
             pinfo = {"path": str(src), "step": None}
         else:
             src = args.prior
             local, pinfo = snapshot_prior(src, Path(tmp))
-            prior = nfc_dps.load_prior(local, precision=args.precision)
+        prior = nfc_dps.load_prior(local, precision=args.precision)
+        # the same weights in float32, timed for reference when the report runs in bfloat16
+        prior_float32 = nfc_dps.load_prior(local, precision="float32") if prior.precision != "float32" else None
         pinfo["label"] = args.label
         pinfo["disk_bytes"] = disk_size(Path(src))
         pinfo["parameters"] = int(sum(p.numel() for p in prior.parameters()))
@@ -541,10 +543,8 @@ def main() -> None:
 
     log(f"timing 256x256 forward passes ({args.timing_runs} runs each)")
     timing = {k: time_forward(pr, 256, args.timing_runs) for k, (_, pr) in variants.items()}
-    if prior.precision != "float32":  # the same prior in float32, for reference
-        with tempfile.TemporaryDirectory() as tmp:
-            local = default_prior_path() if args.prior is None else snapshot_prior(args.prior, Path(tmp))[0]
-            timing["tiled_float32"] = time_forward(nfc_dps.load_prior(local, precision="float32"), 256, args.timing_runs)
+    if prior_float32 is not None:
+        timing["tiled_float32"] = time_forward(prior_float32, 256, args.timing_runs)
     machine = machine_info()  # after the work: load average and training job state as timed
 
     report = {

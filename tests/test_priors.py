@@ -322,6 +322,7 @@ def test_load_diffusers_prior_edm_and_tile(saved_unet, tmp_path):
     (tmp_path / "m" / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm", "sigma_data": 0.5, "tile": 8}))
     prior = load_diffusers_prior(tmp_path / "m")
     assert isinstance(prior, TiledPrior) and isinstance(prior.inner, EDMDenoiser) and prior.tile == 8
+    assert prior.precision == prior.inner.precision  # one resolved precision, wrapper and network agree
     assert prior(torch.zeros(1, 3, 12, 20), 0.5).shape == (1, 3, 12, 20)
 
 

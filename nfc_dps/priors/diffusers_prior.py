@@ -70,12 +70,15 @@ def native_bfloat16(device: str | torch.device) -> bool:
     return False
 
 
-def resolve_precision(precision: str, device: str | torch.device) -> str:
-    """``"auto"`` -> ``"bfloat16"`` where the device has native bfloat16, else ``"float32"``."""
+def resolve_precision(precision: str, device: str | torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """``"auto"`` -> ``"bfloat16"`` for float32 weights on a device with native bfloat16, else
+    ``"float32"`` (weights of another dtype, e.g. float64 for checks, run as they are)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
-        return "bfloat16" if native_bfloat16(device) else "float32"
+        return "bfloat16" if dtype == torch.float32 and native_bfloat16(device) else "float32"
+    if precision == "bfloat16" and dtype != torch.float32:
+        raise ValueError(f"precision='bfloat16' autocasts float32 weights; got dtype={dtype}")
     return precision
 
 
@@ -133,11 +136,7 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     """
     from diffusers import UNet2DModel
 
-    if precision == "auto" and dtype != torch.float32:
-        precision = "float32"  # weights in another dtype (e.g. float64 for checks) run as they are
-    precision = resolve_precision(precision, device)
-    if precision == "bfloat16" and dtype != torch.float32:
-        raise ValueError(f"precision='bfloat16' autocasts float32 weights; got dtype={dtype}")
+    precision = resolve_precision(precision, device, dtype)
 
     folder = Path(path)
     if not folder.exists():
@@ -200,7 +199,7 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         if not (isinstance(pl, list) and len(pl) == 2 and all(isinstance(v, (int, float)) and v > 0 for v in pl)):
             raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: power_law must be [amplitude, alpha] > 0, got {pl!r}")
         prior.power_law = (float(pl[0]), float(pl[1]))
+    prior.precision = precision  # before tiling: TiledPrior copies it from the prior it wraps
     if prior_cfg.get("tile"):
         prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
-    prior.precision = precision
     return prior.to(device)

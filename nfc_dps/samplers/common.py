@@ -179,6 +179,6 @@ def gaussian_conditional(
         # gain of A^T A on a constant image (observed fraction for inpainting, 1/s^2 for SR x s)
         ones = torch.ones_like(center)
         rho = operator.A(ones).square().flatten(1).sum(1).view(-1, 1, 1, 1) / ones[0].numel()
-        approx_inv = 1.0 / (1.0 / prior_var + rho / sigma_y**2)
+        approx_inv = 1.0 / (inv_c + rho / sigma_y**2)
         precondition = lambda v: fourier_filter(v, approx_inv)  # noqa: E731
     return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5, precondition=precondition)
