@@ -311,3 +311,76 @@ def test_renoise_eta_reuses_the_removed_noise():
         assert torch.allclose(cur["x"], want, atol=1e-10)
     with pytest.raises(ValueError, match="renoise_eta"):
         NFCConfig(renoise_eta=-0.1)
+
+
+def test_dilate_is_a_square_max_filter():
+    from nfc_dps.samplers.common import _dilate
+
+    m = torch.rand(2, 3, 23, 17, generator=torch.Generator().manual_seed(0)).round()
+    ref = torch.nn.functional.max_pool2d(m, 9, stride=1, padding=4)
+    assert torch.equal(_dilate(m, 9), ref)
+
+
+def _inpainting_normal_problem(mask, sigma: float = 8.0):
+    """(normal operator, rhs, C, operator) of the exact inner step for inpainting, float64."""
+    from nfc_dps.frequency import fourier_filter
+    from nfc_dps.samplers.common import spectral_prior_variance
+
+    h, w = mask.shape[-2:]
+    prior = GaussianSpectralPrior((h, w), alpha=2.0, pixel_std=0.5, channels=1)
+    var = spectral_prior_variance(prior.spectrum(h, w).view(1, 1, h, w), sigma)
+    op = Inpainting(mask)
+    g = torch.Generator().manual_seed(1)
+    b = torch.randn(1, 1, h, w, generator=g, dtype=torch.float64)
+
+    def normal(v):
+        return op.A_adjoint(op.A(v)) / SIGMA_Y**2 + fourier_filter(v, 1 / var)
+
+    return normal, b, var, op
+
+
+@pytest.mark.parametrize("hole", ["box", "random"])
+def test_normal_preconditioner_is_spd_and_finds_wide_holes(hole):
+    from nfc_dps.operators import random_mask
+    from nfc_dps.samplers.common import normal_preconditioner
+
+    mask = box_mask(48, 40, 20, 6) if hole == "box" else random_mask(48, 40, 0.7, 0)
+    normal, b, var, op = _inpainting_normal_problem(mask)
+    centre = torch.zeros_like(b)
+    M = normal_preconditioner(op, centre, var, SIGMA_Y)
+    g = torch.Generator().manual_seed(2)
+    u, v = (torch.randn(b.shape, generator=g, dtype=torch.float64) for _ in range(2))
+    assert abs(float((u * M(v)).sum() - (M(u) * v).sum())) < 1e-9 * float(u.norm() * M(v).norm())
+    assert float((v * M(v)).sum()) > 0
+    # inside the box's hole M is the prior covariance C (nothing there pins the image);
+    # a random mask has no hole wide enough, so M is the Fourier-diagonal form everywhere
+    from nfc_dps.frequency import fourier_filter
+    inside = torch.zeros_like(b)
+    inside[..., 20:30, 16:24] = torch.randn(1, 1, 10, 8, generator=g, dtype=torch.float64)
+    rho = float(mask.mean())
+    diagonal = fourier_filter(inside, 1 / (1 / var + rho / SIGMA_Y**2))
+    expected = fourier_filter(inside, var) * (1 - mask) if hole == "box" else diagonal
+    assert torch.allclose(M(inside), expected, atol=1e-10)
+
+
+def test_wide_hole_preconditioner_converges_faster_on_box_inpainting():
+    """The reason for the hole split: on a 24-px hole at sigma 8, 15 iterations with it beat 15
+    with the Fourier-diagonal form by a wide margin, and both reach the dense solution."""
+    from nfc_dps.frequency import fourier_filter
+    from nfc_dps.operators.base import conjugate_gradient
+    from nfc_dps.samplers.common import normal_preconditioner
+
+    normal, b, var, op = _inpainting_normal_problem(box_mask(48, 48, 24, 8))
+    n = b.numel()
+    dense = torch.stack([normal(e.view(1, 1, 48, 48)).flatten() for e in torch.eye(n, dtype=torch.float64)], 1)
+    exact = torch.linalg.solve(dense, b.flatten()).view_as(b)
+    split = normal_preconditioner(op, torch.zeros_like(b), var, SIGMA_Y)
+    rho = float(op.mask.mean())
+    diagonal = lambda v: fourier_filter(v, 1 / (1 / var + rho / SIGMA_Y**2))  # noqa: E731
+
+    def error(precondition, iters):
+        x = conjugate_gradient(normal, b, torch.zeros_like(b), max_iter=iters, tol=0.0, precondition=precondition)
+        return float((x - exact).norm() / exact.norm())
+
+    assert error(split, 15) < 0.2 * error(diagonal, 15)
+    assert error(split, 300) < 1e-6 and error(diagonal, 300) < 1e-4

@@ -92,7 +92,7 @@ class NFCConfig:
     final_step: str = "mean"
     inner_temperature: float = 1.0
     renoise_eta: float = 1.0
-    cg_iterations: int = 50
+    cg_iterations: int = 20
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
