@@ -213,11 +213,9 @@ def wavelet_denoise(noisy: np.ndarray, sigma: float, cfg: dict) -> np.ndarray:
 
 
 def have_pywt() -> bool:
-    try:
-        import pywt  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("pywt") is not None
 
 
 def tuning_crops(size: int, per_image: int, seed: int) -> list[tuple[str, np.ndarray]]:

@@ -215,6 +215,8 @@ def normal_preconditioner(operator: LinearOperator, center: Tensor, prior_var: T
     rho = gain.flatten(1).mean(1).view(-1, 1, 1, 1)
     approx_inv = 1.0 / (1.0 / prior_var + rho / sigma_y**2)
     hole = (gain <= 0).to(center.dtype)
+    if min(hole.shape[-2:]) < WIDE_HOLE_SIZE or not bool(hole.any()):
+        return lambda v: fourier_filter(v, approx_inv)
     wide = _dilate(1 - _dilate(1 - hole, WIDE_HOLE_SIZE), WIDE_HOLE_SIZE)  # opening = dilation of the erosion
     if not bool(wide.any()):
         return lambda v: fourier_filter(v, approx_inv)
