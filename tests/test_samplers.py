@@ -384,3 +384,29 @@ def test_wide_hole_preconditioner_converges_faster_on_box_inpainting():
 
     assert error(split, 15) < 0.2 * error(diagonal, 15)
     assert error(split, 300) < 1e-6 and error(diagonal, 300) < 1e-4
+
+
+def test_auto_spectrum_rule():
+    """'auto': the measurement's fit for conditional-mean steps on operators that observe every
+    pixel; the prior's declared law for draws and for inpainting; an exact spectrum always wins."""
+    from nfc_dps.samplers.common import counting, fit_spectrum_from_measurement
+    from nfc_dps.samplers.nfc import _spectrum
+
+    declared = ShrinkPrior(channels=1)
+    declared.power_law = (1e-3, 2.0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 1, SIZE, SIZE, generator=g, dtype=torch.float64) * 2 - 1
+    blur, mask = BlurOperator(gaussian_kernel(9, 1.5), "circular"), Inpainting(box_mask(SIZE, SIZE, 12, 4))
+    shape = (1, 1, SIZE, SIZE)
+    for op in (blur, mask):
+        y = op.A(x)
+        fitted = fit_spectrum_from_measurement(op, y, shape)
+        from_prior = declared.spectrum(SIZE, SIZE).to(y).view(1, 1, SIZE, SIZE)
+        assert not torch.allclose(fitted, from_prior)
+        got_mean = _spectrum("auto", counting(declared), op, y, shape, mean_steps=True)
+        got_draw = _spectrum("auto", counting(declared), op, y, shape, mean_steps=False)
+        assert torch.equal(got_mean, fitted if op is blur else from_prior)
+        assert torch.equal(got_draw, from_prior)
+        exact = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)
+        got_exact = _spectrum("auto", counting(exact), op, y, shape, mean_steps=True)
+        assert torch.equal(got_exact, exact.spectrum(SIZE, SIZE).to(y).view(1, 1, SIZE, SIZE))

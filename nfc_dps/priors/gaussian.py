@@ -162,6 +162,8 @@ class GaussianSpectralPrior(Prior):
         pixel_std: used only when ``amplitude`` is None.
     """
 
+    spectrum_is_exact = True
+
     def __init__(
         self,
         size: tuple[int, int],

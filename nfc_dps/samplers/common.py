@@ -34,7 +34,7 @@ class CountingPrior(Prior):
         super().__init__()
         self.inner = inner
         self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-        self.size_multiple = inner.size_multiple
+        self.size_multiple, self.spectrum_is_exact = inner.size_multiple, inner.spectrum_is_exact
         self.nfe = 0
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
@@ -177,6 +177,12 @@ def gaussian_conditional(
     return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5, precondition=precondition)
 
 
+def pixel_gain(operator: LinearOperator, like: Tensor) -> Tensor:
+    """g = A^T A 1, shaped like ``like`` (B, C, H, W): the weight the measurement puts on each
+    pixel (the mask for inpainting, 1/s^2 for SR x s, sum k^2 for blur); 0 = unobserved."""
+    return operator.A_adjoint(operator.A(torch.ones_like(like)))
+
+
 def _dilate(mask: Tensor, size: int) -> Tensor:
     """Binary dilation of a (..., H, W) 0/1 mask by a size x size square (zero outside the image),
     as a row pass then a column pass of shifted maxima."""
@@ -210,8 +216,7 @@ def normal_preconditioner(operator: LinearOperator, center: Tensor, prior_var: T
       keep the Fourier-diagonal form, which is the better one there.
     prior_var: (B|1, 1, H, W) per-frequency prior variance C on the full FFT grid.
     """
-    ones = torch.ones_like(center)
-    gain = operator.A_adjoint(operator.A(ones))
+    gain = pixel_gain(operator, center)
     rho = gain.flatten(1).mean(1).view(-1, 1, 1, 1)
     approx_inv = 1.0 / (1.0 / prior_var + rho / sigma_y**2)
     hole = (gain <= 0).to(center.dtype)
