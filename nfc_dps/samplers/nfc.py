@@ -67,7 +67,7 @@ class NFCConfig:
     SR, denoising: A^+ y is a whole image to fit); else the prior's declared law, or the
     measurement's when it declares none. Measured at 100 NFE on the local protocol: with the
     conditional-mean step the measurement's fit gains +0.05 / +0.29 / +0.70 dB on SR x4 /
-    Gaussian / motion deblur and loses 0.1-0.2 dB on inpainting (its A^+ y has holes); with
+    Gaussian / motion deblur and loses 0.14 / 0.23 dB on box / random inpainting (A^+ y has holes); with
     posterior draws (t = 1) it loses 0.5-1.1 dB (docs/benchmarks.md).
     final_step: at the last level, "sample" returns a draw from p(x0 | x, y) (DAPS), "mean" its
     mean E[x0 | x, y] (the usual final denoising step; no sigma_min-sized noise in the output).
