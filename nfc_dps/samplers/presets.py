@@ -27,7 +27,8 @@ NFC_PRESETS: dict[str, NFCConfig] = {
         detail=DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05),
     ),
 }
-# measured on the local protocol at 100 NFE: +0.23 to +0.36 dB over "fast" on all five tasks (docs/benchmarks.md)
+# measured on the local protocol at 100 NFE: +0.23 to +0.95 dB over "fast" on all five tasks; with
+# ``spectrum: auto`` its steps use the measurement's spectrum on blur and SR (docs/benchmarks.md)
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0)
 
 DAPS_PRESETS: dict[str, NFCConfig] = {
