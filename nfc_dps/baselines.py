@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .frequency import power_law_spectrum, radial_frequency
+from .frequency import fourier_filter, power_law_spectrum, radial_frequency
 from .operators.base import LinearOperator, check_image, conjugate_gradient
 from .operators.blur import BlurOperator
 from .operators.denoising import Denoising
@@ -232,43 +232,18 @@ def _cg_wiener(operator: LinearOperator, y: Tensor, sigma_y: float, iters: int, 
     mean = y64.mean(dim=(-2, -1), keepdim=True)
     rhs = operator.A_adjoint(y64 - mean) / s**2
 
-    def filt(v: Tensor, gain: Tensor) -> Tensor:
-        return torch.fft.ifft2(torch.fft.fft2(v, norm="ortho") * gain, norm="ortho").real
-
     def apply(v: Tensor) -> Tensor:
-        return operator.A_adjoint(operator.A(v)) / s**2 + filt(v, inv_s)
+        return operator.A_adjoint(operator.A(v)) / s**2 + fourier_filter(v, inv_s)
 
     if H_approx is None:
         d = conjugate_gradient(apply, rhs, operator.A_pinv(y64) - mean, max_iter=iters, tol=1e-7)
         return (d + mean).to(y.dtype)
     Hc = H_approx.to(torch.complex128).to(y.device)
     precond_gain = 1.0 / (Hc.abs().square() / s**2 + inv_s)
-    x0 = filt(rhs, precond_gain)  # = the circulant Wiener filter of y
-    return (_pcg(apply, rhs, x0, lambda v: filt(v, precond_gain), iters, 1e-7) + mean).to(y.dtype)
-
-
-def _pcg(apply, b: Tensor, x: Tensor, precond, max_iter: int, tol: float) -> Tensor:
-    """Preconditioned conjugate gradients per image (batch in dim 0)."""
-    def dot(a: Tensor, c: Tensor) -> Tensor:
-        return (a * c).flatten(1).sum(1).view(-1, *([1] * (a.ndim - 1)))
-
-    r = b - apply(x)
-    z = precond(r)
-    p = z.clone()
-    rz = dot(r, z)
-    b2 = dot(b, b).clamp_min(1e-300)
-    for _ in range(max_iter):
-        if bool((dot(r, r) <= tol**2 * b2).all()):
-            break
-        ap = apply(p)
-        alpha = rz / dot(p, ap).clamp_min(1e-300)
-        x = x + alpha * p
-        r = r - alpha * ap
-        z = precond(r)
-        rz_new = dot(r, z)
-        p = z + (rz_new / rz.clamp_min(1e-300)) * p
-        rz = rz_new
-    return x
+    x0 = fourier_filter(rhs, precond_gain)  # = the circulant Wiener filter of y
+    d = conjugate_gradient(apply, rhs, x0, max_iter=iters, tol=1e-7,
+                           precondition=lambda v: fourier_filter(v, precond_gain))
+    return (d + mean).to(y.dtype)
 
 
 # --------------------------------------------------------------------------------- TV

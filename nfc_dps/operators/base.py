@@ -150,21 +150,22 @@ def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: f
     def dot(a: Tensor, c: Tensor) -> Tensor:
         return (a * c).flatten(1).sum(1).view(-1, *([1] * (a.ndim - 1)))
 
+    tiny = torch.finfo(b.dtype).tiny  # floor of the divisions, the dtype's smallest normal number
     x = x0
     r = b - apply(x)
     z = r if precondition is None else precondition(r)
     p = z.clone()
     rr, rz = dot(r, r), dot(r, z)
-    b_norm2 = dot(b, b).clamp_min(1e-30)
+    b_norm2 = dot(b, b).clamp_min(tiny)
     for _ in range(max_iter):
         if bool((rr <= (tol**2) * b_norm2).all()):
             break
         ap = apply(p)
-        alpha = rz / dot(p, ap).clamp_min(1e-30)
+        alpha = rz / dot(p, ap).clamp_min(tiny)
         x = x + alpha * p
         r = r - alpha * ap
         z = r if precondition is None else precondition(r)
         rr, rz_new = dot(r, r), dot(r, z)
-        p = z + (rz_new / rz.clamp_min(1e-30)) * p
+        p = z + (rz_new / rz.clamp_min(tiny)) * p
         rz = rz_new
     return x

@@ -28,6 +28,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..frequency import fourier_filter
 from .base import Prior
 
 
@@ -260,7 +261,7 @@ class GaussianSpectralPrior(Prior):
         """(n, C, h, w) samples: mean + F^-1[sqrt(S) F z], z white N(0, 1) (real, exactly Cov)."""
         device = self.S.device if device is None else device
         z = torch.randn(n, self.channels, *self.size, generator=generator, dtype=torch.float64, device=device)
-        x = torch.fft.ifft2(self.S.to(device).sqrt() * torch.fft.fft2(z, norm="ortho"), norm="ortho").real
+        x = fourier_filter(z, self.S.to(device).sqrt())
         return (x + self.mean).to(dtype)
 
     def wiener_gain(self, sigma: Tensor | float) -> Tensor:
@@ -282,8 +283,7 @@ class GaussianSpectralPrior(Prior):
         if sigma.ndim == 0:
             sigma = sigma.expand(x.shape[0])
         gain = self.wiener_gain(sigma.to(self.S.device)).to(x.device)[:, None]  # (B, 1, h, w)
-        xf = torch.fft.fft2(x.to(torch.float64) - self.mean, norm="ortho")
-        return (torch.fft.ifft2(gain * xf, norm="ortho").real + self.mean).to(x.dtype)
+        return (fourier_filter(x.to(torch.float64) - self.mean, gain) + self.mean).to(x.dtype)
 
     # ----------------------------------------------------------------- posterior (circulant blur)
 
@@ -331,7 +331,7 @@ class GaussianSpectralPrior(Prior):
         mean = self.posterior_mean(y, H, sigma_y).to(torch.float64)
         v = self.posterior_variance(H, sigma_y).to(y.device)
         z = torch.randn(mean.shape, generator=generator, dtype=torch.float64, device=y.device)
-        return (mean + torch.fft.ifft2(v.sqrt() * torch.fft.fft2(z, norm="ortho"), norm="ortho").real).to(y.dtype)
+        return (mean + fourier_filter(z, v.sqrt())).to(y.dtype)
 
     def mmse(self, H: Tensor | None = None, sigma_y: float = 0.0) -> float:
         """Expected per-pixel squared error of the posterior mean (model units^2): mean of V."""
