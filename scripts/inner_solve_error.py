@@ -1,7 +1,8 @@
-"""Error of NFC's exact inner step at a conjugate-gradient cap, against a converged solve.
+"""Error of NFC's exact inner step at a conjugate-gradient cap, against a 400-iteration solve.
 
 For each annealing level of a 10-level NFC run at 256 x 256 (the profile's schedule), solves the
-inner Gaussian-conditional step with the cap and with 400 iterations, and prints the RMS
+inner Gaussian-conditional step with the cap and with 400 iterations (the reference also stops
+at CG's 1e-5 relative residual, so a 0 means the capped solve stopped there too), and prints the RMS
 difference in units of the noise the next level adds (the last level: its own sigma). Rows: the
 preconditioner in use (``wide holes``) and the Fourier-diagonal form it replaced (no hole counts
 as wide). The centre is the clean image plus 0.3 sigma of noise, a stand-in for the predictor's

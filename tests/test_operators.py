@@ -572,3 +572,17 @@ def test_factory_errors(tmp_path):
     np.save(tmp_path / "m.npy", np.ones((8, 8)))
     with pytest.raises(ValueError, match=r"m.npy.*\(8, 8\)"):
         build_operator("inpaint_mask", 16, mask_path=tmp_path / "m.npy")
+
+
+def test_check_image_sum_overflow_is_not_an_error():
+    """Finite images whose sum overflows pass (the exact fallback decides); NaN/Inf still fail."""
+    from nfc_dps.operators.base import check_image
+
+    big = torch.full((1, 1, 4, 4), 3e38)  # float32 sum overflows to inf
+    check_image(big)
+    check_image(torch.full((1, 3, 8, 8), 6e4, dtype=torch.float16))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = big.clone()
+        x[0, 0, 1, 2] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            check_image(x)

@@ -410,3 +410,35 @@ def test_auto_spectrum_rule():
         exact = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)
         got_exact = _spectrum("auto", counting(exact), op, y, shape, mean_steps=True)
         assert torch.equal(got_exact, exact.spectrum(SIZE, SIZE).to(y).view(1, 1, SIZE, SIZE))
+
+
+@pytest.mark.parametrize("missing", [0.9, 0.95])
+def test_dense_random_masks_have_no_wide_hole(missing):
+    """Scattered holes keep the Fourier-diagonal form (the better one there), even when dense."""
+    from nfc_dps.frequency import fourier_filter
+    from nfc_dps.operators import random_mask
+    from nfc_dps.samplers.common import normal_preconditioner
+
+    mask = random_mask(256, 256, missing, 0)
+    normal, b, var, op = _inpainting_normal_problem(mask)
+    M = normal_preconditioner(op, torch.zeros_like(b), var, SIGMA_Y)
+    diagonal = fourier_filter(b, 1 / (1 / var + float(mask.mean()) / SIGMA_Y**2))
+    assert torch.allclose(M(b), diagonal, atol=1e-12)
+
+
+def test_exact_spectrum_flag_follows_wrappers_and_auto_ignores_padding():
+    from nfc_dps.operators.padding import CroppedOperator
+    from nfc_dps.priors.base import TiledPrior
+    from nfc_dps.samplers.common import counting, fit_spectrum_from_measurement
+    from nfc_dps.samplers.nfc import _spectrum
+
+    exact = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)
+    assert counting(exact).spectrum_is_exact and counting(TiledPrior(exact, SIZE)).spectrum_is_exact
+    declared = ShrinkPrior(channels=1)
+    declared.power_law = (1e-3, 2.0)
+    assert not counting(TiledPrior(declared, 16)).spectrum_is_exact
+    # a blur on an image padded to the prior's size multiple still observes every *image* pixel
+    op = CroppedOperator(BlurOperator(gaussian_kernel(9, 1.5), "circular"), (SIZE - 4, SIZE - 4), (SIZE, SIZE))
+    y = op.A(torch.rand(1, 1, SIZE, SIZE, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    got = _spectrum("auto", counting(declared), op, y, (1, 1, SIZE, SIZE), mean_steps=True)
+    assert torch.equal(got, fit_spectrum_from_measurement(op, y, (1, 1, SIZE, SIZE)))

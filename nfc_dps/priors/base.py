@@ -51,11 +51,16 @@ class Prior(nn.Module):
     #: optional (amplitude, alpha): the data's power spectrum S = amplitude * r^-alpha per ortho
     #: Fourier coefficient in model units, r the normalised radius (nfc_dps.frequency)
     power_law: tuple[float, float] | None = None
-    #: True when ``spectrum`` is the prior's exact power spectrum (a Gaussian prior's), not a
-    #: power law fitted to its training images (wrappers copy it from the prior they wrap)
-    spectrum_is_exact: bool = False
     #: the network's compute precision, "float32" or "bfloat16" (set by the loaders)
     precision: str = "float32"
+
+    @property
+    def spectrum_is_exact(self) -> bool:
+        """True when ``spectrum`` is the prior's exact power spectrum (a Gaussian prior's, which
+        overrides this), not a power law fitted to training images; wrappers answer for the
+        prior they wrap, as ``spectrum`` does."""
+        inner = getattr(self, "inner", None)
+        return self.power_law is None and isinstance(inner, Prior) and inner.spectrum_is_exact
 
     def spectrum(self, h: int, w: int) -> Tensor:
         """(h, w) power spectrum of the prior's images, from ``power_law`` (or a wrapped prior's)."""
@@ -223,7 +228,7 @@ class TiledPrior(Prior):
         super().__init__()
         self.inner, self.tile, self.overlap = inner, int(tile), overlap
         self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-        self.precision, self.spectrum_is_exact = inner.precision, inner.spectrum_is_exact
+        self.precision = inner.precision
         self.size_multiple = 1
 
     def tiles_along(self, n: int) -> int:

@@ -28,7 +28,7 @@ NFC_PRESETS: dict[str, NFCConfig] = {
     ),
 }
 # measured on the local protocol at 100 NFE: +0.23 to +0.95 dB over "fast" on all five tasks; with
-# ``spectrum: auto`` its steps use the measurement's spectrum on blur and SR (docs/benchmarks.md)
+# ``spectrum: auto`` its steps use a power law fitted to A^+ y on blur, SR and denoising (docs/benchmarks.md)
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0)
 
 DAPS_PRESETS: dict[str, NFCConfig] = {
