@@ -342,12 +342,12 @@ def _inpainting_normal_problem(mask, sigma: float = 8.0):
 @pytest.mark.parametrize("hole", ["box", "random"])
 def test_normal_preconditioner_is_spd_and_finds_wide_holes(hole):
     from nfc_dps.operators import random_mask
-    from nfc_dps.samplers.common import normal_preconditioner
+    from nfc_dps.samplers.common import normal_preconditioner, pixel_coverage
 
     mask = box_mask(48, 40, 20, 6) if hole == "box" else random_mask(48, 40, 0.7, 0)
     normal, b, var, op = _inpainting_normal_problem(mask)
     centre = torch.zeros_like(b)
-    M = normal_preconditioner(op, centre, var, SIGMA_Y)
+    M = normal_preconditioner(pixel_coverage(op, centre), var, SIGMA_Y)
     g = torch.Generator().manual_seed(2)
     u, v = (torch.randn(b.shape, generator=g, dtype=torch.float64) for _ in range(2))
     assert abs(float((u * M(v)).sum() - (M(u) * v).sum())) < 1e-9 * float(u.norm() * M(v).norm())
@@ -368,13 +368,13 @@ def test_wide_hole_preconditioner_converges_faster_on_box_inpainting():
     with the Fourier-diagonal form by a wide margin, and both reach the dense solution."""
     from nfc_dps.frequency import fourier_filter
     from nfc_dps.operators.base import conjugate_gradient
-    from nfc_dps.samplers.common import normal_preconditioner
+    from nfc_dps.samplers.common import normal_preconditioner, pixel_coverage
 
     normal, b, var, op = _inpainting_normal_problem(box_mask(48, 48, 24, 8))
     n = b.numel()
     dense = torch.stack([normal(e.view(1, 1, 48, 48)).flatten() for e in torch.eye(n, dtype=torch.float64)], 1)
     exact = torch.linalg.solve(dense, b.flatten()).view_as(b)
-    split = normal_preconditioner(op, torch.zeros_like(b), var, SIGMA_Y)
+    split = normal_preconditioner(pixel_coverage(op, torch.zeros_like(b)), var, SIGMA_Y)
     rho = float(op.mask.mean())
     diagonal = lambda v: fourier_filter(v, 1 / (1 / var + rho / SIGMA_Y**2))  # noqa: E731
 
@@ -417,11 +417,11 @@ def test_dense_random_masks_have_no_wide_hole(missing):
     """Scattered holes keep the Fourier-diagonal form (the better one there), even when dense."""
     from nfc_dps.frequency import fourier_filter
     from nfc_dps.operators import random_mask
-    from nfc_dps.samplers.common import normal_preconditioner
+    from nfc_dps.samplers.common import normal_preconditioner, pixel_coverage
 
     mask = random_mask(256, 256, missing, 0)
     normal, b, var, op = _inpainting_normal_problem(mask)
-    M = normal_preconditioner(op, torch.zeros_like(b), var, SIGMA_Y)
+    M = normal_preconditioner(pixel_coverage(op, torch.zeros_like(b)), var, SIGMA_Y)
     diagonal = fourier_filter(b, 1 / (1 / var + float(mask.mean()) / SIGMA_Y**2))
     assert torch.allclose(M(b), diagonal, atol=1e-12)
 

@@ -123,6 +123,7 @@ def gaussian_conditional(
     sample: bool = True,
     cg_iters: int = 20,
     temperature: float = 1.0,
+    coverage: PixelCoverage | None = None,
 ) -> Tensor:
     """Sample (or the mean of) p(x) ∝ exp(-||W (y - A x)||^2 / (2 sigma_y^2)) N(x; center, C).
 
@@ -132,6 +133,8 @@ def gaussian_conditional(
         prior_var: isotropic variance r^2 (float) or per-frequency variance (B|1, 1, H, W) on
             the full FFT grid of the image (spectral covariance).
         band: optional real full-grid weight W (B|1, 1, h, w) on the measurement grid.
+        coverage: the operator's :func:`pixel_coverage` for the CG preconditioner; it depends
+            on the operator only, so samplers compute it once per run (computed here if None).
     Perturb-and-solve: x~ = center + C^1/2 e, u~ = W y + sigma_y e', then
     x = argmin ||u~ - W A x||^2 / (2 sigma_y^2) + ||x - x~||_C^-1^2 / 2 is an exact sample.
     Closed form for circulant blur (Fourier) and for the isotropic, unweighted case (the
@@ -173,7 +176,9 @@ def gaussian_conditional(
         return operator.A_adjoint(av if band2 is None else fourier_filter(av, band2)) / sigma_y**2 + apply_inv_c(v)
 
     rhs = operator.A_adjoint(y_t if band is None else fourier_filter(y_t, band)) / sigma_y**2 + apply_inv_c(x_t)
-    precondition = normal_preconditioner(operator, center, prior_var, sigma_y) if spectral else None
+    precondition = None
+    if spectral:
+        precondition = normal_preconditioner(coverage or pixel_coverage(operator, center), prior_var, sigma_y)
     return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5, precondition=precondition)
 
 
@@ -203,30 +208,48 @@ def _dilate(mask: Tensor, size: int) -> Tensor:
 WIDE_HOLE_SIZE = 17
 
 
-def normal_preconditioner(operator: LinearOperator, center: Tensor, prior_var: Tensor,
-                          sigma_y: float) -> Callable[[Tensor], Tensor]:
+@dataclass(frozen=True)
+class PixelCoverage:
+    """How an operator covers the image, from g = A^T A 1 (:func:`pixel_gain`).
+
+    observed_fraction: (B, 1, 1, 1) mean of g (the observed fraction for inpainting, 1/s^2 for SR x s).
+    wide_holes: (B, C, H, W) 0/1 indicator of the wide parts of the unobserved holes (pixels with
+        g = 0 in a fully unobserved ``WIDE_HOLE_SIZE``-px square: a morphological opening;
+        outside the image counts as unobserved), or None when there are none.
+    """
+
+    observed_fraction: Tensor
+    wide_holes: Tensor | None
+
+
+def pixel_coverage(operator: LinearOperator, like: Tensor) -> PixelCoverage:
+    """The operator's :class:`PixelCoverage` on images shaped like ``like`` (B, C, H, W)."""
+    gain = pixel_gain(operator, like)
+    fraction = gain.flatten(1).mean(1).view(-1, 1, 1, 1)
+    hole = (gain <= 0).to(like.dtype)
+    if min(hole.shape[-2:]) < WIDE_HOLE_SIZE or not bool(hole.any()):
+        return PixelCoverage(fraction, None)
+    wide = _dilate(1 - _dilate(1 - hole, WIDE_HOLE_SIZE), WIDE_HOLE_SIZE)  # opening = dilation of the erosion
+    return PixelCoverage(fraction, wide if bool(wide.any()) else None)
+
+
+def normal_preconditioner(coverage: PixelCoverage, prior_var: Tensor, sigma_y: float) -> Callable[[Tensor], Tensor]:
     """An SPD approximation of (C^-1 + A^T A / sigma_y^2)^-1 for the inner step's conjugate gradients.
 
-    g = A^T A 1 is the operator's per-pixel gain (the mask for inpainting, 1/s^2 for SR x s).
-    * Everywhere: the Fourier-diagonal (C^-1 + mean(g) / sigma_y^2)^-1, one FFT pair.
-    * On the wide parts of the holes (pixels with g = 0 that lie in a fully unobserved
-      ``WIDE_HOLE_SIZE``-px square: a morphological opening; outside the image counts as
-      unobserved) nothing pins the image and the normal operator is C^-1 alone, so there M = C,
-      split from the rest by the hole's indicator h: M v = (1 - h) P (1 - h) v + h C h v. On
-      128-px box inpainting at 256^2 this reaches in 20 iterations an error (relative to the
-      next level's noise) 3x below what the Fourier-diagonal form reaches in 50
-      (scripts/inner_solve_error.py). Scattered holes (random masks up to 95 % missing) have no
-      wide part and keep the Fourier-diagonal form, which is the better one there.
+    * Everywhere: the Fourier-diagonal P = (C^-1 + rho / sigma_y^2)^-1, rho the observed
+      fraction, one FFT pair.
+    * On the wide parts of the holes nothing pins the image and the normal operator is C^-1
+      alone, so there M = C, split from the rest by the holes' indicator h:
+      M v = (1 - h) P (1 - h) v + h C h v. On 128-px box inpainting at 256^2 this reaches in 20
+      iterations an error (relative to the next level's noise) 3x below what the
+      Fourier-diagonal form reaches in 50 (scripts/inner_solve_error.py). Scattered holes
+      (random masks up to 95 % missing) have no wide part and keep the Fourier-diagonal form,
+      which is the better one there.
     prior_var: (B|1, 1, H, W) per-frequency prior variance C on the full FFT grid.
     """
-    gain = pixel_gain(operator, center)
-    rho = gain.flatten(1).mean(1).view(-1, 1, 1, 1)
-    approx_inv = 1.0 / (1.0 / prior_var + rho / sigma_y**2)
-    hole = (gain <= 0).to(center.dtype)
-    if min(hole.shape[-2:]) < WIDE_HOLE_SIZE or not bool(hole.any()):
-        return lambda v: fourier_filter(v, approx_inv)
-    wide = _dilate(1 - _dilate(1 - hole, WIDE_HOLE_SIZE), WIDE_HOLE_SIZE)  # opening = dilation of the erosion
-    if not bool(wide.any()):
+    approx_inv = 1.0 / (1.0 / prior_var + coverage.observed_fraction / sigma_y**2)
+    wide = coverage.wide_holes
+    if wide is None:
         return lambda v: fourier_filter(v, approx_inv)
     rest = 1 - wide
     return lambda v: rest * fourier_filter(rest * v, approx_inv) + wide * fourier_filter(wide * v, prior_var)

@@ -37,6 +37,7 @@ from .common import (
     fit_spectrum_from_measurement,
     gaussian_conditional,
     pf_ode_predict,
+    pixel_coverage,
     pixel_gain,
     spectral_crossing,
     spectral_prior_variance,
@@ -199,6 +200,10 @@ def sample_nfc(
         spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
     # the band lives on the measurement grid: an image-grid radius r is r * H / h there (SR)
     grid_ratio = image_shape[-1] / prob.y.shape[-1]
+    # the CG preconditioner's view of the operator, which no level changes
+    coverage = None
+    if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
+        coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for k in range(n):
@@ -216,7 +221,7 @@ def sample_nfc(
         if cfg.inner == "exact" or last_mean:
             x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
                                       sample=not last_mean, cg_iters=cfg.cg_iterations,
-                                      temperature=cfg.inner_temperature)
+                                      temperature=cfg.inner_temperature, coverage=coverage)
         else:
             step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
             x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step,
