@@ -85,7 +85,7 @@ def restore(
     operator: LinearOperator,
     prior: Prior | None = None,
     method: str = "nfc",
-    preset: str = "fast",
+    preset: str | None = None,
     sigma_y: float = 0.025,
     seed: int | Sequence[int] = 0,
     num_samples: int = 1,
@@ -100,8 +100,10 @@ def restore(
         y: measurement in [0, 1]: tensor (B, C, h, w) or (C, h, w), or numpy (h, w[, C]).
         operator: the forward operator (see :mod:`nfc_dps.operators`).
         prior: a :class:`~nfc_dps.priors.base.Prior`; None loads the embedded default prior.
-        method: "nfc", "daps", "dps", "diffpir" or "ddnm".
-        preset: a named preset of the method ("fast" ~100 NFE, "paper" as published).
+        method: "nfc", "daps", "dps", "diffpir", "ddnm", "ddrm" or "dpir".
+        preset: a named preset of the method; None = its default: for NFC "deterministic" (the
+            best estimate per network call: 8 NFE, no random draw), for the others "fast".
+            Posterior samples with a calibrated ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
         sigma_y: measurement noise std in [0, 1] pixel units.
         seed: an int (image b uses seed + b) or one seed per image: results do not depend on
             batch size or on which other images share the batch.
@@ -126,6 +128,9 @@ def restore(
         prior = load_prior(device=batch.device)
     m = get_method(method)
     cfg = config if config is not None else get_config(method, preset, **overrides)
+    if num_samples > 1 and getattr(cfg, "is_deterministic", False):
+        raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
+                         f"the same); for posterior samples and a std map use preset='fast'")
 
     b, c = batch.shape[:2]
     if isinstance(seed, int):

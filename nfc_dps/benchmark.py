@@ -59,7 +59,7 @@ from torch import Tensor
 __all__ = ["build_parser", "main", "run", "BenchSpec", "stable_seed", "task_specs", "load_results",
            "COLUMNS", "DIFFUSION_METHODS", "CLASSICAL_METHODS"]
 
-DIFFUSION_METHODS = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm")
+DIFFUSION_METHODS = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "dpir")
 CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
 DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
 PROTOCOLS = ("local", "paper", "oracle")
@@ -424,11 +424,18 @@ def _measurement_view(op, y: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class MethodRun:
-    """One column of the grid: a method at a budget (None = classical)."""
+    """One column of the grid: a method (at a preset other than the run's, when ``preset`` is
+    set: ``--methods nfc:deterministic``) at a budget (None = classical)."""
 
     method: str
     budget: int | None
     config: Any = None
+    preset: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The ``method`` column of the results: ``nfc`` or ``nfc:deterministic``."""
+        return self.method if self.preset is None else f"{self.method}:{self.preset}"
 
 
 def _apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
@@ -459,7 +466,7 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
         return cfg
     if budget < 1:
         raise ValueError(f"NFE budgets must be >= 1, got {budget}")
-    if method in ("nfc", "daps"):
+    if hasattr(cfg, "ode_steps"):
         steps = max(d for d in range(1, min(cfg.ode_steps, budget) + 1) if budget % d == 0)
         return dataclasses.replace(cfg, ode_steps=steps, num_levels=budget // steps)
     return dataclasses.replace(cfg, num_steps=budget)
@@ -467,15 +474,18 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
 
 def method_runs(spec: BenchSpec) -> list[MethodRun]:
     runs = []
-    for m in spec.methods:
-        if m in CLASSICAL_METHODS:
+    for entry in spec.methods:
+        m, _, preset = entry.partition(":")
+        if m in CLASSICAL_METHODS and not preset:
             runs.append(MethodRun(m, None))
         elif m in DIFFUSION_METHODS:
+            overrides = {**spec.overrides.get(m, {}), **(spec.overrides.get(entry, {}) if preset else {})}
             for b in spec.budgets or (None,):
-                cfg = method_config(m, spec.preset, b, spec.overrides.get(m))
-                runs.append(MethodRun(m, int(cfg.nfe), cfg))
+                cfg = method_config(m, preset or spec.preset, b, overrides)
+                runs.append(MethodRun(m, int(cfg.nfe), cfg, preset or None))
         else:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(DEFAULT_METHODS)}")
+            raise ValueError(f"unknown method {entry!r}; choose from {', '.join(DEFAULT_METHODS)} "
+                             f"(a diffusion method may name its preset: nfc:deterministic)")
     return runs
 
 
@@ -491,7 +501,7 @@ def not_applicable(run: MethodRun, op) -> str | None:
 
 
 def _estimators(run: MethodRun, samples: int) -> list[str]:
-    if run.method in CLASSICAL_METHODS:
+    if run.method in CLASSICAL_METHODS or getattr(run.config, "is_deterministic", False):
         return ["deterministic"]
     return ["sample"] + ([f"mean{samples}"] if samples > 1 else [])
 
@@ -613,7 +623,7 @@ def _load_prior(spec: BenchSpec, device: torch.device):
 
 
 def _row(spec: BenchSpec, task: str, image: str, run: MethodRun, estimator: str, **vals: Any) -> dict[str, str]:
-    return {"protocol": spec.protocol, "task": task, "image": image, "method": run.method, "estimator": estimator,
+    return {"protocol": spec.protocol, "task": task, "image": image, "method": run.label, "estimator": estimator,
             "budget": _budget_str(run), "nfe": str(vals.get("nfe", 0)), "psnr": _fmt(vals.get("psnr"), ".4f"),
             "ssim": _fmt(vals.get("ssim"), ".5f"), "mse": _fmt(vals.get("mse"), ".6e"),
             "lpips": _fmt(vals.get("lpips"), ".4f"), "seconds": _fmt(vals.get("seconds"), ".3f"),
@@ -645,14 +655,14 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
     dev_op = None
     for run in runs:
         ests = _estimators(run, spec.samples)
-        keys = [(task.name, image, run.method, e, _budget_str(run)) for e in ests]
+        keys = [(task.name, image, run.label, e, _budget_str(run)) for e in ests]
         if all(k in done for k in keys):
             continue
         reason = not_applicable(run, op)
         if reason is not None:
-            notes.append(f"{task.name} / {run.method}: skipped, {reason}")
+            notes.append(f"{task.name} / {run.label}: skipped, {reason}")
             continue
-        label = f"{task.name}/{image}/{run.method}" + ("" if run.budget is None else f"@{run.budget}")
+        label = f"{task.name}/{image}/{run.label}" + ("" if run.budget is None else f"@{run.budget}")
         try:
             if run.method in CLASSICAL_METHODS:
                 with PeakMemory(torch.device("cpu")) as mem:
@@ -666,22 +676,25 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
                 with PeakMemory(device) as mem:
                     t0 = time.perf_counter()
                     res = restore(y.to(device), dev_op, prior=prior, method=run.method, config=run.config,
-                                  sigma_y=spec.sigma_y, seed=seed, num_samples=spec.samples, progress=False)
+                                  sigma_y=spec.sigma_y, seed=seed, progress=False,
+                                  num_samples=1 if ests == ["deterministic"] else spec.samples)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     secs = time.perf_counter() - t0
-                if spec.samples > 1:
+                if ests == ["deterministic"]:
+                    outs = {"deterministic": (res.image, res.nfe)}
+                elif spec.samples > 1:
                     outs = {"sample": (res.samples[0], res.nfe), f"mean{spec.samples}": (res.image, res.nfe)}
                 else:
                     outs = {"sample": (res.image, res.nfe)}
             for est, (xr, nfe) in outs.items():
-                if (task.name, image, run.method, est, _budget_str(run)) in done:
+                if (task.name, image, run.label, est, _budget_str(run)) in done:
                     continue
                 met = _metrics(xr, x)
                 writer.write(_row(spec, task.name, image, run, est, nfe=nfe, seconds=secs, peak_mem_mb=mem.mb,
                                   seed=seed if run.method not in CLASSICAL_METHODS else "", **met))
                 if spec.save_images:
-                    _save_png(spec.out / "images" / task.name / image / f"{run.method}-{est}-{_budget_str(run)}.png",
+                    _save_png(spec.out / "images" / task.name / image / f"{run.label.replace(':', '-')}-{est}-{_budget_str(run)}.png",
                               xr[0].detach().cpu().clamp(0, 1))
                 log(f"{label} [{est}] psnr {met['psnr']:.2f} ssim {met['ssim'] if met['ssim'] is not None else float('nan'):.3f} "
                     f"{secs:.1f}s")
@@ -999,7 +1012,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     try:
         for t, n in mine:
             todo = [r for r in runs for e in _estimators(r, spec.samples)
-                    if (t, n, r.method, e, _budget_str(r)) not in done]
+                    if (t, n, r.label, e, _budget_str(r)) not in done]
             if not todo:
                 continue
             if needs_prior and prior is None:
@@ -1021,7 +1034,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
             for r in runs:
                 why = not_applicable(r, op)
                 if why:
-                    notes.append(f"{t} / {r.method}: skipped, {why}")
+                    notes.append(f"{t} / {r.label}: skipped, {why}")
     d.barrier()
     rows: list[dict[str, str]] = []
     if d.rank == 0:

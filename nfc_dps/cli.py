@@ -424,6 +424,9 @@ def cmd_restore(args) -> int:
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
     if seed < 0 or samples < 1:
         raise UsageError(f"--seed must be >= 0 and --samples >= 1, got {seed}, {samples}")
+    if samples > 1 and getattr(spec.build(), "is_deterministic", False):
+        raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
+                         f"would be the same); for posterior samples and a std map add --preset fast")
     out = _check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []))
     device = _device(args.device)
     _threads(args.threads)
@@ -505,7 +508,7 @@ class _RestoreRun:
         return {
             "command": "restore", "complete": final,
             "input": str(self.inp.resolve()), "output": str(self.out),
-            "task": self.task.as_dict(), "method": self.spec.method, "preset": self.spec.preset,
+            "task": self.task.as_dict(), "method": self.spec.method, "preset": self.spec.resolved_preset,
             "noise_sigma": self.task.noise_sigma, "seed": self.seed,
             "per_image_seed": "seed + index of the image in the sorted input list",
             "num_samples": self.samples,
@@ -536,7 +539,7 @@ class _RestoreRun:
                                        f"supported: {', '.join(nio.IMAGE_EXTENSIONS)}"})
             self.log.error(f"FAILED {p.name}: {self.rows[-1]['error']}")
         self.log.info(f"restoring {len(items)} image(s) from {self.inp} -> {self.out} "
-                      f"[{self.task.task}, {self.spec.method}/{self.spec.preset}, noise_sigma={self.task.noise_sigma}, "
+                      f"[{self.task.task}, {self.spec.method}/{self.spec.resolved_preset}, noise_sigma={self.task.noise_sigma}, "
                       f"seeds {self.seed}..{self.seed + max(len(items) - 1, 0)} (seed + index)]")
         bar = tqdm(items, desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
         try:
@@ -669,7 +672,7 @@ def _record_sampler(spec: SamplerSpec, cfg: Any) -> dict[str, Any]:
     import dataclasses
 
     body = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
-    return {"method": spec.method, "preset": spec.preset, **body}
+    return {"method": spec.method, "preset": spec.resolved_preset, **body}
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:

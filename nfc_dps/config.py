@@ -45,7 +45,8 @@ __all__ = [
 
 DEFAULT_NOISE_SIGMA = 0.025
 DEFAULT_METHOD = "nfc"
-DEFAULT_PRESET = "fast"
+#: None: the method's own default preset (``Method.default_preset``: NFC's "deterministic", else "fast")
+DEFAULT_PRESET: str | None = None
 KIND_RUN = "nfc_dps.run"
 KIND_SIMULATION = "nfc_dps.simulation"
 UNITS_NOTE = ("images and noise_sigma in [0, 1] pixel units; DPS/DAPS/NFC's sigma_y = 0.05 "
@@ -256,9 +257,10 @@ def _method(name: str, where: str):
     return METHODS[name]
 
 
-def sampler_fields(method: str, preset: str = DEFAULT_PRESET) -> dict[str, Any]:
-    """Field name -> value in the preset, for the method's config class."""
+def sampler_fields(method: str, preset: str | None = DEFAULT_PRESET) -> dict[str, Any]:
+    """Field name -> value in the preset (None: the method's default preset), for the method's config class."""
     m = _method(method, "sampler config")
+    preset = m.default_preset if preset is None else preset
     base = m.presets[preset] if preset in m.presets else None
     if base is not None and dataclasses.is_dataclass(base):
         return {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
@@ -308,9 +310,15 @@ class SamplerSpec:
     """method + preset + field overrides, with where each override came from."""
 
     method: str = DEFAULT_METHOD
-    preset: str = DEFAULT_PRESET
+    preset: str | None = DEFAULT_PRESET
     overrides: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def resolved_preset(self) -> str:
+        """The preset's name, the method's default when none was given."""
+        return _method(self.method, self.provenance.get("method", "sampler config")).default_preset \
+            if self.preset is None else self.preset
 
     def set(self, key: str, value: Any, source: str) -> None:
         """Override one field; ``band.cutoff_start`` style keys set a nested field."""
@@ -337,34 +345,34 @@ class SamplerSpec:
 
     def validate(self) -> dict[str, Any]:
         m = _method(self.method, self.provenance.get("method", "sampler config"))
-        if self.preset not in m.presets:
+        if self.resolved_preset not in m.presets:
             raise ConfigError(f"{self.provenance.get('preset', 'sampler config')}: unknown preset "
                               f"{self.preset!r} for method {self.method!r}; allowed: {', '.join(m.presets)}")
-        return _validate_overrides(self.method, self.preset, self.overrides, self.provenance)
+        return _validate_overrides(self.method, self.resolved_preset, self.overrides, self.provenance)
 
     def build(self) -> Any:
         """The method's config object: the preset with the overrides applied."""
         from .samplers import get_config
 
         overrides = self.validate()
-        base = sampler_fields(self.method, self.preset)
+        base = sampler_fields(self.method, self.resolved_preset)
         kwargs = {}
         for key, value in overrides.items():
             if isinstance(value, dict) and dataclasses.is_dataclass(base[key]):
                 value = dataclasses.replace(base[key], **value)
             kwargs[key] = value
         try:
-            return get_config(self.method, self.preset, **kwargs)
+            return get_config(self.method, self.resolved_preset, **kwargs)
         except (ValueError, TypeError) as e:
             where = ", ".join(sorted({self.provenance.get(k, "sampler config") for k in kwargs})) or "sampler config"
             raise ConfigError(f"{where}: invalid {self.method} settings: {e}") from e
 
     def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "preset": self.preset, **self.validate()}
+        return {"method": self.method, "preset": self.resolved_preset, **self.validate()}
 
 
 def parse_sampler(data: Mapping[str, Any], source: str, default_method: str = DEFAULT_METHOD,
-                  default_preset: str = DEFAULT_PRESET) -> tuple[SamplerSpec, bool, bool]:
+                  default_preset: str | None = DEFAULT_PRESET) -> tuple[SamplerSpec, bool, bool]:
     """Validate ``{method, preset, <fields>}``; returns (spec, method given, preset given)."""
     data = dict(data)
     method_set, preset_set = "method" in data, "preset" in data
@@ -496,7 +504,7 @@ def resolved_config(task: TaskConfig | None, sampler: SamplerSpec, seed: int, nu
     record: dict[str, Any] = {"kind": KIND_RUN}
     if task is not None:
         record["task"] = task.as_dict()
-    record["sampler"] = {"method": sampler.method, "preset": sampler.preset, **_plain(cfg)}
+    record["sampler"] = {"method": sampler.method, "preset": sampler.resolved_preset, **_plain(cfg)}
     record["seed"] = int(seed)
     record["per_image_seed"] = "seed + index of the image in the sorted input list"
     record["num_samples"] = int(num_samples)

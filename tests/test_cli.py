@@ -91,8 +91,8 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
         assert (out / name).is_file(), name
     r = rows(out)
     assert [x["status"] for x in r] == ["done"] * 3 and [x["seed"] for x in r] == ["0", "1", "2"]
-    ode_steps = get_config("nfc", "fast").ode_steps
-    assert all(int(x["nfe"]) == 2 * ode_steps for x in r)  # 2 levels (--steps) x the preset's ODE steps
+    ode_steps = get_config("nfc").ode_steps
+    assert all(int(x["nfe"]) == 2 * ode_steps for x in r)  # 2 levels (--steps) x the default preset's ODE steps
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["sampler"]["num_levels"] == 2 and resolved["task"]["task"] == "denoise"
     assert resolved["versions"]["torch"] and resolved["seed"] == 0
@@ -305,12 +305,15 @@ def test_sr_alpha_bit_depth_gray_and_odd_sizes(tmp_path, prior_dir):
     assert read_image(out / "odd.png")[0].shape == (33, 35, 3)
 
 
-def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir):
+def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir, capsys):
     make_images(tmp_path / "gt", 2)
     make_images(tmp_path / "in", 2)
     out = tmp_path / "out"
     assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--samples", 2, "--save-samples",
-               "--gt", tmp_path / "gt", prior=prior_dir) == 0
+               "--gt", tmp_path / "gt", prior=prior_dir) == 2  # the default preset is deterministic
+    assert "--preset fast" in capsys.readouterr().err
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--samples", 2, "--save-samples",
+               "--preset", "fast", "--gt", tmp_path / "gt", prior=prior_dir) == 0
     for stem in ("im0", "im1"):
         assert image_opens(out / "std" / f"{stem}.png")
         std = np.load(out / "std" / f"{stem}.npy")

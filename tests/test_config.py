@@ -173,8 +173,11 @@ def test_parse_scalar():
 
 def test_bundle_default():
     b = ConfigBundle()
-    assert b.task is None and b.sampler.method == "nfc" and b.sampler.preset == "fast"
-    assert dataclasses.asdict(b.sampler.build()) == dataclasses.asdict(METHODS["nfc"].presets["fast"])
+    assert b.task is None and b.sampler.method == "nfc" and b.sampler.preset is None
+    assert b.sampler.resolved_preset == METHODS["nfc"].default_preset == "deterministic"
+    assert dataclasses.asdict(b.sampler.build()) == dataclasses.asdict(METHODS["nfc"].presets["deterministic"])
+    other = SamplerSpec("dps")  # no preset named: the method's own default
+    assert other.resolved_preset == "fast" and other.as_dict()["preset"] == "fast"
 
 
 def test_one_yaml_per_sampler_preset():

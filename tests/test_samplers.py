@@ -298,21 +298,6 @@ def test_langevin_at_temperature_zero_descends_to_the_conditional_mean():
         NFCConfig(cg_iterations=0)
 
 
-def test_renoise_eta_reuses_the_removed_noise():
-    """renoise_eta = 0: x_{k+1} = x0 + sigma_{k+1} (x_k - x0_hat) / sigma_k exactly (DDIM's direction)."""
-    prior, op, _, x, y_m = oracle_problem(1)
-    cfg = NFCConfig(**{**EXACT, "num_levels": 6, "renoise_eta": 0.0})
-    seen = []
-    sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, (1, 1, SIZE, SIZE), cfg, gens(1), callback=lambda info: seen.append(info))
-    sigmas = [info["sigma"] for info in seen]
-    for k in range(1, len(seen) - 1):
-        prev, cur = seen[k - 1], seen[k]
-        want = cur["x0"] + sigmas[k + 1] * (prev["x"] - cur["x0_hat"]) / sigmas[k]
-        assert torch.allclose(cur["x"], want, atol=1e-10)
-    with pytest.raises(ValueError, match="renoise_eta"):
-        NFCConfig(renoise_eta=-0.1)
-
-
 def test_dilate_is_a_square_max_filter():
     from nfc_dps.samplers.common import _dilate
 

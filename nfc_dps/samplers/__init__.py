@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import ddrm, diffpir, dps
+from . import ddrm, diffpir, dpir, dps
 from .common import CountingPrior, counting
 from .ddrm import DDNMConfig, DDRMConfig, sample_ddnm, sample_ddrm
 from .diffpir import DiffPIRConfig, sample_diffpir
+from .dpir import DPIRConfig, sample_dpir
 from .dps import DPSConfig, sample_dps
 from .nfc import NFCConfig, sample_daps, sample_nfc
 from .presets import DAPS_PRESETS, NFC_PRESETS
@@ -17,20 +18,22 @@ from .presets import DAPS_PRESETS, NFC_PRESETS
 
 @dataclass(frozen=True)
 class Method:
-    """A sampler, its config class and its named presets."""
+    """A sampler, its config class, its named presets and the one used when none is named."""
 
     sample: Callable[..., Any]
     config_class: type
     presets: dict[str, Any]
+    default_preset: str = "fast"
 
 
 METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc, NFCConfig, NFC_PRESETS),
+    "nfc": Method(sample_nfc, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
     "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
     "ddnm": Method(sample_ddnm, DDNMConfig, ddrm.PRESETS),
     "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.DDRM_PRESETS),
+    "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS),
 }
 
 
@@ -40,11 +43,13 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-def get_config(method: str, preset: str = "fast", **overrides: Any) -> Any:
-    """The named preset of ``method`` with field overrides (unknown fields are an error)."""
+def get_config(method: str, preset: str | None = None, **overrides: Any) -> Any:
+    """The named preset of ``method`` (None: its default preset) with field overrides (unknown
+    fields are an error)."""
     from dataclasses import fields, replace
 
     m = get_method(method)
+    preset = m.default_preset if preset is None else preset
     if preset not in m.presets:
         raise ValueError(f"unknown preset {preset!r} for {method}; choose one of {sorted(m.presets)}")
     allowed = {f.name for f in fields(m.config_class)}
@@ -56,4 +61,4 @@ def get_config(method: str, preset: str = "fast", **overrides: Any) -> Any:
 
 __all__ = ["METHODS", "Method", "get_method", "get_config", "CountingPrior", "counting",
            "NFCConfig", "sample_nfc", "sample_daps", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
-           "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm"]
+           "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm", "DPIRConfig", "sample_dpir"]

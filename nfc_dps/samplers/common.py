@@ -67,6 +67,39 @@ def to_image_units(x_m: Tensor) -> Tensor:
     return (x_m + 1) / 2
 
 
+#: initial estimates from the measurement (:func:`initial_estimate`)
+START_ESTIMATES = ("pinv", "adjoint", "tikhonov")
+
+
+def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: Sequence[int],
+                     kind: str) -> Tensor:
+    """An image-shaped first estimate from a measurement, all in the same units (model units here).
+
+    * ``pinv``: the operator's pseudo-inverse A^+ y (exact on the measured part, unregularised:
+      on a blur it amplifies the noise where |H| is small; inpainting: 0 in the holes).
+    * ``adjoint``: A^T y / g with g = A^T A 1 the pixel gain (the blurred image itself for a
+      normalised blur, a box upsampling for SR, the observed pixels for inpainting), and the mean
+      of the well-observed pixels (g > 0.05) elsewhere.
+    * ``tikhonov``: argmin ||y - A x||^2 / (2 sigma_y^2) + ||x - m||^2 / 2, m the ``adjoint``
+      estimate's mean per image and channel: a unit-variance prior around the image's mean level.
+    Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
+    """
+    if kind == "pinv":
+        return operator.A_pinv(y)
+    if kind not in START_ESTIMATES:
+        raise ValueError(f"initial estimate must be one of {START_ESTIMATES}, got {kind!r}")
+    like = torch.zeros((y.shape[0], *image_shape[1:]), dtype=y.dtype, device=y.device)
+    gain = pixel_gain(operator, like)
+    back = operator.A_adjoint(y)
+    observed = gain > 0.05
+    count = observed.sum(dim=(-2, -1), keepdim=True).clamp_min(1)
+    normalised = torch.where(observed, back / torch.where(observed, gain, torch.ones_like(gain)), torch.zeros_like(back))
+    mean = normalised.sum(dim=(-2, -1), keepdim=True) / count
+    if kind == "adjoint":
+        return torch.where(observed, normalised, mean.expand_as(normalised))
+    return operator.prox(y, mean.expand_as(normalised).contiguous(), sigma_y, 1.0)
+
+
 def sigma_vector(sigma: float, x: Tensor) -> Tensor:
     return torch.full((x.shape[0],), float(sigma), dtype=x.dtype, device=x.device)
 

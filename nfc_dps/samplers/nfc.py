@@ -1,25 +1,32 @@
 """Noise-frequency continuation (NFC) posterior sampling, and DAPS as NFC with its modules off.
 
-Algorithm (METHOD.md), for annealing levels sigma_0 > ... > sigma_{N-1} (EDM poly-7), sigma_N = 0:
+Algorithm (arXiv 2602.00176, on DAPS's skeleton), for levels sigma_0 > ... > sigma_{N-1}, sigma_N = 0:
 
-    x ~ N(0, sigma_0^2 I)
+    x ~ N(0, sigma_0^2 I)                     (start "noise"; or x = an estimate from y, no noise)
     for k = 0 .. N-1:
         x0_hat = PF-ODE(x, sigma_k -> sigma_ode_min, n Euler steps)            # n NFE
         x0     = inner(x0_hat, r_k, band W_k)                                  # operator calls only
-                 target ∝ exp(-||W_k (y - A x0)||^2 / 2 sigma_y^2) N(x0; x0_hat, C_k)
+                 target ∝ exp(-||W_k (y - A x0)||^2 / 2 sigma_y^2) N(x0; x0_hat, C_k / lam)
         x0     = HaarFuse(x0, x0_hat, w_L, w_H(k))                             # commit coarse first
-        x      = x0 + sigma_{k+1} * noise
+        x      = x0 + sigma_{k+1} * noise     (renoise "fresh"; "none": x = x0)
     return x
 
 W_k = (1 - lambda_k) + lambda_k M_k, M_k a soft low-pass on the measurement grid whose cutoff
 widens with k (``BandSchedule``); C_k = sigma_k^2 I (``isotropic``, DAPS) or the Gaussian-prior
-posterior covariance S sigma_k^2 / (S + sigma_k^2) per frequency (``spectral``). The inner step
-is DAPS's Langevin dynamics or an exact Gaussian-conditional sample (perturb-and-solve).
+posterior covariance S sigma_k^2 / (S + sigma_k^2) per frequency (``spectral``); lam the inner
+step's ``prior_weight`` (1 in the paper). The inner step is DAPS's Langevin dynamics or an exact
+Gaussian-conditional sample (perturb-and-solve).
+
+Two regimes. The paper's (start "noise", renoise "fresh", sigma from 100): a posterior sampler.
+The deterministic continuation (start from the measurement, renoise "none", conditional-mean
+inner steps, a short range below ~0.4 model units, lam = DPIR's 0.23): a plug-and-play estimate
+in which the band and the Haar commitment still act level by level.
 With ``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -33,9 +40,11 @@ from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
 from .common import (
     Callback,
     Generators,
+    START_ESTIMATES,
     counting,
     fit_spectrum_from_measurement,
     gaussian_conditional,
+    initial_estimate,
     pf_ode_predict,
     pixel_coverage,
     pixel_gain,
@@ -49,6 +58,8 @@ INNER_SOLVERS = ("langevin", "exact")
 PRIOR_COVARIANCES = ("isotropic", "spectral")
 SPECTRUM_SOURCES = ("auto", "measurement", "prior")
 FINAL_STEPS = ("sample", "mean")
+STARTS = ("noise", *START_ESTIMATES)
+RENOISE = ("fresh", "none")
 
 
 @dataclass(frozen=True)
@@ -79,9 +90,15 @@ class NFCConfig:
     conditional mean at every level (a deterministic data step, as DDNM and DiffPIR take; the
     re-noising between levels still draws fresh noise). Values below 1 trade sample diversity
     (and so a calibrated ``std`` map) for PSNR.
-    renoise_eta: the noise added between levels is sigma_{k+1} (sqrt(1 - eta^2) eps_hat + eta eps),
-    eps fresh and eps_hat = (x_k - x0_hat) / sigma_k the noise the predictor removed (DDIM's eta,
-    as DDRM and DDNM re-noise): 1 = fresh noise only (DAPS, the paper).
+    start: the first x: "noise" (sigma_max times white noise, the paper) or an estimate from the
+    measurement with no noise added ("pinv", "adjoint", "tikhonov": see ``initial_estimate``).
+    renoise: between levels, "fresh" (x_{k+1} = x0 + sigma_{k+1} eps, the paper) or "none"
+    (x_{k+1} = x0: the next level denoises the data step's output as it is, as plug-and-play
+    methods do).
+    prior_weight: lam, the inner step's prior covariance is C_k / lam: below 1 the data step
+    trusts x0_hat less (DPIR's HQS weighting is lam = 0.23 on r_k = sigma_k).
+    noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in model units:
+    below the measurement noise a data step cannot tell detail from noise (DPIR: 1). 0 = off.
     cg_iterations: cap on the conjugate-gradient iterations of the exact inner step where it has
     no closed form (spectral covariance with inpainting, SR, reflect-boundary blur).
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
@@ -101,7 +118,10 @@ class NFCConfig:
     spectrum: str = "auto"
     final_step: str = "mean"
     inner_temperature: float = 1.0
-    renoise_eta: float = 1.0
+    start: str = "noise"
+    renoise: str = "fresh"
+    prior_weight: float = 1.0
+    noise_floor: float = 0.0
     cg_iterations: int = 20
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
@@ -115,8 +135,14 @@ class NFCConfig:
             raise ValueError(f"spectrum must be one of {SPECTRUM_SOURCES}, got {self.spectrum!r}")
         if self.final_step not in FINAL_STEPS:
             raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {self.final_step!r}")
-        if not 0.0 <= self.renoise_eta <= 1.0:
-            raise ValueError(f"renoise_eta must be in [0, 1], got {self.renoise_eta}")
+        if self.start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, got {self.start!r}")
+        if self.renoise not in RENOISE:
+            raise ValueError(f"renoise must be one of {RENOISE}, got {self.renoise!r}")
+        if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
+            raise ValueError(f"prior_weight must be finite and > 0, got {self.prior_weight}")
+        if not (math.isfinite(self.noise_floor) and self.noise_floor >= 0):
+            raise ValueError(f"noise_floor must be finite and >= 0, got {self.noise_floor}")
         if not 0.0 <= self.inner_temperature <= 1.0:
             raise ValueError(f"inner_temperature must be in [0, 1], got {self.inner_temperature}")
         if self.cg_iterations < 1:
@@ -131,6 +157,11 @@ class NFCConfig:
     @property
     def nfe(self) -> int:
         return self.num_levels * self.ode_steps
+
+    @property
+    def is_deterministic(self) -> bool:
+        """No random draw anywhere (a start from y, no re-noising, mean inner steps): K samples are K copies."""
+        return self.start != "noise" and self.renoise == "none" and self.inner_temperature == 0
 
     def as_daps(self) -> "NFCConfig":
         """The same skeleton with NFC's modules off: DAPS."""
@@ -192,7 +223,9 @@ def sample_nfc(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
-    sigmas = karras_sigmas(cfg.num_levels, cfg.sigma_min, min(cfg.sigma_max, prior.sigma_max), cfg.rho).tolist()
+    sigma_top = min(cfg.sigma_max, prior.sigma_max)
+    sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * prob.sigma))
+    sigmas = karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
     n = cfg.num_levels
     needs_spectrum = cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
     spectrum = None
@@ -205,13 +238,18 @@ def sample_nfc(
     if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
         coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
 
-    x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
+    if cfg.start == "noise":
+        x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
+    else:
+        x = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start)
     for k in range(n):
         sigma, sigma_next = sigmas[k], sigmas[k + 1]
         x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
         prior_var: float | Tensor = sigma**2
         if cfg.prior_covariance == "spectral":
             prior_var = spectral_prior_variance(spectrum, sigma)
+        if cfg.prior_weight != 1.0:
+            prior_var = prior_var / cfg.prior_weight
         if cfg.band.cutoff == "spectral" and cfg.band.active:
             cutoff = cfg.band.spectral_cutoff(spectral_crossing(spectrum, cfg.band.kappa * sigma**2) * grid_ratio, k, n)
         else:
@@ -229,12 +267,8 @@ def sample_nfc(
         if cfg.detail.active:
             w_low, w_high = cfg.detail.weights(k, n)
             x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
-        if sigma_next > 0:
-            noise = randn_per_image(x0.shape, generators, x0.dtype, x0.device)
-            if cfg.renoise_eta < 1:
-                eta = cfg.renoise_eta
-                noise = (1 - eta**2) ** 0.5 * (x - x0_hat) / sigma + eta * noise
-            x = x0 + sigma_next * noise
+        if sigma_next > 0 and cfg.renoise == "fresh":
+            x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         else:
             x = x0
         if callback is not None:
