@@ -438,18 +438,19 @@ class MethodRun:
         return self.method if self.preset is None else f"{self.method}:{self.preset}"
 
 
-def _apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Replace (possibly nested, 'band.blend_start') fields of a frozen dataclass config."""
+def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{'band.blend_start': 0.2, 'inner': 'exact'} -> {'band': {'blend_start': 0.2}, 'inner': 'exact'}."""
+    out: dict[str, Any] = {}
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
-        names = {f.name for f in dataclasses.fields(cfg)}
-        if head not in names:
-            raise ValueError(f"unknown config key {key!r} for {type(cfg).__name__}; allowed: {sorted(names)}")
         if rest:
-            cfg = dataclasses.replace(cfg, **{head: _apply_overrides(getattr(cfg, head), {rest: value})})
+            out.setdefault(head, {})
+            if not isinstance(out[head], dict):
+                raise ValueError(f"config key {head!r} set both as a value and as {key!r}")
+            out[head].update(_nested({rest: value}))
         else:
-            cfg = dataclasses.replace(cfg, **{head: value})
-    return cfg
+            out[key] = value
+    return out
 
 
 def method_config(method: str, preset: str, budget: int | None, overrides: dict[str, Any] | None = None) -> Any:
@@ -461,7 +462,7 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
     """
     from .samplers import get_config
 
-    cfg = _apply_overrides(get_config(method, preset), overrides or {})
+    cfg = get_config(method, preset, **_nested(overrides or {}))
     if budget is None:
         return cfg
     if budget < 1:

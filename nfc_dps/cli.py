@@ -1049,7 +1049,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     _task_flags(r)
     r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc)")
-    r.add_argument("--preset", default=None, help="sampler preset: fast (~100 NFE, default), paper, or for nfc fast_psnr (conditional-mean inner steps: higher PSNR, uncalibrated std)")
+    r.add_argument("--preset", default=None,
+                   help="sampler preset. nfc: deterministic (default: the best estimate per network call, 8 NFE, "
+                        "no random draw), fast (posterior samples, 100 NFE: use it with --samples K for a std map "
+                        "that measures the posterior spread), fast_psnr, paper (as published, 1000 NFE); "
+                        "other methods: fast (default), paper")
     r.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="sampler field, e.g. --set inner=langevin --set band.cutoff_start=0.5 (repeatable)")
@@ -1060,7 +1064,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--mask", default=None, metavar="FILE|DIR",
                    help="inpainting mask (white = observed) for all inputs, or a folder of masks matched by file name")
     r.add_argument("--samples", type=int, default=None, metavar="K",
-                   help="posterior samples per image: writes their mean and a std map (default 1)")
+                   help="posterior samples per image: writes their mean and a std map (default 1); needs a "
+                        "sampling preset, e.g. --preset fast")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
     r.add_argument("--gt", default=None, metavar="DIR", help="ground-truth folder (same file names): PSNR/SSIM per image")
     r.add_argument("--bit-depth", type=int, choices=(8, 16), default=None, help="output bit depth (default: the input's)")

@@ -354,13 +354,7 @@ class SamplerSpec:
         """The method's config object: the preset with the overrides applied."""
         from .samplers import get_config
 
-        overrides = self.validate()
-        base = sampler_fields(self.method, self.resolved_preset)
-        kwargs = {}
-        for key, value in overrides.items():
-            if isinstance(value, dict) and dataclasses.is_dataclass(base[key]):
-                value = dataclasses.replace(base[key], **value)
-            kwargs[key] = value
+        kwargs = self.validate()  # nested mappings are merged onto the preset's value by get_config
         try:
             return get_config(self.method, self.resolved_preset, **kwargs)
         except (ValueError, TypeError) as e:

@@ -116,8 +116,9 @@ def test_budget_configs_hit_the_budget_exactly():
     assert bench.method_config("dps", "fast", 50).num_steps == 50
     c = bench.method_config("nfc", "fast", 10, {"inner": "langevin", "band.blend_start": 0.1})
     assert c.inner == "langevin" and c.band.blend_start == 0.1
-    with pytest.raises(ValueError, match="unknown config key"):
+    with pytest.raises(ValueError, match="unknown nfc config keys"):
         bench.method_config("nfc", "fast", 10, {"nope": 1})
+    assert bench.method_config("dpir", "fast", 12).num_steps == 12  # a deterministic peer takes budgets too
     assert bench.stable_seed(0, "a", "b") == bench.stable_seed(0, "a", "b") != bench.stable_seed(0, "b", "a")
 
 

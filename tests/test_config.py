@@ -184,3 +184,30 @@ def test_one_yaml_per_sampler_preset():
     names = {p.name for p in YAMLS}
     missing = [f"{m}_{p}.yaml" for m, meth in METHODS.items() for p in meth.presets if f"{m}_{p}.yaml" not in names]
     assert not missing, f"add configs/{missing[0]} (and the others: {missing})"
+
+
+def test_nested_override_keeps_daps_band_off_on_every_path():
+    """A nested override changes one field of the preset's value: DAPS's band stays off
+    (blend_start 0) whether it comes through get_config/restore, a config file/--set, or the harness."""
+    import torch
+
+    from nfc_dps import restore
+    from nfc_dps.benchmark import method_config
+    from nfc_dps.operators import Denoising
+    from nfc_dps.priors.gaussian import GaussianSpectralPrior
+    from nfc_dps.samplers import get_config
+
+    assert get_config("daps", "fast", band={"cutoff_start": 0.5}).band.blend_start == 0.0
+    assert get_config("daps", "fast", band={"cutoff_start": 0.5}).band.cutoff_start == 0.5
+    prior = GaussianSpectralPrior((8, 8), channels=1)
+    y = torch.full((1, 1, 8, 8), 0.5)
+    res = restore(y, Denoising(), prior=prior, method="daps", band={"cutoff_start": 0.5}, num_levels=1,
+                  langevin_steps=1, progress=False)
+    assert res.config.band.blend_start == 0.0 and res.config.band.cutoff_start == 0.5
+    spec = SamplerSpec("daps")
+    spec.set("band.cutoff_start", 0.5, "--set")
+    assert spec.build().band.blend_start == 0.0 and spec.build().band.cutoff_start == 0.5
+    cfg = method_config("daps", "fast", None, {"band.cutoff_start": 0.5})
+    assert cfg.band.blend_start == 0.0 and cfg.band.cutoff_start == 0.5
+    with pytest.raises(ValueError, match="band keys"):
+        get_config("daps", "fast", band={"cutof_start": 0.5})
