@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -126,6 +127,12 @@ def _seed_list(seed: Any, b: int) -> list[int]:
     if len(seeds) != b:
         raise ValueError(f"got {len(seeds)} seeds for {b} images")
     return seeds
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 31-bit seed from any mix of ints and strings, stable across processes and platforms."""
+    words = [int(p) if isinstance(p, (int, np.integer)) else zlib.crc32(str(p).encode()) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint32)[0]) & 0x7FFFFFFF
 
 
 def image_generators(seeds: Sequence[int], num_samples: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
