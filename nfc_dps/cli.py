@@ -402,6 +402,20 @@ class _Item:
     row: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Job:
+    """An image to restore: its measurement y ((h, w[, C]) in [0, 1]), operator and manifest key.
+    Jobs of one ``group`` (measurement shape, operator file) can share a restore() call."""
+
+    item: _Item
+    row: dict[str, Any]
+    key: str
+    y: np.ndarray
+    info: nio.ImageInfo
+    operator: Any
+    group: tuple
+
+
 def _output_stems(paths: Sequence[Path]) -> list[str]:
     """Output name stem per input: its stem, or stem_ext (extension in lower case) where inputs
     share a stem (a.png, a.jpg -> a_png, a_jpg). Names are compared ignoring letter case, so an
@@ -486,8 +500,11 @@ def cmd_restore(args) -> int:
         if key in task.params and not Path(task.params[key]).exists():
             raise UsageError(f"{task.source}: {key} {task.params[key]}: no such file or folder")
     _check_operator_file(task, args.mask if task.task == "inpaint_mask" else args.kernel)
-    if args.max_batch < 1:
-        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.max_batch is None:
+        args.max_batch = max(DEFAULT_MAX_BATCH, args.batch_size)
     spec = _resolve_sampler(args, bundle)
     seed = args.seed if args.seed is not None else (bundle.seed or 0)
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
@@ -510,7 +527,8 @@ def cmd_restore(args) -> int:
         cfg = spec.build()
         record = resolved_config(task, spec, seed, samples, prior=_prior_id(args.prior)["path"],
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
-                                 ground_truth=str(gt_dir.resolve()) if gt_dir else None, max_batch=args.max_batch)
+                                 ground_truth=str(gt_dir.resolve()) if gt_dir else None, batch_size=args.batch_size,
+                                 max_batch=args.max_batch)
         try:
             nio.write_json(out / RESOLVED_JSON, record)
         except OSError as e:
@@ -548,6 +566,8 @@ class _RestoreRun:
         self.manifest_path = out / MANIFEST
         self.manifest = self._load_manifest()
         self.rows: list[dict[str, Any]] = []
+        self.batch_size, self.max_batch = args.batch_size, args.max_batch
+        self.bar: Any = None
         self.t0 = time.perf_counter()
         self._next_save = 0.0
 
@@ -624,6 +644,15 @@ class _RestoreRun:
 
     # -- the loop
 
+    def _record(self, row: dict[str, Any]) -> None:
+        """Add a finished image's row (done, skipped or failed) and report a failure or warning."""
+        self.rows.append(row)
+        self.bar.update(1)
+        if row["status"] == "failed":
+            self.log.error(f"FAILED {row['name']}: {row['error']}")
+        elif row.get("error"):
+            self.log.error(f"warning {row['name']}: {row['error']}")
+
     def run(self, items: list[_Item], others: list[Path]) -> int:
         from tqdm.auto import tqdm
 
@@ -634,16 +663,22 @@ class _RestoreRun:
         self.log.info(f"restoring {len(items)} image(s) from {self.inp} -> {self.out} "
                       f"[{self.task.task}, {self.spec.method}/{self.spec.preset}, noise_sigma={self.task.noise_sigma}, "
                       f"seed {self.seed} (per image: a hash of it and the file name)]")
-        bar = tqdm(items, desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
+        self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
+        pending: dict[tuple, list[_Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
         try:
-            for item in bar:
-                bar.set_postfix_str(item.name, refresh=False)
-                row = self._process(item)
-                self.rows.append(row)
-                if row["status"] == "failed":
-                    self.log.error(f"FAILED {item.name}: {row['error']}")
-                elif row.get("error"):
-                    self.log.error(f"warning {item.name}: {row['error']}")
+            for item in items:
+                self.bar.set_postfix_str(item.name, refresh=False)
+                job = self._prepare(item)
+                if isinstance(job, dict):
+                    self._record(job)
+                else:
+                    group = pending.setdefault(job.group, [])
+                    group.append(job)
+                    if len(group) == self.batch_size:
+                        self._restore_jobs(pending.pop(job.group))
+                self._save()
+            for group in pending.values():
+                self._restore_jobs(group)
                 self._save()
             self._save(final=True)
         except _OutputError as e:
@@ -653,7 +688,7 @@ class _RestoreRun:
             raise UsageError(f"{e}; stopped (the {done} image(s) restored so far are kept): free space and rerun "
                              f"the same command to resume") from e
         finally:
-            bar.close()
+            self.bar.close()
         failed = [r for r in self.rows if r["status"] == "failed"]
         problems = [r for r in self.rows if r["status"] != "failed" and r.get("error")]
         summary = json.loads((self.out / SUMMARY_JSON).read_text())
@@ -666,7 +701,9 @@ class _RestoreRun:
         self.log.info(msg)
         return EXIT_FAILED if failed or problems else EXIT_OK
 
-    def _process(self, item: _Item) -> dict[str, Any]:
+    def _prepare(self, item: _Item) -> dict[str, Any] | _Job:
+        """The row of an image that needs no restoring (done before, or unusable), else its job:
+        the measurement read and its operator built and checked."""
         row = {"index": item.index, "name": item.name, "status": "failed", "seed": item.seed,
                "output": f"{item.out_stem}.png"}
         try:
@@ -688,34 +725,67 @@ class _RestoreRun:
             self._add_metrics(row, item)
             return row
         try:
-            entry = self._restore(item, row)
+            y, info = nio.read_image(item.path)
+            factor = self.source.factor()
+            h, w = y.shape[:2]
+            operator, _ = self.source.build(item.name, (h * factor, w * factor))
+            operator = operator.to(self.device)
+            expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
+            if expected != (h, w):
+                raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
-            if isinstance(e, OSError) and e.errno in DISK_FULL:
-                raise _OutputError(e) from e
             row["error"] = _reason(e)
             self.manifest["images"].pop(item.name, None)
             return row
-        entry["key"] = key
-        self.manifest["images"][item.name] = entry
-        row["status"] = "done"
-        self._add_metrics(row, item)
-        return row
+        return _Job(item, row, key, y, info, operator, (y.shape, str(op_file) if op_file else None))
 
-    def _restore(self, item: _Item, row: dict[str, Any]) -> dict[str, Any]:
+    def _restore_jobs(self, jobs: list[_Job]) -> None:
+        """Restore same-sized images that share one operator in one restore() call (each image
+        has its own seed, so the results are those of one call per image up to float rounding),
+        write their outputs and record their rows. A failing call is retried image by image, so
+        one bad image fails alone."""
+        import torch
+
         from .api import restore
 
-        y, info = nio.read_image(item.path)
-        factor = self.source.factor()
-        h, w = y.shape[:2]
-        operator, _ = self.source.build(item.name, (h * factor, w * factor))
-        operator = operator.to(self.device)
-        expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
-        if expected != (h, w):
-            raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
-        res = restore(_to_batch(y, self.device), operator, prior=self.prior, method=self.spec.method,
-                      sigma_y=self.task.noise_sigma, seed=item.seed, num_samples=self.samples,
-                      progress=not self.args.quiet, config=self.cfg, max_batch=self.args.max_batch)
-        image = _to_numpy(res.image)
+        try:
+            res = restore(torch.cat([_to_batch(j.y, self.device) for j in jobs]), jobs[0].operator,
+                          prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
+                          seed=[j.item.seed for j in jobs], num_samples=self.samples,
+                          progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch)
+        except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                raise _OutputError(e) from e
+            if len(jobs) > 1:
+                for job in jobs:
+                    self._restore_jobs([job])
+                return
+            self._record(self._failed(jobs[0], e))
+            return
+        for i, job in enumerate(jobs):
+            try:
+                entry = self._write_outputs(job, res, i, len(jobs))
+            except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+                if isinstance(e, OSError) and e.errno in DISK_FULL:
+                    raise _OutputError(e) from e
+                self._record(self._failed(job, e))
+                continue
+            entry["key"] = job.key
+            self.manifest["images"][job.item.name] = entry
+            job.row["status"] = "done"
+            self._add_metrics(job.row, job.item)
+            self._record(job.row)
+
+    def _failed(self, job: _Job, error: Exception) -> dict[str, Any]:
+        job.row["error"] = _reason(error)
+        self.manifest["images"].pop(job.item.name, None)
+        return job.row
+
+    def _write_outputs(self, job: _Job, res: Any, i: int, batch: int) -> dict[str, Any]:
+        """Write image ``i`` of the restore() result ``res`` of ``batch`` images; its manifest entry."""
+        item, row, info = job.item, job.row, job.info
+        h, w = job.y.shape[:2]
+        image = _to_numpy(res.image[i:i + 1])
         if not np.isfinite(image).all():
             raise FloatingPointError("restoration contains NaN/Inf; not saved")
         bit_depth = self.args.bit_depth or info.output_bit_depth
@@ -726,7 +796,7 @@ class _RestoreRun:
         outputs = [f"{item.out_stem}.png"]
         extra: list[tuple[str, Callable[[Path], Any]]] = []
         if res.std is not None:
-            std = _to_numpy(res.std)
+            std = _to_numpy(res.std[i:i + 1])
             if not np.isfinite(std).all():
                 raise FloatingPointError("posterior std contains NaN/Inf; not saved")
             std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
@@ -734,8 +804,8 @@ class _RestoreRun:
             extra.append((f"std/{item.out_stem}.npy",
                           lambda p, s=std: nio.atomic_write_bytes(p, _npy_bytes(s.astype(np.float32)))))
             if self.args.save_samples:
-                for j, s in enumerate(res.samples):
-                    a = _to_numpy(s)
+                for j in range(self.samples):
+                    a = _to_numpy(res.samples[j, i:i + 1])
                     extra.append((f"samples/{item.out_stem}_{j}.png",
                                   lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
         # write the extras first: the main image appearing last marks a complete set
@@ -743,7 +813,7 @@ class _RestoreRun:
             write(self.out / rel)
             outputs.append(rel)
         nio.write_image(self.out / f"{item.out_stem}.png", image, bit_depth, alpha)
-        row.update(nfe=int(res.nfe), seconds=round(float(res.seconds), 3), size=f"{image.shape[0]}x{image.shape[1]}")
+        row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
         return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
                 "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
                 "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -1166,9 +1236,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--samples", type=int, default=None, metavar="K",
                    help="posterior samples per image: writes their mean and a std map (default 1)")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
-    r.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
-                   help=f"at most N sampler chains at once (bounds memory with --samples K; the results do not depend "
-                        f"on it beyond float rounding of batched network layers; default {DEFAULT_MAX_BATCH})")
+    r.add_argument("--batch-size", type=int, default=1, metavar="B",
+                   help="restore up to B images of the same size (and operator) per sampler call: faster on a GPU; "
+                        "each image keeps its own seed, so the results are those of B = 1 (default 1)")
+    r.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help=f"at most N sampler chains (images x samples) at once: bounds memory with --samples K "
+                        f"(default {DEFAULT_MAX_BATCH}, or B if larger). Results with --batch-size and --max-batch "
+                        f"equal those of one image at a time up to float rounding of batched network layers")
     r.add_argument("--gt", default=None, metavar="DIR", help="ground-truth folder (same file names): PSNR/SSIM per image")
     r.add_argument("--bit-depth", type=int, choices=(8, 16), default=None, help="output bit depth (default: the input's)")
     r.add_argument("--overwrite", action="store_true", help="redo images already done in the output folder")

@@ -60,7 +60,7 @@ _RUN_KEYS = ("kind", "task", "sampler", "seed", "num_samples")
 _INFO_KEYS = ("versions", "per_image_seed", "prior", "units", "created", "command", "device", "note",
               "images", "measurements", "ground_truth", "kernels", "masks", "simulated_task", "alpha",
               "bit_depth", "outputs", "noise_seed", "operator_seed", "inputs", "threads", "simulation_seed",
-              "precision", "max_batch")
+              "precision", "max_batch", "batch_size")
 
 
 class ConfigError(ValueError):

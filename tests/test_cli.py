@@ -203,10 +203,10 @@ def test_nan_is_caught_and_never_saved(tmp_path, prior_dir, monkeypatch, capsys)
     real = api.restore
 
     def flaky(y, operator, **kw):
-        if kw["seed"] == cli.image_seed(0, "im1.png"):
+        if cli.image_seed(0, "im1.png") in kw["seed"]:
             raise FloatingPointError("nfc produced NaN/Inf")
         res = real(y, operator, **kw)
-        if kw["seed"] == cli.image_seed(0, "im2.png"):
+        if cli.image_seed(0, "im2.png") in kw["seed"]:
             res.image = res.image * float("nan")
         return res
 
@@ -486,10 +486,8 @@ def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir):
     assert s["metrics_images"] == 2 and s["num_samples"] == 2
 
 
-def test_samples_run_in_chunks_of_max_batch(tmp_path, prior_dir, monkeypatch):
-    """--samples 3: --max-batch 1 runs one chain per sampler call, the default all 3; the outputs
-    agree (batched network layers round differently in the last float32 bits only; bfloat16,
-    which "auto" may pick, rounds coarser)."""
+def _spy_sampler_batches(monkeypatch) -> list[int]:
+    """Record the number of chains of every sampler call."""
     import nfc_dps.api as api
 
     calls: list[int] = []
@@ -506,6 +504,14 @@ def test_samples_run_in_chunks_of_max_batch(tmp_path, prior_dir, monkeypatch):
         return Spy()
 
     monkeypatch.setattr(api, "get_method", spy)
+    return calls
+
+
+def test_samples_run_in_chunks_of_max_batch(tmp_path, prior_dir, monkeypatch):
+    """--samples 3: --max-batch 1 runs one chain per sampler call, the default all 3; the outputs
+    agree (batched network layers round differently in the last float32 bits only; bfloat16,
+    which "auto" may pick, rounds coarser)."""
+    calls = _spy_sampler_batches(monkeypatch)
     make_images(tmp_path / "in", 1)
     outs = {}
     for chunk in (1, None):
@@ -522,6 +528,57 @@ def test_samples_run_in_chunks_of_max_batch(tmp_path, prior_dir, monkeypatch):
     assert json.loads((outs[1] / "resolved_config.json").read_text())["max_batch"] == 1
     assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "x", "--task", "denoise", "--max-batch", 0,
                prior=prior_dir) == 2
+
+
+def test_batch_size_restores_same_sized_images_together(tmp_path, prior_dir, monkeypatch):
+    """--batch-size 3 puts same-sized images (same channels) in one sampler call; each keeps its
+    seed, so the outputs are those of --batch-size 1 (float32 here: see the --max-batch test)."""
+    calls = _spy_sampler_batches(monkeypatch)
+    inp = tmp_path / "in"
+    make_images(inp, 4)
+    write_image(inp / "gray.png", smooth(c=1))
+    write_image(inp / "small.png", smooth(16, 16))
+    outs = {}
+    for b in (1, 3):
+        outs[b] = tmp_path / f"out{b}"
+        assert run("restore", "-i", inp, "-o", outs[b], "--task", "denoise", "--batch-size", b,
+                   "--precision", "float32", prior=prior_dir) == 0
+    assert calls == [1] * 6 + [3, 1, 1, 1]  # im0-im2 together; im3, gray and small alone
+    names = ["gray.png", "im0.png", "im1.png", "im2.png", "im3.png", "small.png"]
+    assert [r["name"] for r in rows(outs[3])] == names and {r["status"] for r in rows(outs[3])} == {"done"}
+    assert [r["seed"] for r in rows(outs[3])] == [r["seed"] for r in rows(outs[1])]
+    for name in names:
+        a, b = (read_image(outs[k] / name)[0] for k in (1, 3))
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1 / 255 + 1e-6 and (a == b).mean() > 0.99, name
+    resolved = json.loads((outs[3] / "resolved_config.json").read_text())
+    assert resolved["batch_size"] == 3 and resolved["max_batch"] == 4
+    assert run("restore", "-i", inp, "-o", tmp_path / "x", "--task", "denoise", "--batch-size", 0, prior=prior_dir) == 2
+
+
+def test_a_failing_image_fails_alone_in_its_batch(tmp_path, prior_dir, monkeypatch):
+    import nfc_dps.api as api
+
+    real = api.restore
+    bad = cli.image_seed(0, "im1.png")
+    batches = []
+
+    def flaky(y, operator, **kw):
+        batches.append(len(kw["seed"]))
+        if bad in kw["seed"]:
+            raise FloatingPointError("nfc produced NaN/Inf")
+        res = real(y, operator, **kw)
+        if cli.image_seed(0, "im3.png") in kw["seed"]:  # NaN in one image of a batch that ran
+            res.image[kw["seed"].index(cli.image_seed(0, "im3.png"))] = float("nan")
+        return res
+
+    monkeypatch.setattr(api, "restore", flaky)
+    make_images(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--batch-size", 3, prior=prior_dir) == 1
+    assert batches == [3, 1, 1, 1, 3]  # im0-im2 failed together, then one by one; im3-im5 ran
+    assert [r["status"] for r in rows(out)] == ["done", "failed", "done", "failed", "done", "done"]
+    assert all("NaN" in rows(out)[i]["error"] for i in (1, 3))
+    assert not (out / "im1.png").exists() and not (out / "im3.png").exists()
 
 
 def test_missing_ground_truth_is_reported(tmp_path, prior_dir):
