@@ -6,13 +6,16 @@
     >>> out = nfc_dps.restore(y, op, sigma_y=0.025)          # embedded default prior
     >>> out.image                                             # (B, C, 64, 64) in [0, 1]
 
-Units: images and measurements in [0, 1]; ``sigma_y`` is the measurement noise std in [0, 1]
-pixel units (DPS/DAPS/NFC's "0.05" in [-1, 1] units is 0.025 here).
+Units: images and measurements in [0, 1] (uint8 / uint16 input is divided by 255 / 65535);
+``sigma_y`` is the measurement noise std in [0, 1] pixel units (DPS/DAPS/NFC's "0.05" in
+[-1, 1] units is 0.025 here).
 """
 
 from __future__ import annotations
 
+import math
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -30,9 +33,13 @@ from .samplers import counting, get_config, get_method
 class Restoration:
     """Result of :func:`restore`, in the input's container type (numpy or torch), [0, 1] units.
 
+    All arrays are float32, laid out like the input: numpy (h, w[, C]), tensors (C, h, w) or
+    (B, C, h, w).
+
     image: the restoration (the mean of the samples when num_samples > 1), clipped to [0, 1].
     std: per-pixel standard deviation over the samples (None for one sample): an uncertainty map.
-    samples: (K, ...) the individual samples, clipped (None for one sample).
+    samples: the K individual samples, clipped, stacked on a new first axis (None for one
+        sample): numpy (K, h, w[, C]), tensors (K, C, h, w) or (K, B, C, h, w).
     nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
     """
 
@@ -44,27 +51,88 @@ class Restoration:
     config: Any
 
 
+#: integer image dtypes ``restore`` accepts, and the value that maps to 1.0
+INTEGER_SCALES = {"uint8": 255.0, "uint16": 65535.0}
+
+
+def _unit_float(y: Tensor) -> Tensor:
+    """A float32 copy of ``y`` in [0, 1] units: uint8 / 255, uint16 / 65535, floats as they are."""
+    name = str(y.dtype).removeprefix("torch.")
+    if y.is_floating_point():
+        return y.to(torch.float32)
+    if name in INTEGER_SCALES:
+        return y.to(torch.float32) / INTEGER_SCALES[name]
+    raise TypeError(f"measurement of dtype {name} is not supported: pass floats in [0, 1], or uint8 "
+                    f"(divided by 255) / uint16 (divided by 65535) images")
+
+
 def _as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
-    """Accept (B,C,h,w)/(C,h,w) tensors or (h,w)/(h,w,C) numpy arrays; return a batch and an inverse."""
+    """Accept (B,C,h,w)/(C,h,w) tensors or (h,w)/(h,w,C) numpy arrays; return a float32 [0, 1]
+    batch (B, C, h, w) and the inverse layout map (float32 results in the input's container)."""
     if isinstance(y, np.ndarray):
         if y.ndim not in (2, 3):
             raise ValueError(f"numpy measurement must be (h, w) or (h, w, C), got shape {y.shape}")
+        if y.dtype.kind not in "fiub" or (y.dtype.kind in "iub" and y.dtype.name not in INTEGER_SCALES):
+            raise TypeError(f"measurement of dtype {y.dtype.name} is not supported: pass floats in [0, 1], "
+                            f"or uint8 (divided by 255) / uint16 (divided by 65535) images")
         gray = y.ndim == 2
-        t = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32))
+        t = torch.from_numpy(np.ascontiguousarray(y))
         t = t[None, None] if gray else t.permute(2, 0, 1)[None]
 
         def back(x: Tensor) -> np.ndarray:
             a = x[0].permute(1, 2, 0).cpu().numpy()
             return a[..., 0] if gray else a
 
-        return t, back
+        return _unit_float(t), back
     if not isinstance(y, Tensor):
         raise TypeError(f"measurement must be a torch.Tensor or numpy array, got {type(y).__name__}")
     if y.ndim == 3:
-        return y[None], lambda x: x[0]
+        return _unit_float(y[None]), lambda x: x[0]
     if y.ndim == 4:
-        return y, lambda x: x
+        return _unit_float(y), lambda x: x
     raise ValueError(f"measurement tensor must be (B, C, h, w) or (C, h, w), got shape {tuple(y.shape)}")
+
+
+def range_tolerance(sigma_y: float) -> float:
+    """How far outside [0, 1] a measurement may reach: 6 noise stds plus 0.05 (the overshoot of
+    bicubic downsampling is about 0.013)."""
+    return 6.0 * sigma_y + 0.05
+
+
+def _check_range(batch: Tensor, sigma_y: float) -> None:
+    """ValueError unless ``batch`` is finite and within [0, 1] up to :func:`range_tolerance`."""
+    if not torch.isfinite(batch).all():
+        raise ValueError("measurement contains NaN or Inf")
+    lo, hi, tol = float(batch.min()), float(batch.max()), range_tolerance(sigma_y)
+    if lo < -tol or hi > 1 + tol:
+        raise ValueError(f"measurement values lie in [{lo:.4g}, {hi:.4g}], outside the [0, 1] range by more than "
+                         f"noise of sigma_y={sigma_y:g} explains (tolerance {tol:.3g}); restore takes images in "
+                         f"[0, 1] (divide 8-bit data by 255, or pass the uint8 array itself)")
+
+
+def _seed_list(seed: Any, b: int) -> list[int]:
+    """One int seed >= 0 per image from an int (seed + i) or a sequence of b ints."""
+    def one(s: Any, where: str) -> int:
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise TypeError(f"{where} must be an int, got {type(s).__name__} {s!r}")
+        if s < 0:
+            raise ValueError(f"{where} must be >= 0, got {s}")
+        return int(s)
+
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
+        return [one(seed, "seed") + i for i in range(b)]
+    if isinstance(seed, (str, bytes)) or not hasattr(seed, "__iter__"):
+        raise TypeError(f"seed must be an int or a sequence of ints (one per image), got {type(seed).__name__}")
+    seeds = [one(s, f"seed[{i}]") for i, s in enumerate(seed)]
+    if len(seeds) != b:
+        raise ValueError(f"got {len(seeds)} seeds for {b} images")
+    return seeds
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 31-bit seed from any mix of ints and strings, stable across processes and platforms."""
+    words = [int(p) if isinstance(p, (int, np.integer)) else zlib.crc32(str(p).encode()) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint32)[0]) & 0x7FFFFFFF
 
 
 def image_generators(seeds: Sequence[int], num_samples: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -92,38 +160,62 @@ def restore(
     callback: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
     config: Any | None = None,
+    max_batch: int | None = None,
     **overrides: Any,
 ) -> Restoration:
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
 
     Args:
         y: measurement in [0, 1]: tensor (B, C, h, w) or (C, h, w), or numpy (h, w[, C]).
+            Float data is used as it is and must lie in [0, 1] up to the noise (at most
+            ``6 * sigma_y + 0.05`` outside, else ValueError naming the range found); uint8 is
+            divided by 255 and uint16 by 65535; other integer or bool dtypes are a TypeError.
+            Any float dtype is computed in float32; results are float32.
         operator: the forward operator (see :mod:`nfc_dps.operators`).
         prior: a :class:`~nfc_dps.priors.base.Prior`; None loads the embedded default prior.
         method: "nfc", "daps", "dps", "diffpir", "ddnm", "ddrm" or "dpir".
         preset: a named preset of the method; None = its default: for NFC "deterministic" (the
             best estimate per network call: 8 NFE, no random draw), for the others "fast".
             Posterior samples with a calibrated ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
-        sigma_y: measurement noise std in [0, 1] pixel units.
-        seed: an int (image b uses seed + b) or one seed per image: results do not depend on
-            batch size or on which other images share the batch.
+        sigma_y: measurement noise std in [0, 1] pixel units, finite and >= 0.
+        seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, >= 0).
+            Chain j of image b draws its noise from its own generator, seeded by (seed_b, j): the
+            results do not depend on the batch size, on the other images of the batch or on
+            ``max_batch`` (up to float rounding of batched network layers, about 1e-6).
         num_samples: posterior samples per image; >1 returns their mean and per-pixel std.
-        callback: called after every sampler step with a dict of intermediates (model units).
+        callback: called after every sampler step with a dict of intermediates (model units),
+            once per chunk of chains (see ``max_batch``); ``info["chains"]`` is the chunk's
+            (start, stop) range in image-major order (b * num_samples + j).
         progress: show a tqdm bar over the sampler's steps.
         config: a full sampler config (overrides ``preset``); ``**overrides`` replace fields.
+        max_batch: at most this many chains (images x samples) per sampler call, which bounds
+            memory; None runs all B * num_samples chains at once.
     Gray measurements with an RGB prior are replicated to RGB and averaged back. Images whose
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
     is unmeasured, filled by the prior) and cropped back.
     """
     from .priors.default import load_prior
 
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if not sigma_y >= 0:
-        raise ValueError(f"sigma_y must be >= 0 ([0, 1] pixel units), got {sigma_y}")
+    if not isinstance(operator, LinearOperator):
+        raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
+                        f"got {type(operator).__name__}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    num_samples = int(num_samples)
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer))
+                                  or max_batch < 1):
+        raise ValueError(f"max_batch must be an int >= 1 or None, got {max_batch!r}")
+    try:
+        sigma = float(sigma_y)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"sigma_y must be a number ([0, 1] pixel units), got {type(sigma_y).__name__}") from e
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma_y must be finite and >= 0 ([0, 1] pixel units), got {sigma_y}")
+    sigma_y = sigma
     batch, back = _as_batch(y)
-    if not torch.isfinite(batch).all():
-        raise ValueError("measurement contains NaN or Inf")
+    _check_range(batch, sigma_y)
+    b, c = batch.shape[:2]
+    seeds = _seed_list(seed, b)
     if prior is None:
         prior = load_prior(device=batch.device)
     m = get_method(method)
@@ -132,13 +224,6 @@ def restore(
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
                          f"the same); for posterior samples and a std map use preset='fast'")
 
-    b, c = batch.shape[:2]
-    if isinstance(seed, int):
-        seeds = [seed + i for i in range(b)]
-    else:
-        seeds = list(seed)
-        if len(seeds) != b:
-            raise ValueError(f"got {len(seeds)} seeds for {b} images")
     pc = prior.channels
     if c != pc:
         if c == 1:
@@ -151,8 +236,9 @@ def restore(
     if h % mult or w % mult:  # restore on a padded canvas; the border is filled by the prior
         operator = CroppedOperator(operator, (h, w), (padded_size(h, mult), padded_size(w, mult)))
         image_shape = tuple(operator.image_shape(batch.shape))
-    full_shape = (b * num_samples, *image_shape[1:])
-    y_rep = batch.repeat_interleave(num_samples, dim=0)
+    chains = b * num_samples
+    chunk = chains if max_batch is None else min(int(max_batch), chains)
+    starts = range(0, chains, chunk)
     gens = image_generators(seeds, num_samples, device=batch.device)
 
     counted = counting(prior)
@@ -161,21 +247,32 @@ def restore(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc=method, unit="step", leave=False)
+        bar = tqdm(total=total * len(starts) if total else None, desc=method, unit="step", leave=False)
 
-    def step_callback(info: dict[str, Any]) -> None:
-        if bar is not None:
-            bar.update(1)
-        if callback is not None:
-            callback(info)
-
+    parts, nfe = [], None
     t0 = time.perf_counter()
     try:
-        x = m.sample(counted, operator, y_rep, sigma_y, full_shape, cfg, gens, step_callback)
+        for lo in starts:
+            hi = min(lo + chunk, chains)
+
+            def step_callback(info: dict[str, Any], span: tuple[int, int] = (lo, hi)) -> None:
+                if bar is not None:
+                    bar.update(1)
+                if callback is not None:
+                    callback({**info, "chains": span})
+
+            before = counted.nfe
+            # chain i restores image i // num_samples: index the measurement, never copy it K times
+            y_part = batch[torch.arange(lo, hi, device=batch.device) // num_samples]
+            parts.append(m.sample(counted, operator, y_part, sigma_y, (hi - lo, *image_shape[1:]), cfg,
+                                  gens[lo:hi], step_callback))
+            nfe = counted.nfe - before if nfe is None else nfe
     finally:
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
+    x = parts[0] if len(parts) == 1 else torch.cat(parts)
+    del parts
     if c != pc:
         x = x.mean(1, keepdim=True)
     if not torch.isfinite(x).all():
@@ -183,8 +280,9 @@ def restore(
     x = x[..., :h, :w].reshape(b, num_samples, x.shape[1], h, w)
     samples = x.clamp(0, 1)
     if num_samples == 1:
-        return Restoration(back(samples[:, 0]), None, None, counted.nfe, seconds, cfg)
+        return Restoration(back(samples[:, 0]), None, None, nfe, seconds, cfg)
     mean = x.mean(1).clamp(0, 1)
     std = x.std(1)
-    return Restoration(back(mean), back(std), [back(samples[:, j]) for j in range(num_samples)],
-                       counted.nfe, seconds, cfg)
+    per_sample = [back(samples[:, j]) for j in range(num_samples)]
+    stacked = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
+    return Restoration(back(mean), back(std), stacked, nfe, seconds, cfg)

@@ -47,7 +47,6 @@ import platform
 import sys
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -55,6 +54,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+
+from .api import stable_seed  # re-exported: the benchmark's seeds come from it
 
 __all__ = ["build_parser", "main", "run", "BenchSpec", "stable_seed", "task_specs", "load_results",
            "COLUMNS", "DIFFUSION_METHODS", "CLASSICAL_METHODS"]
@@ -72,12 +73,6 @@ FORMAT_VERSION = 1
 
 
 # =============================================================================== small helpers
-
-def stable_seed(*parts: Any) -> int:
-    """A 31-bit seed from any mix of ints and strings, stable across processes and platforms."""
-    words = [int(p) if isinstance(p, (int, np.integer)) else zlib.crc32(str(p).encode()) for p in parts]
-    return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint32)[0]) & 0x7FFFFFFF
-
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)

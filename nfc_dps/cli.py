@@ -9,26 +9,31 @@
 
 Exit status: 0 all images done; 1 some image failed (each is reported with its file name and the
 reason; the others are still restored); 2 usage or setup error (bad flag or config, unreadable
-prior, output folder equal to the input or not writable), reported before any work starts;
-130 interrupted.
+prior, output folder equal to the input or not writable), reported before any work starts, or an
+output disk that fills up (the run stops naming the file; finished images are kept); 130
+interrupted.
 
 ``restore`` treats every input image as the measurement y (for SR the output is ``factor`` times
-larger). Image ``i`` of the sorted input list gets seed ``seed + i``, so a rerun gives identical
-images and resumes: images recorded as done in ``manifest.json`` whose outputs still open are
-skipped (``--overwrite`` redoes them). Every file is written atomically. See ``restore --help``
-for the output layout.
+larger). Each image's seed is a hash of ``--seed`` and its file name (:func:`image_seed`), never
+its position in the folder, so adding or removing files changes no other result, a rerun gives
+identical images and resumes: images recorded as done in ``manifest.json`` whose outputs still
+open are skipped (``--overwrite`` redoes them). Every file is written atomically; a full disk
+stops the run with exit 2 naming the file, keeping what is done. See ``restore --help`` for the
+output layout.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,6 +44,7 @@ from . import io as nio
 from .config import (
     DEFAULT_NOISE_SIGMA,
     KIND_SIMULATION,
+    PER_IMAGE_SEED,
     ConfigBundle,
     ConfigError,
     SamplerSpec,
@@ -63,6 +69,12 @@ LOCK_FILE = ".nfc_dps.lock"
 STD_PNG_SCALE = 4.0
 #: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel
 RANDOM_TASKS = {"inpaint_box": "--mask", "inpaint_random": "--mask", "deblur_motion": "--kernel"}
+#: tasks whose operator is read from a file: task -> (its parameter, the flag that sets it, what it is)
+FILE_TASKS = {"inpaint_mask": ("mask_path", "--mask", "mask"), "deblur_kernel": ("kernel_path", "--kernel", "kernel")}
+#: OSError numbers that mean the output disk cannot take more data: the run stops (exit 2)
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+#: default of --max-batch: chains per sampler call
+DEFAULT_MAX_BATCH = 4
 
 RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "nfe", "seconds",
                  "size", "alpha", "error"]
@@ -200,8 +212,17 @@ def _folder_lock(folder: Path):
             with contextlib.suppress(OSError):
                 lock.unlink()
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        except OSError as e:
+            raise UsageError(f"cannot create the lock file {lock}: {e.strerror or e}") from e
+        try:
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            raise UsageError(f"cannot write the lock file {lock}: {e.strerror or e}") from e
         break
     else:
         raise UsageError(f"cannot lock {folder} (remove {lock})")
@@ -335,6 +356,38 @@ class _OperatorSource:
         return build_operator(self.task.task, image_size=image_hw, seed=seed, **params), path
 
 
+def _check_operator_file(task: TaskConfig, flag_value: str | None) -> None:
+    """For inpaint_mask / deblur_kernel: the mask / kernel is given and, when it is one file (not
+    a folder of per-image files), loads. UsageError naming the flag (or config key) and the file."""
+    if task.task not in FILE_TASKS:
+        return
+    key, flag, what = FILE_TASKS[task.task]
+    value = task.params.get(key)
+    if not value:
+        raise UsageError(f"task {task.task!r} reads its {what} from a file: pass {flag} FILE|DIR "
+                         f"(or {key} in the task config)")
+    where = flag if flag_value else f"{task.source}: {key}"
+    path = Path(value)
+    if not path.exists():
+        raise UsageError(f"{where} {path}: no such file or folder")
+    if path.is_dir():
+        return  # per-image files: each is checked, and reported by name, with its image
+    from .operators import load_kernel, load_mask
+
+    try:
+        (load_mask if key == "mask_path" else load_kernel)(path)
+    except (ValueError, TypeError, OSError) as e:
+        raise UsageError(f"{where}: {e}") from e
+
+
+def image_seed(seed: int, name: str) -> int:
+    """The seed of input image ``name`` (its path relative to the input folder, '/'-separated) in
+    a run with base seed ``seed``: see :data:`nfc_dps.config.PER_IMAGE_SEED`."""
+    from .api import stable_seed
+
+    return stable_seed(int(seed), name)
+
+
 # --------------------------------------------------------------------------------------------
 # restore
 
@@ -349,15 +402,42 @@ class _Item:
     row: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Job:
+    """An image to restore: its measurement y ((h, w[, C]) in [0, 1]), operator and manifest key.
+    Jobs of one ``group`` (measurement shape, operator file) can share a restore() call."""
+
+    item: _Item
+    row: dict[str, Any]
+    key: str
+    y: np.ndarray
+    info: nio.ImageInfo
+    operator: Any
+    group: tuple
+
+
 def _output_stems(paths: Sequence[Path]) -> list[str]:
-    """Output name stem per input: its stem, or name_ext where two inputs share a stem."""
-    stems = [p.stem for p in paths]
-    dup = {s for s in stems if stems.count(s) > 1}
-    return [f"{p.stem}_{p.suffix.lstrip('.').lower()}" if p.stem in dup else p.stem for p in paths]
+    """Output name stem per input: its stem, or stem_ext (extension in lower case) where inputs
+    share a stem (a.png, a.jpg -> a_png, a_jpg). Names are compared ignoring letter case, so an
+    output folder also works on case-insensitive disks; inputs whose output names would still
+    coincide (a.png and a.PNG; a_png.png beside a.png and a.jpg) are a UsageError naming both:
+    no output is ever written twice."""
+    counts = Counter(p.stem.casefold() for p in paths)
+    stems = [f"{p.stem}_{p.suffix.lstrip('.').lower()}" if counts[p.stem.casefold()] > 1 else p.stem for p in paths]
+    owner: dict[str, Path] = {}
+    for p, stem in zip(paths, stems):
+        first = owner.setdefault(stem.casefold(), p)
+        if first is not p:
+            raise UsageError(f"{first} and {p} would both be written as {stem}.png (output names ignore letter "
+                             f"case); rename one of them")
+    return stems
 
 
-def _outputs_ok(out: Path, entry: dict[str, Any]) -> bool:
-    for rel in entry.get("outputs", []):
+def _outputs_ok(out: Path, entry: dict[str, Any], main_output: str) -> bool:
+    """The manifest entry's outputs exist and open, and its main image is ``main_output``."""
+    if entry.get("outputs", [None])[0] != main_output:
+        return False
+    for rel in entry["outputs"]:
         p = out / rel
         if not p.is_file():
             return False
@@ -419,6 +499,12 @@ def cmd_restore(args) -> int:
     for key in ("mask_path", "kernel_path"):
         if key in task.params and not Path(task.params[key]).exists():
             raise UsageError(f"{task.source}: {key} {task.params[key]}: no such file or folder")
+    _check_operator_file(task, args.mask if task.task == "inpaint_mask" else args.kernel)
+    for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.max_batch is None:
+        args.max_batch = max(DEFAULT_MAX_BATCH, args.batch_size)
     spec = _resolve_sampler(args, bundle)
     seed = args.seed if args.seed is not None else (bundle.seed or 0)
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
@@ -439,14 +525,35 @@ def cmd_restore(args) -> int:
             images, others = ([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp])
         if not images and not others:
             raise UsageError(f"--input {inp}: no files to restore")
+        stems = _output_stems(images)
         prior = _load_prior(args.prior, device, args.precision)
         cfg = spec.build()
         record = resolved_config(task, spec, seed, samples, prior=_prior_id(args.prior)["path"],
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
-                                 ground_truth=str(gt_dir.resolve()) if gt_dir else None)
-        nio.write_json(out / RESOLVED_JSON, record)
+                                 ground_truth=str(gt_dir.resolve()) if gt_dir else None, batch_size=args.batch_size,
+                                 max_batch=args.max_batch)
+        try:
+            nio.write_json(out / RESOLVED_JSON, record)
+        except OSError as e:
+            raise UsageError(_cannot_write(e)) from e
         run = _RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir)
-        return run.run(images, others)
+        names = [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
+        items = [_Item(i, p, names[i], stems[i], image_seed(seed, names[i])) for i, p in enumerate(images)]
+        return run.run(items, others)
+
+
+def _cannot_write(e: OSError) -> str:
+    """One line naming the file that could not be written, and why."""
+    return f"cannot write {e.filename or 'an output file'}: {e.strerror or e}"
+
+
+class _OutputError(Exception):
+    """An output cannot be written for a reason that will not go away with the next image (full
+    disk, quota, read-only folder): the run stops, keeping what is done."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+        super().__init__(_cannot_write(error))
 
 
 class _RestoreRun:
@@ -462,6 +569,8 @@ class _RestoreRun:
         self.manifest_path = out / MANIFEST
         self.manifest = self._load_manifest()
         self.rows: list[dict[str, Any]] = []
+        self.batch_size, self.max_batch = args.batch_size, args.max_batch
+        self.bar: Any = None
         self.t0 = time.perf_counter()
         self._next_save = 0.0
 
@@ -473,12 +582,18 @@ class _RestoreRun:
             return empty
         try:
             data = json.loads(self.manifest_path.read_text())
-            if not isinstance(data.get("images"), dict):
+            if not isinstance(data, dict) or not isinstance(data.get("images"), dict):
                 raise ValueError("no 'images' mapping")
-            return data
         except (OSError, ValueError) as e:
             self.log.error(f"warning: ignoring unreadable {self.manifest_path} ({e}); redoing every image")
             return empty
+        for name, entry in list(data["images"].items()):
+            outputs = entry.get("outputs") if isinstance(entry, dict) else None
+            if not (isinstance(outputs, list) and outputs and all(isinstance(o, str) for o in outputs)):
+                self.log.error(f"warning: {self.manifest_path}: ignoring entry {name!r} (not a record of finished "
+                               f"outputs: {type(entry).__name__}); redoing that image")
+                del data["images"][name]
+        return data
 
     def _save(self, final: bool = False) -> None:
         """Rewrite manifest, results.csv and summary.json (atomically). Their size grows with the
@@ -487,10 +602,14 @@ class _RestoreRun:
         now = time.perf_counter()
         if not final and now < self._next_save:
             return
-        self._write_records(final)
+        try:
+            self._write_records(final)
+        except OSError as e:
+            raise _OutputError(e) from e
         self._next_save = time.perf_counter() + 20 * (time.perf_counter() - now)
 
     def _write_records(self, final: bool) -> None:
+        """manifest.json, results.csv, summary.json; an OSError (full disk) propagates naming the file."""
         nio.write_json(self.manifest_path, self.manifest)
         rows = sorted(self.rows, key=lambda r: (r["index"] if isinstance(r["index"], int) else 1 << 30, r["name"]))
         nio.write_csv(self.out / RESULTS_CSV, rows, RESULT_FIELDS)
@@ -510,7 +629,7 @@ class _RestoreRun:
             "input": str(self.inp.resolve()), "output": str(self.out),
             "task": self.task.as_dict(), "method": self.spec.method, "preset": self.spec.resolved_preset,
             "noise_sigma": self.task.noise_sigma, "seed": self.seed,
-            "per_image_seed": "seed + index of the image in the sorted input list",
+            "per_image_seed": PER_IMAGE_SEED,
             "num_samples": self.samples,
             "counts": {"images": len(rows), "restored": sum(r["status"] == "done" for r in rows),
                        "skipped_done_before": sum(r["status"] == "skipped" for r in rows),
@@ -528,33 +647,51 @@ class _RestoreRun:
 
     # -- the loop
 
-    def run(self, images: list[Path], others: list[Path]) -> int:
+    def _record(self, row: dict[str, Any]) -> None:
+        """Add a finished image's row (done, skipped or failed) and report a failure or warning."""
+        self.rows.append(row)
+        self.bar.update(1)
+        if row["status"] == "failed":
+            self.log.error(f"FAILED {row['name']}: {row['error']}")
+        elif row.get("error"):
+            self.log.error(f"warning {row['name']}: {row['error']}")
+
+    def run(self, items: list[_Item], others: list[Path]) -> int:
         from tqdm.auto import tqdm
 
-        stems = _output_stems(images)
-        items = [_Item(i, p, p.name, stems[i], self.seed + i) for i, p in enumerate(images)]
         for p in others:
             self.rows.append({"index": "", "name": p.name, "status": "failed", "seed": "",
-                              "error": f"unsupported file type {p.suffix or '(no extension)'!r}; "
-                                       f"supported: {', '.join(nio.IMAGE_EXTENSIONS)}"})
+                              "error": nio.unusable_reason(p)})
             self.log.error(f"FAILED {p.name}: {self.rows[-1]['error']}")
         self.log.info(f"restoring {len(items)} image(s) from {self.inp} -> {self.out} "
                       f"[{self.task.task}, {self.spec.method}/{self.spec.resolved_preset}, noise_sigma={self.task.noise_sigma}, "
-                      f"seeds {self.seed}..{self.seed + max(len(items) - 1, 0)} (seed + index)]")
-        bar = tqdm(items, desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
+                      f"seed {self.seed} (per image: a hash of it and the file name)]")
+        self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
+        pending: dict[tuple, list[_Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
         try:
-            for item in bar:
-                bar.set_postfix_str(item.name, refresh=False)
-                row = self._process(item)
-                self.rows.append(row)
-                if row["status"] == "failed":
-                    self.log.error(f"FAILED {item.name}: {row['error']}")
-                elif row.get("error"):
-                    self.log.error(f"warning {item.name}: {row['error']}")
+            for item in items:
+                self.bar.set_postfix_str(item.name, refresh=False)
+                job = self._prepare(item)
+                if isinstance(job, dict):
+                    self._record(job)
+                else:
+                    group = pending.setdefault(job.group, [])
+                    group.append(job)
+                    if len(group) == self.batch_size:
+                        self._restore_jobs(pending.pop(job.group))
                 self._save()
+            for group in pending.values():
+                self._restore_jobs(group)
+                self._save()
+            self._save(final=True)
+        except _OutputError as e:
+            with contextlib.suppress(OSError):  # keep the records of what is done, if they still fit
+                self._write_records(final=False)
+            done = sum(r["status"] == "done" for r in self.rows)
+            raise UsageError(f"{e}; stopped (the {done} image(s) restored so far are kept): free space and rerun "
+                             f"the same command to resume") from e
         finally:
-            bar.close()
-        self._save(final=True)
+            self.bar.close()
         failed = [r for r in self.rows if r["status"] == "failed"]
         problems = [r for r in self.rows if r["status"] != "failed" and r.get("error")]
         summary = json.loads((self.out / SUMMARY_JSON).read_text())
@@ -567,7 +704,9 @@ class _RestoreRun:
         self.log.info(msg)
         return EXIT_FAILED if failed or problems else EXIT_OK
 
-    def _process(self, item: _Item) -> dict[str, Any]:
+    def _prepare(self, item: _Item) -> dict[str, Any] | _Job:
+        """The row of an image that needs no restoring (done before, or unusable), else its job:
+        the measurement read and its operator built and checked."""
         row = {"index": item.index, "name": item.name, "status": "failed", "seed": item.seed,
                "output": f"{item.out_stem}.png"}
         try:
@@ -583,38 +722,73 @@ class _RestoreRun:
         key = _sha256_json([self.config_hash, input_sha, item.seed,
                             _sha256_file(op_file) if op_file is not None and op_file.is_file() else None])
         entry = self.manifest["images"].get(item.name)
-        if entry and entry.get("key") == key and _outputs_ok(self.out, entry):
+        if entry and entry.get("key") == key and _outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
                        size=entry.get("size"), alpha=entry.get("alpha", ""))
             self._add_metrics(row, item)
             return row
         try:
-            entry = self._restore(item, row)
+            y, info = nio.read_image(item.path)
+            factor = self.source.factor()
+            h, w = y.shape[:2]
+            operator, _ = self.source.build(item.name, (h * factor, w * factor))
+            operator = operator.to(self.device)
+            expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
+            if expected != (h, w):
+                raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             row["error"] = _reason(e)
             self.manifest["images"].pop(item.name, None)
             return row
-        entry["key"] = key
-        self.manifest["images"][item.name] = entry
-        row["status"] = "done"
-        self._add_metrics(row, item)
-        return row
+        return _Job(item, row, key, y, info, operator, (y.shape, str(op_file) if op_file else None))
 
-    def _restore(self, item: _Item, row: dict[str, Any]) -> dict[str, Any]:
+    def _restore_jobs(self, jobs: list[_Job]) -> None:
+        """Restore same-sized images that share one operator in one restore() call (each image
+        has its own seed, so the results are those of one call per image up to float rounding),
+        write their outputs and record their rows. A failing call is retried image by image, so
+        one bad image fails alone."""
+        import torch
+
         from .api import restore
 
-        y, info = nio.read_image(item.path)
-        factor = self.source.factor()
-        h, w = y.shape[:2]
-        operator, _ = self.source.build(item.name, (h * factor, w * factor))
-        operator = operator.to(self.device)
-        expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
-        if expected != (h, w):
-            raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
-        res = restore(_to_batch(y, self.device), operator, prior=self.prior, method=self.spec.method,
-                      sigma_y=self.task.noise_sigma, seed=item.seed, num_samples=self.samples,
-                      progress=not self.args.quiet, config=self.cfg)
-        image = _to_numpy(res.image)
+        try:
+            res = restore(torch.cat([_to_batch(j.y, self.device) for j in jobs]), jobs[0].operator,
+                          prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
+                          seed=[j.item.seed for j in jobs], num_samples=self.samples,
+                          progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch)
+        except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                raise _OutputError(e) from e
+            if len(jobs) > 1:
+                for job in jobs:
+                    self._restore_jobs([job])
+                return
+            self._record(self._failed(jobs[0], e))
+            return
+        for i, job in enumerate(jobs):
+            try:
+                entry = self._write_outputs(job, res, i, len(jobs))
+            except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+                if isinstance(e, OSError) and e.errno in DISK_FULL:
+                    raise _OutputError(e) from e
+                self._record(self._failed(job, e))
+                continue
+            entry["key"] = job.key
+            self.manifest["images"][job.item.name] = entry
+            job.row["status"] = "done"
+            self._add_metrics(job.row, job.item)
+            self._record(job.row)
+
+    def _failed(self, job: _Job, error: Exception) -> dict[str, Any]:
+        job.row["error"] = _reason(error)
+        self.manifest["images"].pop(job.item.name, None)
+        return job.row
+
+    def _write_outputs(self, job: _Job, res: Any, i: int, batch: int) -> dict[str, Any]:
+        """Write image ``i`` of the restore() result ``res`` of ``batch`` images; its manifest entry."""
+        item, row, info = job.item, job.row, job.info
+        h, w = job.y.shape[:2]
+        image = _to_numpy(res.image[i:i + 1])
         if not np.isfinite(image).all():
             raise FloatingPointError("restoration contains NaN/Inf; not saved")
         bit_depth = self.args.bit_depth or info.output_bit_depth
@@ -625,7 +799,7 @@ class _RestoreRun:
         outputs = [f"{item.out_stem}.png"]
         extra: list[tuple[str, Callable[[Path], Any]]] = []
         if res.std is not None:
-            std = _to_numpy(res.std)
+            std = _to_numpy(res.std[i:i + 1])
             if not np.isfinite(std).all():
                 raise FloatingPointError("posterior std contains NaN/Inf; not saved")
             std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
@@ -633,8 +807,8 @@ class _RestoreRun:
             extra.append((f"std/{item.out_stem}.npy",
                           lambda p, s=std: nio.atomic_write_bytes(p, _npy_bytes(s.astype(np.float32)))))
             if self.args.save_samples:
-                for j, s in enumerate(res.samples):
-                    a = _to_numpy(s)
+                for j in range(self.samples):
+                    a = _to_numpy(res.samples[j, i:i + 1])
                     extra.append((f"samples/{item.out_stem}_{j}.png",
                                   lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
         # write the extras first: the main image appearing last marks a complete set
@@ -642,7 +816,7 @@ class _RestoreRun:
             write(self.out / rel)
             outputs.append(rel)
         nio.write_image(self.out / f"{item.out_stem}.png", image, bit_depth, alpha)
-        row.update(nfe=int(res.nfe), seconds=round(float(res.seconds), 3), size=f"{image.shape[0]}x{image.shape[1]}")
+        row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
         return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
                 "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
                 "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -724,10 +898,7 @@ def cmd_simulate(args) -> int:
     inp = Path(args.input)
     if not inp.exists():
         raise UsageError(f"--input {inp}: no such file or folder")
-    if task.task in ("inpaint_mask", "deblur_kernel"):
-        key = "mask_path" if task.task == "inpaint_mask" else "kernel_path"
-        if not Path(task.params.get(key, "")).exists():
-            raise UsageError(f"{task.source}: {key} {task.params.get(key)}: no such file or folder")
+    _check_operator_file(task, None)
     out = _check_output_folder(Path(args.output), [inp])
     source = _OperatorSource(task)
     factor = source.factor()
@@ -737,7 +908,7 @@ def cmd_simulate(args) -> int:
         if not images and not others:
             raise UsageError(f"--input {inp}: no files")
         stems = _output_stems(images)
-        failures = [{"name": p.name, "error": f"unsupported file type {p.suffix or '(no extension)'!r}"} for p in others]
+        failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
         records = []
         from tqdm.auto import tqdm
 
@@ -797,7 +968,10 @@ def cmd_simulate(args) -> int:
         }
         if failures:
             sim["note"] = {"failures": failures}
-        nio.write_json(out / SIMULATION_JSON, sim)
+        try:
+            nio.write_json(out / SIMULATION_JSON, sim)
+        except OSError as e:
+            raise UsageError(_cannot_write(e)) from e
     log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}] -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")
     return EXIT_FAILED if failures else EXIT_OK
@@ -915,6 +1089,7 @@ def cmd_demo(args) -> int:
         nio.write_csv(out / "metrics.csv", rows_csv, fields)
         nio.write_json(out / RESOLVED_JSON, resolved_config(
             None, spec, seed, 1, prior=_prior_id(args.prior)["path"], command="demo",
+            per_image_seed="seed + index of the image in the demo batch",
             device=str(device), images=list(DEMO_IMAGES), note={
                 "size": args.size, "noise_sigma": sigma,
                 "tasks": {label: {"task": t, **p} for label, t, p in _demo_tasks(args.size)},
@@ -996,7 +1171,7 @@ def _precision_flag(p: argparse.ArgumentParser) -> None:
                         "natively, about 2x faster; float32 otherwise)")
 
 
-def _task_flags(p: argparse.ArgumentParser) -> None:
+def _task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
     from .operators import TASKS
 
     p.add_argument("--task", choices=list(TASKS), help="task name (its default parameters), or use --config")
@@ -1008,7 +1183,7 @@ def _task_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-sigma", type=float, default=None,
                    help=f"measurement noise std in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}; "
                         f"DPS/DAPS's 0.05 in [-1, 1] units is 0.025 here)")
-    p.add_argument("--seed", type=int, default=None, help="base seed; image i of the sorted list uses seed + i (default 0)")
+    p.add_argument("--seed", type=int, default=None, help=seed_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1043,11 +1218,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "  results.csv, summary.json  per-image status, seed, PSNR/SSIM (--gt), NFE, time; failures\n"
                     "  resolved_config.json  every setting, seeds and versions (reusable with --config)\n"
                     "  manifest.json         finished images: a rerun skips them (resume); --overwrite redoes them\n"
-                    "Image i of the sorted input list uses seed + i.")
+                    "Each image's seed is a hash of --seed and its file name: adding or removing files changes no\n"
+                    "other result. <name> is the input's stem, or stem_ext where inputs share a stem (a_png, a_jpg);\n"
+                    "inputs whose output names would coincide (a.png and a.PNG) are refused before any work.")
     r.add_argument("--input", "-i", default=None,
                    help="measurement image or folder (default with a simulation.json config: its measurements)")
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
-    _task_flags(r)
+    _task_flags(r, "base seed (default 0); each image's seed is a hash of it and the image's file name")
     r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc)")
     r.add_argument("--preset", default=None,
                    help="sampler preset. nfc: deterministic (default: the best estimate per network call, 8 NFE, "
@@ -1067,6 +1244,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="posterior samples per image: writes their mean and a std map (default 1); needs a "
                         "sampling preset, e.g. --preset fast")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
+    r.add_argument("--batch-size", type=int, default=1, metavar="B",
+                   help="restore up to B images of the same size (and operator) per sampler call: faster on a GPU; "
+                        "each image keeps its own seed, so the results are those of B = 1 (default 1)")
+    r.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help=f"at most N sampler chains (images x samples) at once: bounds memory with --samples K "
+                        f"(default {DEFAULT_MAX_BATCH}, or B if larger). Results with --batch-size and --max-batch "
+                        f"equal those of one image at a time up to float rounding of batched network layers")
     r.add_argument("--gt", default=None, metavar="DIR", help="ground-truth folder (same file names): PSNR/SSIM per image")
     r.add_argument("--bit-depth", type=int, choices=(8, 16), default=None, help="output bit depth (default: the input's)")
     r.add_argument("--overwrite", action="store_true", help="redo images already done in the output folder")
@@ -1079,7 +1263,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "'restore --config OUT/simulation.json' reads back (operators from the saved files).")
     s.add_argument("--input", "-i", required=True, help="clean image or folder")
     s.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
-    _task_flags(s)
+    _task_flags(s, "base seed (default 0); image i of the sorted list is simulated with seed + i")
     s.add_argument("--bit-depth", type=int, choices=(8, 16), default=16, help="measurement PNG bit depth (default 16)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages")
     s.set_defaults(func=cmd_simulate)

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 __all__ = [
-    "ConfigError", "TaskConfig", "SamplerSpec", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN",
+    "ConfigError", "TaskConfig", "SamplerSpec", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN", "PER_IMAGE_SEED",
     "KIND_SIMULATION", "load_mapping", "load_config", "parse_task", "parse_sampler", "task_defaults",
     "sampler_fields", "steps_field", "resolved_config", "package_versions", "parse_scalar",
 ]
@@ -49,6 +49,9 @@ DEFAULT_METHOD = "nfc"
 DEFAULT_PRESET: str | None = None
 KIND_RUN = "nfc_dps.run"
 KIND_SIMULATION = "nfc_dps.simulation"
+#: how ``nfc-dps restore`` derives each image's seed from the run's base seed
+PER_IMAGE_SEED = ("nfc_dps.api.stable_seed(seed, name): a hash of the base seed and the image's path relative "
+                  "to the input folder ('/'-separated), never its position in the folder")
 UNITS_NOTE = ("images and noise_sigma in [0, 1] pixel units; DPS/DAPS/NFC's sigma_y = 0.05 "
               "(for images in [-1, 1]) is noise_sigma = 0.025 here")
 
@@ -58,7 +61,7 @@ _RUN_KEYS = ("kind", "task", "sampler", "seed", "num_samples")
 _INFO_KEYS = ("versions", "per_image_seed", "prior", "units", "created", "command", "device", "note",
               "images", "measurements", "ground_truth", "kernels", "masks", "simulated_task", "alpha",
               "bit_depth", "outputs", "noise_seed", "operator_seed", "inputs", "threads", "simulation_seed",
-              "precision")
+              "precision", "max_batch", "batch_size")
 
 
 class ConfigError(ValueError):
@@ -493,14 +496,15 @@ def _plain(obj: Any) -> Any:
 def resolved_config(task: TaskConfig | None, sampler: SamplerSpec, seed: int, num_samples: int = 1,
                     prior: str | None = None, **extra: Any) -> dict[str, Any]:
     """The complete, reloadable record of a run: every task parameter, every sampler field (the
-    preset expanded), seeds, units and package versions. ``--config`` accepts it back."""
+    preset expanded), seeds, units and package versions. ``--config`` accepts it back.
+    ``per_image_seed`` (in ``extra``) replaces the text of :data:`PER_IMAGE_SEED`."""
     cfg = sampler.build()
     record: dict[str, Any] = {"kind": KIND_RUN}
     if task is not None:
         record["task"] = task.as_dict()
     record["sampler"] = {"method": sampler.method, "preset": sampler.resolved_preset, **_plain(cfg)}
     record["seed"] = int(seed)
-    record["per_image_seed"] = "seed + index of the image in the sorted input list"
+    record["per_image_seed"] = PER_IMAGE_SEED
     record["num_samples"] = int(num_samples)
     if prior is not None:
         record["prior"] = prior

@@ -34,7 +34,7 @@ import numpy as np
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageReadError", "ImageInfo", "read_image", "write_image", "list_images",
-    "list_folder", "atomic_write_bytes", "atomic_write_text", "write_json", "write_csv",
+    "list_folder", "unusable_reason", "atomic_write_bytes", "atomic_write_text", "write_json", "write_csv",
     "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens",
 ]
 
@@ -360,10 +360,19 @@ _UMASK = _umask()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then os.replace)."""
+    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then os.replace).
+
+    An OSError (full disk, quota, read-only folder) leaves any old file as it was and carries
+    ``path`` as its ``filename``, so its message names the file.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise _naming(e, path) from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -371,11 +380,18 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise _naming(e, path) from e
         raise
     return path
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """The same error (same errno, so the same OSError subclass) with ``path`` as its file name."""
+    return OSError(e.errno, e.strerror, str(path))
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -532,19 +548,43 @@ def image_opens(path: str | Path) -> bool:
 
 
 def list_folder(folder: str | Path) -> tuple[list[Path], list[Path]]:
-    """(images, others): the folder's regular, non-hidden files, each list sorted by name.
+    """(images, others) of a folder's non-hidden entries, each list sorted by name.
 
-    ``images`` have a supported extension (:data:`IMAGE_EXTENSIONS`, any case); ``others`` do not.
+    ``images`` are regular files (or links to them) with a supported extension
+    (:data:`IMAGE_EXTENSIONS`, any case). ``others`` are what a user may have meant as an input
+    but cannot be read as one: files of other types, broken symbolic links, folders named like
+    images (``x.png/``) and special files; :func:`unusable_reason` says why. Other subfolders
+    are not inputs and are left out.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder}: not a folder")
     images, others = [], []
     for p in sorted(folder.iterdir(), key=lambda q: q.name):
-        if p.name.startswith(".") or not p.is_file():
+        if p.name.startswith("."):
             continue
-        (images if p.suffix.lower() in IMAGE_EXTENSIONS else others).append(p)
+        if p.is_file():
+            (images if p.suffix.lower() in IMAGE_EXTENSIONS else others).append(p)
+        elif not p.is_dir() or p.suffix.lower() in IMAGE_EXTENSIONS:  # broken link, special file, x.png/
+            others.append(p)
     return images, others
+
+
+def unusable_reason(path: str | Path) -> str:
+    """Why ``path`` (one of :func:`list_folder`'s ``others``) is not an input image."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"broken symbolic link (its target {target} does not exist)"
+    if path.is_dir():
+        return "is a folder, not an image file"
+    if not path.is_file():
+        return "not a regular file (a pipe, socket or device)"
+    return (f"unsupported file type {path.suffix or '(no extension)'!r}; "
+            f"supported: {', '.join(IMAGE_EXTENSIONS)}")
 
 
 def list_images(folder: str | Path) -> list[Path]:

@@ -5,6 +5,7 @@ Most tests call ``main(argv)`` in process; the kill-and-resume test runs ``pytho
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -90,7 +91,8 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
     for name in ("im0.png", "im1.png", "im2.png", "results.csv", "summary.json", "resolved_config.json", "manifest.json"):
         assert (out / name).is_file(), name
     r = rows(out)
-    assert [x["status"] for x in r] == ["done"] * 3 and [x["seed"] for x in r] == ["0", "1", "2"]
+    assert [x["status"] for x in r] == ["done"] * 3
+    assert [x["seed"] for x in r] == [str(cli.image_seed(0, f"im{i}.png")) for i in range(3)]
     ode_steps = get_config("nfc").ode_steps
     assert all(int(x["nfe"]) == 2 * ode_steps for x in r)  # 2 levels (--steps) x the default preset's ODE steps
     resolved = json.loads((out / "resolved_config.json").read_text())
@@ -120,12 +122,35 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
     assert [x["status"] for x in rows(out)] == ["done"] * 3
 
 
-def test_seed_is_base_plus_index(tmp_path, prior_dir):
+def test_seed_comes_from_the_file_name(tmp_path, prior_dir):
+    """With a sampling preset (the default one is deterministic: seeds change nothing there)."""
     paths = make_images(tmp_path / "in", 3)
-    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "all", "--task", "denoise", "--seed", 5, prior=prior_dir) == 0
-    assert run("restore", "-i", paths[2], "-o", tmp_path / "one", "--task", "denoise", "--seed", 7, prior=prior_dir) == 0
-    np.testing.assert_array_equal(read_image(tmp_path / "all/im2.png")[0], read_image(tmp_path / "one/im2.png")[0])
-    assert rows(tmp_path / "all")[2]["seed"] == "7"
+    fast = ("--task", "denoise", "--preset", "fast")
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "all", *fast, "--seed", 5, prior=prior_dir) == 0
+    assert run("restore", "-i", paths[2], "-o", tmp_path / "one", *fast, "--seed", 5, prior=prior_dir) == 0
+    assert (tmp_path / "all/im2.png").read_bytes() == (tmp_path / "one/im2.png").read_bytes()
+    assert rows(tmp_path / "all")[2]["seed"] == rows(tmp_path / "one")[0]["seed"] == str(cli.image_seed(5, "im2.png"))
+    assert run("restore", "-i", paths[2], "-o", tmp_path / "other", *fast, "--seed", 6, prior=prior_dir) == 0
+    assert (tmp_path / "other/im2.png").read_bytes() != (tmp_path / "one/im2.png").read_bytes()
+    resolved = json.loads((tmp_path / "all/resolved_config.json").read_text())
+    assert "relative to the input folder" in resolved["per_image_seed"] and "position" in resolved["per_image_seed"]
+
+
+def test_adding_a_file_changes_no_other_output(tmp_path, prior_dir):
+    inp = tmp_path / "in"
+    make_images(inp, 3)
+    (inp / "im1.png").rename(inp / "later.png")  # held back, then added between im0 and im2
+    (inp / "later.png").rename(tmp_path / "later.png")
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    before = {n: (out / n).read_bytes() for n in ("im0.png", "im2.png")}
+    stamps = mtimes(out)
+    (tmp_path / "later.png").rename(inp / "im1.png")
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0  # resume
+    assert {r["name"]: r["status"] for r in rows(out)} == {"im0.png": "skipped", "im1.png": "done", "im2.png": "skipped"}
+    assert all(mtimes(out)[n] == stamps[n] for n in before)  # not recomputed
+    assert run("restore", "-i", inp, "-o", fresh, "--task", "denoise", prior=prior_dir) == 0  # a fresh run
+    assert all((fresh / n).read_bytes() == b for n, b in before.items())
 
 
 @pytest.mark.parametrize("method", sorted(__import__("nfc_dps.samplers", fromlist=["METHODS"]).METHODS))
@@ -180,10 +205,10 @@ def test_nan_is_caught_and_never_saved(tmp_path, prior_dir, monkeypatch, capsys)
     real = api.restore
 
     def flaky(y, operator, **kw):
-        if kw["seed"] == 1:
+        if cli.image_seed(0, "im1.png") in kw["seed"]:
             raise FloatingPointError("nfc produced NaN/Inf")
         res = real(y, operator, **kw)
-        if kw["seed"] == 2:
+        if cli.image_seed(0, "im2.png") in kw["seed"]:
             res.image = res.image * float("nan")
         return res
 
@@ -240,6 +265,146 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, prior_dir, capsys):
     assert main(["--help"]) == 0
     assert main(["bench", "--help"]) == 0  # wired to nfc_dps.benchmark
     capsys.readouterr()
+
+
+def _kernel_files(folder: Path) -> dict[str, Path]:
+    folder.mkdir(exist_ok=True)
+    files = {"text": folder / "text.npy", "cube": folder / "cube.npy", "nan": folder / "nan.npy",
+             "negative": folder / "negative.npy"}
+    files["text"].write_text("0 1 0\n1 4 1\n0 1 0\n")
+    np.save(files["cube"], np.ones((3, 3, 3)))
+    np.save(files["nan"], np.array([[1.0, np.nan], [0.0, 1.0]]))
+    np.save(files["negative"], -np.ones((3, 3)))
+    return files
+
+
+def test_operator_files_are_checked_before_the_model_loads(tmp_path, capsys):
+    """A missing or invalid --mask / --kernel: exit 2 up front, naming the flag and the file (the
+    prior given does not exist: were it loaded first, its error would show instead)."""
+    make_images(tmp_path / "in", 1)
+    kernels = _kernel_files(tmp_path / "k")
+    base = ["restore", "-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--prior", str(tmp_path / "noprior")]
+    cases = [(["--task", "inpaint_mask"], "--mask", None), (["--task", "deblur_kernel"], "--kernel", None)]
+    cases += [(["--task", "deblur_kernel", "--kernel", str(f)], "--kernel", f) for f in kernels.values()]
+    cases += [(["--task", "inpaint_box", "--mask", str(kernels["text"])], "--mask", kernels["text"])]
+    reasons = []
+    for extra, flag, path in cases:
+        assert main(base + extra + ["--quiet"]) == 2, extra
+        err = capsys.readouterr().err
+        assert flag in err and "Traceback" not in err and "noprior" not in err, err
+        assert path is None or str(path) in err, err
+        assert "pickled" not in err, err
+        reasons.append(err)
+        assert not (tmp_path / "out" / "results.csv").exists()
+    assert "not a NumPy .npy file" in reasons[2] and "2-D" in reasons[3]
+    assert "NaN" in reasons[4] and "positive" in reasons[5]
+
+
+def test_output_name_collisions_are_refused_up_front(tmp_path, prior_dir, capsys):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_image(inp / "a.png", smooth())
+    write_image(inp / "a.jpg", smooth(phase=1))
+    out = tmp_path / "out"
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    assert {r["name"]: r["output"] for r in rows(out)} == {"a.jpg": "a_jpg.png", "a.png": "a_png.png"}
+    for clash, other in [("a_png.png", "a.png"), ("a.PNG", "a.png")]:
+        write_image(inp / clash, smooth(phase=2))
+        before = {p.name: p.read_bytes() for p in out.glob("*.png")}
+        stamp = (out / "results.csv").stat().st_mtime_ns
+        assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 2
+        err = capsys.readouterr().err
+        assert str(inp / other) in err and str(inp / clash) in err and "would both be written" in err, err
+        assert "Traceback" not in err
+        assert {p.name: p.read_bytes() for p in out.glob("*.png")} == before  # nothing overwritten
+        assert (out / "results.csv").stat().st_mtime_ns == stamp
+        (inp / clash).unlink()
+
+
+def test_broken_links_and_folders_named_like_images_are_reported(tmp_path, prior_dir, capsys):
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    (inp / "gone.png").symlink_to(tmp_path / "deleted.png")
+    (inp / "x.png").mkdir()
+    (inp / "subfolder").mkdir()  # a plain folder is not an input
+    out = tmp_path / "out"
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 1
+    err = capsys.readouterr().err
+    by_name = {r["name"]: r for r in rows(out)}
+    assert sorted(by_name) == ["gone.png", "im0.png", "x.png"]
+    assert by_name["im0.png"]["status"] == "done"
+    assert by_name["gone.png"]["status"] == by_name["x.png"]["status"] == "failed"
+    assert "broken symbolic link" in by_name["gone.png"]["error"] and "deleted.png" in by_name["gone.png"]["error"]
+    assert "is a folder" in by_name["x.png"]["error"]
+    assert "gone.png" in err and "x.png" in err
+
+
+def _full_disk(monkeypatch, name: str) -> None:
+    """Writes of files called ``name`` fail as on a full disk."""
+    import nfc_dps.io as nio
+
+    real = nio.atomic_write_bytes
+
+    def write(path, data):
+        if Path(path).name == name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(nio, "atomic_write_bytes", write)
+
+
+def test_full_disk_is_a_clear_error_that_keeps_finished_work(tmp_path, prior_dir, monkeypatch, capsys):
+    make_images(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    argv = ("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise")
+
+    def os_write(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:  # the lock file
+        m.setattr(os, "write", os_write)
+        assert run(*argv, prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the lock file {out / cli.LOCK_FILE}: No space left on device" in err
+    assert "Traceback" not in err and not (out / cli.LOCK_FILE).exists()
+
+    with monkeypatch.context() as m:
+        _full_disk(m, cli.RESOLVED_JSON)
+        assert run(*argv, prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"{out / cli.RESOLVED_JSON}: No space left on device" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (out / cli.LOCK_FILE).exists()
+
+    with monkeypatch.context() as m:  # full while writing the second image
+        _full_disk(m, "im1.png")
+        assert run(*argv, prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'im1.png'}: No space left on device" in err and "resume" in err and "Traceback" not in err
+    assert image_opens(out / "im0.png") and not (out / "im2.png").exists()
+    assert sorted(json.loads((out / "manifest.json").read_text())["images"]) == ["im0.png"]
+    stamp = (out / "im0.png").stat().st_mtime_ns
+    assert run(*argv, prior=prior_dir) == 0  # space freed: resumes
+    assert [r["status"] for r in rows(out)] == ["skipped", "done", "done"]
+    assert (out / "im0.png").stat().st_mtime_ns == stamp
+
+
+def test_manifest_entries_of_the_wrong_type_are_redone(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    argv = ("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise")
+    assert run(*argv, prior=prior_dir) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["images"]["im0.png"] = "done"
+    manifest["images"]["im1.png"]["outputs"] = 5
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert run(*argv, prior=prior_dir) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "manifest.json" in err and "'im0.png'" in err and "'im1.png'" in err
+    assert [r["status"] for r in rows(out)] == ["done", "done", "skipped"]
+    (out / "manifest.json").write_text("[1, 2]")
+    assert run(*argv, prior=prior_dir) == 0
+    assert "manifest.json" in capsys.readouterr().err and [r["status"] for r in rows(out)] == ["done"] * 3
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")
@@ -324,6 +489,101 @@ def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir, capsys):
     s = json.loads((out / "summary.json").read_text())
     assert s["mean_psnr"] == pytest.approx(np.mean([float(x["psnr"]) for x in r]), abs=1e-3)
     assert s["metrics_images"] == 2 and s["num_samples"] == 2
+
+
+def _spy_sampler_batches(monkeypatch) -> list[int]:
+    """Record the number of chains of every sampler call."""
+    import nfc_dps.api as api
+
+    calls: list[int] = []
+    real = api.get_method
+
+    def spy(name):
+        method = real(name)
+
+        class Spy:
+            def sample(self, prior, op, y, *rest):
+                calls.append(y.shape[0])
+                return method.sample(prior, op, y, *rest)
+
+        return Spy()
+
+    monkeypatch.setattr(api, "get_method", spy)
+    return calls
+
+
+def test_samples_run_in_chunks_of_max_batch(tmp_path, prior_dir, monkeypatch):
+    """--samples 3: --max-batch 1 runs one chain per sampler call, the default all 3; the outputs
+    agree (batched network layers round differently in the last float32 bits only; bfloat16,
+    which "auto" may pick, rounds coarser)."""
+    calls = _spy_sampler_batches(monkeypatch)
+    make_images(tmp_path / "in", 1)
+    outs = {}
+    for chunk in (1, None):
+        outs[chunk] = out = tmp_path / f"out{chunk}"
+        flags = ["--max-batch", chunk] if chunk else []
+        assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--preset", "fast", "--samples", 3, "--save-samples",
+                   "--precision", "float32", *flags, prior=prior_dir) == 0
+    assert calls == [1, 1, 1, 3]
+    a, b = (np.load(outs[c] / "std" / "im0.npy") for c in (1, None))
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    for name in ("im0.png", "samples/im0_0.png", "samples/im0_2.png"):
+        a, b = (read_image(outs[c] / name)[0] for c in (1, None))
+        assert np.abs(a - b).max() <= 1 / 255 + 1e-6 and (a == b).mean() > 0.99, name
+    assert json.loads((outs[1] / "resolved_config.json").read_text())["max_batch"] == 1
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "x", "--task", "denoise", "--max-batch", 0,
+               prior=prior_dir) == 2
+
+
+def test_batch_size_restores_same_sized_images_together(tmp_path, prior_dir, monkeypatch):
+    """--batch-size 3 puts same-sized images (same channels) in one sampler call; each keeps its
+    seed, so the outputs are those of --batch-size 1 (float32 here: see the --max-batch test)."""
+    calls = _spy_sampler_batches(monkeypatch)
+    inp = tmp_path / "in"
+    make_images(inp, 4)
+    write_image(inp / "gray.png", smooth(c=1))
+    write_image(inp / "small.png", smooth(16, 16))
+    outs = {}
+    for b in (1, 3):
+        outs[b] = tmp_path / f"out{b}"
+        assert run("restore", "-i", inp, "-o", outs[b], "--task", "denoise", "--batch-size", b,
+                   "--precision", "float32", prior=prior_dir) == 0
+    assert calls == [1] * 6 + [3, 1, 1, 1]  # im0-im2 together; im3, gray and small alone
+    names = ["gray.png", "im0.png", "im1.png", "im2.png", "im3.png", "small.png"]
+    assert [r["name"] for r in rows(outs[3])] == names and {r["status"] for r in rows(outs[3])} == {"done"}
+    assert [r["seed"] for r in rows(outs[3])] == [r["seed"] for r in rows(outs[1])]
+    for name in names:
+        a, b = (read_image(outs[k] / name)[0] for k in (1, 3))
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1 / 255 + 1e-6 and (a == b).mean() > 0.99, name
+    resolved = json.loads((outs[3] / "resolved_config.json").read_text())
+    assert resolved["batch_size"] == 3 and resolved["max_batch"] == 4
+    assert run("restore", "-i", inp, "-o", tmp_path / "x", "--task", "denoise", "--batch-size", 0, prior=prior_dir) == 2
+
+
+def test_a_failing_image_fails_alone_in_its_batch(tmp_path, prior_dir, monkeypatch):
+    import nfc_dps.api as api
+
+    real = api.restore
+    bad = cli.image_seed(0, "im1.png")
+    batches = []
+
+    def flaky(y, operator, **kw):
+        batches.append(len(kw["seed"]))
+        if bad in kw["seed"]:
+            raise FloatingPointError("nfc produced NaN/Inf")
+        res = real(y, operator, **kw)
+        if cli.image_seed(0, "im3.png") in kw["seed"]:  # NaN in one image of a batch that ran
+            res.image[kw["seed"].index(cli.image_seed(0, "im3.png"))] = float("nan")
+        return res
+
+    monkeypatch.setattr(api, "restore", flaky)
+    make_images(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--batch-size", 3, prior=prior_dir) == 1
+    assert batches == [3, 1, 1, 1, 3]  # im0-im2 failed together, then one by one; im3-im5 ran
+    assert [r["status"] for r in rows(out)] == ["done", "failed", "done", "failed", "done", "done"]
+    assert all("NaN" in rows(out)[i]["error"] for i in (1, 3))
+    assert not (out / "im1.png").exists() and not (out / "im3.png").exists()
 
 
 def test_missing_ground_truth_is_reported(tmp_path, prior_dir):

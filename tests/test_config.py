@@ -143,7 +143,7 @@ def test_resolved_config_round_trip(tmp_path):
     spec.set("num_levels", 3, "x")
     spec.set("band.cutoff_start", 0.45, "x")
     rec = resolved_config(task, spec, seed=7, num_samples=2, prior="p", command="restore")
-    assert rec["seed"] == 7 and "seed + index" in rec["per_image_seed"] and rec["num_samples"] == 2
+    assert rec["seed"] == 7 and "relative to the input folder" in rec["per_image_seed"] and rec["num_samples"] == 2
     for pkg in ("torch", "diffusers", "numpy", "nfc_dps"):
         assert rec["versions"][pkg]
     assert "0.025" in rec["units"]

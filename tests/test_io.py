@@ -16,6 +16,7 @@ from nfc_dps.io import (
     atomic_write_bytes,
     image_opens,
     list_folder,
+    unusable_reason,
     list_images,
     quantize,
     read_image,
@@ -242,7 +243,14 @@ def test_list_images_sorted(tmp_path):
     for n in ["b.png", "a.JPG", "c.tiff", ".hidden.png", "notes.txt", "z.bmp"]:
         (tmp_path / n).write_bytes(b"x")
     (tmp_path / "sub.png").mkdir()
-    assert [p.name for p in list_images(tmp_path)] == ["a.JPG", "b.png", "c.tiff", "z.bmp"]
-    assert [p.name for p in list_folder(tmp_path)[1]] == ["notes.txt"]
+    (tmp_path / "plain_folder").mkdir()
+    (tmp_path / "gone.png").symlink_to(tmp_path / "missing.png")
+    (tmp_path / "link.png").symlink_to(tmp_path / "b.png")
+    assert [p.name for p in list_images(tmp_path)] == ["a.JPG", "b.png", "c.tiff", "link.png", "z.bmp"]
+    others = list_folder(tmp_path)[1]
+    assert [p.name for p in others] == ["gone.png", "notes.txt", "sub.png"]  # not the plain folder
+    reasons = [unusable_reason(p) for p in others]
+    assert "broken symbolic link" in reasons[0] and "missing.png" in reasons[0]
+    assert "unsupported file type '.txt'" in reasons[1] and "is a folder" in reasons[2]
     with pytest.raises(NotADirectoryError):
         list_images(tmp_path / "b.png")

@@ -130,3 +130,7 @@ def test_load_kernel_errors(tmp_path):
     Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "black.png")
     with pytest.raises(ValueError, match="black.png.*positive"):
         load_kernel(tmp_path / "black.png")
+    (tmp_path / "text.npy").write_text("0 1 0\n1 4 1\n0 1 0\n")
+    with pytest.raises(ValueError, match="text.npy.*not a NumPy .npy file") as err:
+        load_kernel(tmp_path / "text.npy")
+    assert "pickled" not in str(err.value)

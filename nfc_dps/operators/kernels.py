@@ -169,6 +169,14 @@ def read_array(path: str | Path, what: str) -> np.ndarray:
         raise FileNotFoundError(f"{what} file not found: {str(path)!r}")
     if path.suffix.lower() == ".npy":
         try:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+        except OSError as exc:
+            raise ValueError(f"cannot read {what} from {str(path)!r}: {exc.strerror or exc}") from exc
+        if magic != b"\x93NUMPY":
+            raise ValueError(f"{what} file {str(path)!r} is not a NumPy .npy file (no .npy header: text or another "
+                             f"format?); save the array with numpy.save, or give a gray image file")
+        try:
             arr = np.load(path, allow_pickle=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with the file name
             raise ValueError(f"cannot read {what} from {str(path)!r}: {exc}") from exc

@@ -1,0 +1,135 @@
+"""restore()'s input contract: dtypes and ranges, argument checks, the samples array, chunked chains."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nfc_dps
+from nfc_dps.operators import BlurOperator, Denoising, gaussian_kernel
+from nfc_dps.samplers import get_config
+from test_samplers import ShrinkPrior
+
+CFG = dict(num_levels=3, ode_steps=1)
+
+
+def run(y, op=None, **kw):
+    kw = {"prior": ShrinkPrior(), "config": get_config("nfc", "fast", **CFG), "sigma_y": 0.02,
+          "progress": False, **kw}
+    return nfc_dps.restore(y, Denoising() if op is None else op, **kw)
+
+
+def image(h=16, w=16) -> np.ndarray:
+    """A (h, w, 3) float32 image in [0, 1] whose 8-bit rounding is exact."""
+    g = np.random.default_rng(0)
+    return (g.integers(0, 256, (h, w, 3)) / 255.0).astype(np.float32)
+
+
+class Float32Prior(ShrinkPrior):
+    """Refuses other dtypes, as a network with float32 weights does."""
+
+    def denoise(self, x, sigma):
+        if x.dtype != torch.float32:
+            raise RuntimeError(f"expected scalar type Float but found {x.dtype}")
+        return super().denoise(x, sigma)
+
+
+# ---------------------------------------------------------------- dtypes and ranges
+
+
+def test_uint8_and_uint16_are_scaled_to_unit_range():
+    x = image()
+    ref = run(x).image
+    u8 = np.rint(x * 255).astype(np.uint8)
+    np.testing.assert_array_equal(run(u8).image, ref)
+    np.testing.assert_array_equal(run(torch.from_numpy(u8).permute(2, 0, 1)).image.permute(1, 2, 0).numpy(), ref)
+    u16 = (u8.astype(np.uint16) * 257)  # 257 * v / 65535 == v / 255
+    np.testing.assert_allclose(run(u16).image, ref, atol=1e-6)
+    assert run(u8).image.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int16, bool])
+def test_other_integer_dtypes_are_refused(dtype):
+    with pytest.raises(TypeError, match="uint8"):
+        run(np.ones((8, 8, 3), dtype))
+    with pytest.raises(TypeError, match="uint8"):
+        run(torch.ones(1, 3, 8, 8, dtype=torch.int32))
+
+
+def test_float_values_far_outside_unit_range_are_refused():
+    x = image()
+    with pytest.raises(ValueError, match=r"lie in \[0, 255\]"):
+        run(x * 255)
+    with pytest.raises(ValueError, match=r"lie in \[-1, 1\]"):
+        run(torch.from_numpy(x * 2 - 1).permute(2, 0, 1))
+    # a noisy measurement exceeds [0, 1] by a few sigma_y: accepted
+    noisy = x + 0.1 * np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    assert noisy.min() < -0.2 and noisy.max() > 1.2
+    assert np.isfinite(run(noisy, sigma_y=0.1).image).all()
+    with pytest.raises(ValueError, match="sigma_y=0.02"):
+        run(noisy, sigma_y=0.02)
+
+
+def test_float64_tensor_runs_in_float32():
+    y = torch.from_numpy(image()).permute(2, 0, 1)[None]
+    ref = run(y, prior=Float32Prior()).image
+    out = run(y.double(), prior=Float32Prior()).image
+    assert out.dtype == torch.float32 and torch.equal(out, ref)
+    assert run(image().astype(np.float64), prior=Float32Prior()).image.dtype == np.float32
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def test_numpy_integer_seeds():
+    x = image()
+    ref = run(x, seed=3).image
+    np.testing.assert_array_equal(run(x, seed=np.int64(3)).image, ref)
+    np.testing.assert_array_equal(run(x, seed=np.array([3])).image, ref)
+    with pytest.raises(TypeError, match="seed"):
+        run(x, seed=3.5)
+    with pytest.raises(TypeError, match="seed"):
+        run(x, seed="3")
+    with pytest.raises(ValueError, match="seed"):
+        run(x, seed=-1)
+
+
+@pytest.mark.parametrize("sigma", [float("inf"), float("nan"), -0.1])
+def test_sigma_y_must_be_finite_and_nonnegative(sigma):
+    with pytest.raises(ValueError, match="sigma_y"):
+        run(image(), sigma_y=sigma)
+
+
+def test_operator_none_is_a_type_error():
+    with pytest.raises(TypeError, match="operator"):
+        nfc_dps.restore(image(), None, prior=ShrinkPrior(), progress=False)
+
+
+def test_samples_are_one_array_with_k_first():
+    out = run(image(), num_samples=3)
+    assert isinstance(out.samples, np.ndarray) and out.samples.shape == (3, 16, 16, 3)
+    np.testing.assert_allclose(out.image, np.clip(out.samples.mean(0), 0, 1), atol=1e-6)
+    gray = run(image()[..., 0], num_samples=2)
+    assert gray.samples.shape == (2, 16, 16)
+    t = run(torch.rand(2, 3, 8, 8), num_samples=3)
+    assert isinstance(t.samples, torch.Tensor) and t.samples.shape == (3, 2, 3, 8, 8)
+    assert run(torch.rand(3, 8, 8), num_samples=2).samples.shape == (2, 3, 8, 8)
+
+
+# ---------------------------------------------------------------- chunked chains
+
+
+def test_max_batch_chunks_give_identical_results():
+    op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
+    y = op.measure(torch.rand(2, 3, 16, 16), 0.02, [torch.Generator().manual_seed(i) for i in range(2)])
+    full = run(y, op, seed=[4, 9], num_samples=3)
+    seen = []
+    for chunk in (1, 4, 6, 100):
+        part = run(y, op, seed=[4, 9], num_samples=3, max_batch=chunk, callback=seen.append)
+        assert torch.equal(part.image, full.image) and torch.equal(part.samples, full.samples), chunk
+        assert torch.equal(part.std, full.std) and part.nfe == full.nfe
+    spans = sorted({s["chains"] for s in seen})
+    assert (0, 1) in spans and (4, 6) in spans and (0, 6) in spans
+    with pytest.raises(ValueError, match="max_batch"):
+        run(y, op, max_batch=0)
