@@ -3,12 +3,11 @@ calibration of exact posterior draws, and exact-inner NFC/DAPS recovering the po
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
+from nfc_dps.metrics import coverage, expected_coverage
 from nfc_dps.operators import BlurOperator, Denoising, Inpainting, gaussian_kernel
 from nfc_dps.priors import GaussianMixturePrior
 from nfc_dps.priors.gaussian import frequency_radius
@@ -215,8 +214,6 @@ def test_exact_posterior_std_is_calibrated():
     within 1 and 2 sample stds of the sample mean matches the Student-t value
     P(|T_{K-1}| <= c / sqrt(1 + 1/K)) (66.8 / 94.2 %; 68.3 / 95.4 % as K grows) within 1.5
     points (about 3 standard errors of a fraction over ~2000 effectively independent pixels)."""
-    from scipy import stats
-
     prior = tiny_prior("well", 8)
     op = BlurOperator(gaussian_kernel(3, 0.5), "circular")
     g = torch.Generator().manual_seed(8)
@@ -227,13 +224,13 @@ def test_exact_posterior_std_is_calibrated():
     assert bool((post.weights.max(1).values > 0.9999).all())
     kk = 32
     draws = post.sample(kk, g)
-    mean, std = draws.mean(0), draws.std(0)
-    for c in (1.0, 2.0):
-        got = float(((mean - x).abs() <= c * std).to(F64).mean())
-        want = 2 * stats.t.cdf(c / math.sqrt(1 + 1 / kk), kk - 1) - 1
-        assert abs(got - want) <= 0.015, (c, got, want)
-        # the test has power: a std map 20 % too small is caught
-        assert abs(float(((mean - x).abs() <= 0.8 * c * std).to(F64).mean()) - want) > 0.03
+    got = coverage(draws, x).mean(0)
+    for i, c in enumerate((1.0, 2.0)):
+        want = expected_coverage(kk, c)
+        assert abs(float(got[i]) - want) <= 0.015, (c, float(got[i]), want)
+    # the test has power: draws 20 % too narrow around their mean are caught
+    narrow = coverage(draws.mean(0) + 0.8 * (draws - draws.mean(0)), x).mean(0)
+    assert float((narrow - torch.tensor([expected_coverage(kk, 1.0), expected_coverage(kk, 2.0)], dtype=F64)).abs().min()) > 0.03
 
 
 # ============================================================================ samplers
