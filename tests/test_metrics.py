@@ -9,7 +9,7 @@ import torch
 from skimage import data
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from nfc_dps.metrics import coverage, expected_coverage, mse, psnr, ssim
+from nfc_dps.metrics import coverage, expected_coverage, mse, psnr, sliced_wasserstein, ssim
 
 
 def _crop(name):
@@ -131,3 +131,22 @@ def test_coverage_errors():
         coverage(torch.zeros(3, 1, 1, 2, 2), torch.zeros(2, 1, 2, 2))
     with pytest.raises(ValueError, match="k >= 2"):
         expected_coverage(1, 1.0)
+
+
+def test_sliced_wasserstein():
+    g = torch.Generator().manual_seed(1)
+    dirs = torch.randn(64, 6, generator=g, dtype=torch.float64)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    a = torch.randn(8, 1, 2, 3, generator=g, dtype=torch.float64)
+    assert sliced_wasserstein(a, a.repeat(3, 1, 1, 1), dirs) == pytest.approx(0.0, abs=1e-12)
+    shift = torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0, 1.0], dtype=torch.float64)
+    moved = a + shift.view(1, 1, 2, 3)
+    # a translation moves every projection by theta . shift
+    assert sliced_wasserstein(a, moved, dirs) == pytest.approx(float((dirs @ shift).pow(2).mean().sqrt()), rel=1e-12)
+    # in 1-D: W2 between {0, 1} and {0, 0, 1, 1} is 0, against {0, 0, 0, 1}: sqrt(1/4)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    pts = lambda *v: torch.tensor(v, dtype=torch.float64).view(-1, 1)  # noqa: E731
+    assert sliced_wasserstein(pts(0, 1), pts(1, 0, 1, 0), one) == pytest.approx(0.0)
+    assert sliced_wasserstein(pts(0, 1), pts(0, 0, 0, 1), one) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="multiple"):
+        sliced_wasserstein(a, a[:5], dirs)
