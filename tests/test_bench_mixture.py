@@ -60,6 +60,8 @@ def test_mixture_runs_follow_the_registry(monkeypatch):
     assert [label for label, _, _ in mixture.mixture_runs(10, ("nfc",))] == [
         "nfc", "nfc-band-off", "nfc-haar-off", "nfc-modules-off"]
     assert isinstance(runs["daps"], NFCConfig) and "daps-band-off" not in runs
+    over = {label: cfg for label, _, cfg in mixture.mixture_runs(10, ("nfc",), {"nfc": {"final_step": "sample"}})}
+    assert all(cfg.final_step == "sample" for cfg in over.values()) and runs["nfc"].final_step == "mean"
 
 
 def test_exact_draws_sit_at_the_metric_floor_and_a_wrong_sampler_does_not():

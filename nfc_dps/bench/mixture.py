@@ -6,7 +6,8 @@ Gaussian oracle cannot show: whether it puts posterior mass on the right modes. 
 (``--tasks``, default all): modes "well" or "poorly" separated (means differing at low or at high
 frequency), Gaussian blur of std 0.75 ("mild") or 3 px ("strong"), sigma_y 0.01 ("lo") or 0.05
 ("hi") in [0, 1] units. ``--num-images`` measurements per setting (default 4), each truth a prior
-draw; ``--samples`` K chains per measurement (default 16); ``--budgets`` (default 20,100).
+draw; ``--samples`` K chains per measurement (default 16); ``--budgets`` (default 20,100);
+``--methods`` (labels or registry names) and ``--set METHOD.KEY=VALUE`` as in the other protocols.
 
 Every sampler of :data:`nfc_dps.samplers.METHODS` runs at its ``fast`` preset at each NFE budget
 (:func:`nfc_dps.benchmark.method_config`); a config with NFC's modules active also runs with the
@@ -99,16 +100,18 @@ COLUMNS = ["setting", "method", "budget", "nfe", "psnr_mean", "psnr_sample", "tv
 DRIFT_COLUMNS = ["setting", "method", "budget", "level", "sigma", "drift"]
 
 
-def mixture_runs(budget: int, methods: Sequence[str] = ()) -> list[tuple[str, str, Any]]:
+def mixture_runs(budget: int, methods: Sequence[str] = (), overrides: dict[str, dict[str, Any]] | None = None
+                 ) -> list[tuple[str, str, Any]]:
     """(label, method, config) at NFE ``budget``: every sampler of METHODS at its fast preset, and
     for a config with NFC's modules active the band-off, Haar-off and both-off variants.
-    ``methods`` (labels or registry names) filters; empty keeps all."""
+    ``methods`` (labels or registry names) filters; empty keeps all. ``overrides``: per registry
+    name, config fields to replace (``--set``), applied before the variants are derived."""
     from ..benchmark import method_config
     from ..samplers import METHODS
 
     out = []
     for name in METHODS:
-        cfg = method_config(name, "fast", budget)
+        cfg = method_config(name, "fast", budget, (overrides or {}).get(name))
         out.append((name, name, cfg))
         band, detail = getattr(cfg, "band", None), getattr(cfg, "detail", None)
         if band is not None and detail is not None and (band.active or detail.active):
@@ -236,7 +239,7 @@ def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]
         y_rep = y.repeat_interleave(k, 0)
         shape = (n_meas * k, 1, size, size)
         for budget in budgets:
-            for label, method, cfg in mixture_runs(budget, spec.methods):
+            for label, method, cfg in mixture_runs(budget, spec.methods, spec.overrides):
                 recorder = _FirstInput(prior)
                 counted = counting(recorder)
                 levels: list[tuple[float, float]] = []
@@ -278,6 +281,7 @@ def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]
         "prior": f"GaussianMixturePrior.structured, {size}x{size} gray, 3 components",
         "measurements per setting": n_meas, "samples per measurement (K)": k,
         "budgets": ", ".join(str(b) for b in budgets), "seed": spec.seed,
+        **({"overrides": spec.overrides} if spec.overrides else {}),
         "machine": machine_description().get("cpu", ""), "torch threads": torch.get_num_threads(),
         "wall time of this invocation": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     })
