@@ -365,7 +365,7 @@ def mixture_markdown(rows: list[dict[str, Any]], header: dict[str, Any], bounds:
                 L.append(f"| {s} | {bud} | " + " | ".join(cells) + " |")
         L.append("")
         # averages over settings
-        L += [f"## Mean over settings", "", "| method | NFE | sample to bound | mean to bound | tv | sw | drift early "
+        L += ["## Mean over settings", "", "| method | NFE | sample to bound | mean to bound | tv | sw | drift early "
               "| cov @4 | cov @K |", "|---|---|---|---|---|---|---|---|---|"]
         for m in dict.fromkeys(r["method"] for r in rows if r["method"] != "exact-mmse"):
             for bud in ([0] if m.startswith("exact") else budgets):
@@ -378,9 +378,11 @@ def mixture_markdown(rows: list[dict[str, Any]], header: dict[str, Any], bounds:
                             for r in rs if r.get(key) is not None]
                     return float(np.mean(vals)) if vals else float("nan")
 
+                drift = avg("drift_early")
                 L.append(f"| {m} | {bud} | {avg('psnr_sample', shift='sample'):+.2f} | "
                          f"{avg('psnr_mean', shift=f'mean{k}'):+.2f} | {avg('tv'):.3f} | {avg('sw'):.3f} | "
-                         f"{avg('drift_early'):.3f} | {avg('cov1_k4', 100):.0f}/{avg('cov2_k4', 100):.0f} | "
+                         f"{'' if math.isnan(drift) else format(drift, '.3f')} | "
+                         f"{avg('cov1_k4', 100):.0f}/{avg('cov2_k4', 100):.0f} | "
                          f"{avg('cov1_all', 100):.0f}/{avg('cov2_all', 100):.0f} |")
         L.append("")
     if PRESTATED_SETTING in settings and any(r["method"] == "nfc" for r in rows):
