@@ -63,7 +63,7 @@ __all__ = ["build_parser", "main", "run", "BenchSpec", "stable_seed", "task_spec
 DIFFUSION_METHODS = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "dpir")
 CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
 DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
-PROTOCOLS = ("local", "paper", "oracle")
+PROTOCOLS = ("local", "paper", "oracle", "mixture")
 COLUMNS = ["protocol", "task", "image", "method", "estimator", "budget", "nfe", "psnr", "ssim", "mse", "lpips",
            "seconds", "peak_mem_mb", "seed", "note"]
 KEY = ("task", "image", "method", "estimator", "budget")
@@ -1467,7 +1467,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                       "timing, the Gaussian oracle and a per-NFE profile (see docs/benchmarks.md).")
     p.add_argument("--protocol", choices=PROTOCOLS, default="local",
                    help="local: embedded prior, 4 held-out scikit-image crops; paper: 256 px, --images and --prior "
-                        "(DPS/DAPS operators); oracle: Gaussian prior with exact bounds")
+                        "(DPS/DAPS operators); oracle: Gaussian prior with exact bounds; mixture: Gaussian-mixture "
+                        "prior, exact multimodal posterior (nfc_dps.bench.mixture; --tasks picks its settings)")
     p.add_argument("--profile", action="store_true", help="time per NFE vs the bare network forward, with a breakdown")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
     p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
@@ -1514,13 +1515,15 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     protocol = args.protocol
-    default_size = 256 if (protocol == "paper" or args.profile) else 64
+    default_size = 256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture" else 64
     if args.profile and not (args.out):
         args.out = Path("runs/bench/profile")
     tasks = _str_list(args.tasks) or (("deblur_gaussian",) if args.profile else DEFAULT_TASKS)
     methods = _str_list(args.methods) or (("nfc", "daps") if args.profile else DEFAULT_METHODS)
     if protocol == "oracle" and not _str_list(args.methods):
         methods = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "wiener", "tv")
+    if protocol == "mixture":  # empty: every setting and every registered sampler (nfc_dps.bench.mixture)
+        tasks, methods = _str_list(args.tasks), _str_list(args.methods)
     return BenchSpec(
         protocol=protocol, out=Path(args.out or f"runs/bench/{protocol}"), prior=args.prior, images=args.images,
         image_names=_str_list(args.image_names), num_images=args.num_images, size=args.size or default_size,
@@ -1547,6 +1550,10 @@ def run_from_args(args: argparse.Namespace) -> int:
             run_profile(spec)
         elif spec.protocol == "oracle":
             run_oracle(spec)
+        elif spec.protocol == "mixture":
+            from .bench.mixture import run_mixture
+
+            run_mixture(spec)
         else:
             run(spec)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

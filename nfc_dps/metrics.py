@@ -9,6 +9,16 @@ K1 = 0.01, K2 = 0.03, sample covariance (N / (N - 1), N = 49), computed per chan
 channels. It equals ``skimage.metrics.structural_similarity(x, y, data_range=data_range,
 channel_axis=-1)`` (gray: no channel_axis). Not the Gaussian-weighted SSIM of Wang et al. or
 torchmetrics' default, which give different numbers. Computed in float64.
+
+Calibration of a K-sample uncertainty map (:func:`coverage`): the fraction of pixels whose
+error |mean - truth| lies within c times the per-pixel sample std (the ``std`` map of
+``restore(..., num_samples=K)``: unbiased, K - 1 degrees of freedom). For an exact posterior
+sampler and Gaussian pixel posteriors this fraction is P(|T_{K-1}| <= c / sqrt(1 + 1/K))
+(:func:`expected_coverage`), which tends to 68.3 % / 95.4 % for c = 1 / 2 as K grows.
+
+Distance between two sets of draws (:func:`sliced_wasserstein`): the sliced 2-Wasserstein
+distance over random directions, the metric of the Gaussian-mixture benchmark of Cardoso et al.
+(2023, "Monte Carlo guided diffusion for Bayesian linear inverse problems").
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["psnr", "ssim", "mse"]
+__all__ = ["psnr", "ssim", "mse", "coverage", "expected_coverage", "sliced_wasserstein"]
 
 _WIN = 7
 _K1, _K2 = 0.01, 0.03
@@ -74,3 +84,52 @@ def ssim(x: Tensor, y: Tensor, data_range: float = 1.0) -> Tensor:
     c2 = (_K2 * data_range) ** 2
     s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
     return s.reshape(b, c, -1).mean(-1).mean(-1)
+
+
+def coverage(samples: Tensor, truth: Tensor, widths: tuple[float, ...] = (1.0, 2.0)) -> Tensor:
+    """(B, len(widths)) float64: per image, the fraction of pixels (and channels) with
+    |mean - truth| <= c * std for each width c, mean and unbiased std over the K samples.
+
+    samples: (K, B, C, H, W) with K >= 2; truth: (B, C, H, W); any units (the same for both).
+    """
+    if not isinstance(samples, Tensor) or not isinstance(truth, Tensor):
+        raise TypeError("samples and truth must be torch.Tensors")
+    if samples.ndim != 5 or samples.shape[0] < 2:
+        raise ValueError(f"samples must be (K, B, C, H, W) with K >= 2, got shape {tuple(samples.shape)}")
+    if tuple(truth.shape) != tuple(samples.shape[1:]):
+        raise ValueError(f"truth must have shape {tuple(samples.shape[1:])}, got {tuple(truth.shape)}")
+    s = samples.double()
+    err = (s.mean(0) - truth.double()).abs()
+    std = s.std(0)
+    return torch.stack([(err <= float(c) * std).double().flatten(1).mean(1) for c in widths], dim=1)
+
+
+def expected_coverage(k: int, width: float) -> float:
+    """What :func:`coverage` gives in expectation for K exact draws from a Gaussian pixel
+    posterior: P(|T_{K-1}| <= width / sqrt(1 + 1/K)), T Student-t (mean of K draws and the truth
+    differ by N(0, v (1 + 1/K)); the unbiased variance has K - 1 degrees of freedom)."""
+    from scipy import stats
+
+    if k < 2 or not width > 0:
+        raise ValueError(f"need k >= 2 and width > 0, got k={k}, width={width}")
+    return float(2 * stats.t.cdf(width / (1 + 1 / k) ** 0.5, k - 1) - 1)
+
+
+def sliced_wasserstein(a: Tensor, b: Tensor, directions: Tensor) -> float:
+    """Sliced 2-Wasserstein distance sqrt(mean_theta W2^2(theta.a, theta.b)) between the empirical
+    measures of draws a (n, ...) and b (m, ...), m a multiple of n (each sorted projection of a
+    is matched to m / n consecutive ones of b: the exact 1-D W2 between equal-weight atoms).
+
+    directions: (L, D) unit vectors, D the number of elements of one draw. Same units as a, b.
+    """
+    a2, b2 = a.reshape(a.shape[0], -1).double(), b.reshape(b.shape[0], -1).double()
+    n, m = a2.shape[0], b2.shape[0]
+    if n < 1 or m % n:
+        raise ValueError(f"the second set's size must be a multiple of the first's, got {n} and {m}")
+    if a2.shape[1] != b2.shape[1] or directions.ndim != 2 or directions.shape[1] != a2.shape[1]:
+        raise ValueError(f"draws of {a2.shape[1]} and {b2.shape[1]} elements and directions of shape "
+                         f"{tuple(directions.shape)} do not match")
+    d = directions.to(a2)
+    pa = (a2 @ d.T).sort(0).values.repeat_interleave(m // n, 0)
+    pb = (b2 @ d.T).sort(0).values
+    return float((pa - pb).pow(2).mean().sqrt())

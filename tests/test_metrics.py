@@ -9,7 +9,7 @@ import torch
 from skimage import data
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from nfc_dps.metrics import mse, psnr, ssim
+from nfc_dps.metrics import coverage, expected_coverage, mse, psnr, sliced_wasserstein, ssim
 
 
 def _crop(name):
@@ -98,3 +98,55 @@ def test_errors():
         psnr(a, a, data_range=0)
     with pytest.raises(TypeError, match="ndarray"):
         psnr(a.numpy(), a)
+
+
+def test_coverage_counts_pixels_within_the_sample_std():
+    # samples -1, +1 at every pixel: mean 0, unbiased std sqrt(2)
+    samples = torch.stack([-torch.ones(2, 1, 2, 2), torch.ones(2, 1, 2, 2)]).double()
+    truth = torch.zeros(2, 1, 2, 2, dtype=torch.float64)
+    truth[0, 0, 0, 0] = 1.5  # within 2 std (2.83) but not 1 std (1.41)
+    truth[1] = 5.0  # outside both
+    got = coverage(samples, truth)
+    assert got.shape == (2, 2) and got.dtype == torch.float64
+    assert torch.equal(got, torch.tensor([[0.75, 1.0], [0.0, 0.0]], dtype=torch.float64))
+    assert torch.equal(coverage(samples, truth, widths=(3.5, 3.6))[1], torch.tensor([0.0, 1.0], dtype=torch.float64))  # 5 / sqrt(2) = 3.54
+
+
+def test_coverage_of_gaussian_draws_matches_the_student_t_reference():
+    g = torch.Generator().manual_seed(0)
+    for k in (4, 16):
+        samples = torch.randn(k, 64, 1, 32, 32, generator=g, dtype=torch.float64)
+        truth = torch.randn(64, 1, 32, 32, generator=g, dtype=torch.float64)
+        got = coverage(samples, truth).mean(0)
+        for i, c in enumerate((1.0, 2.0)):  # 65536 independent pixels: standard error < 0.002
+            assert abs(float(got[i]) - expected_coverage(k, c)) < 0.008, (k, c)
+    assert expected_coverage(10**6, 1.0) == pytest.approx(0.6827, abs=1e-4)
+    assert expected_coverage(10**6, 2.0) == pytest.approx(0.9545, abs=1e-4)
+
+
+def test_coverage_errors():
+    with pytest.raises(ValueError, match="K >= 2"):
+        coverage(torch.zeros(1, 1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    with pytest.raises(ValueError, match="truth must have shape"):
+        coverage(torch.zeros(3, 1, 1, 2, 2), torch.zeros(2, 1, 2, 2))
+    with pytest.raises(ValueError, match="k >= 2"):
+        expected_coverage(1, 1.0)
+
+
+def test_sliced_wasserstein():
+    g = torch.Generator().manual_seed(1)
+    dirs = torch.randn(64, 6, generator=g, dtype=torch.float64)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    a = torch.randn(8, 1, 2, 3, generator=g, dtype=torch.float64)
+    assert sliced_wasserstein(a, a.repeat(3, 1, 1, 1), dirs) == pytest.approx(0.0, abs=1e-12)
+    shift = torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0, 1.0], dtype=torch.float64)
+    moved = a + shift.view(1, 1, 2, 3)
+    # a translation moves every projection by theta . shift
+    assert sliced_wasserstein(a, moved, dirs) == pytest.approx(float((dirs @ shift).pow(2).mean().sqrt()), rel=1e-12)
+    # in 1-D: W2 between {0, 1} and {0, 0, 1, 1} is 0, against {0, 0, 0, 1}: sqrt(1/4)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    pts = lambda *v: torch.tensor(v, dtype=torch.float64).view(-1, 1)  # noqa: E731
+    assert sliced_wasserstein(pts(0, 1), pts(1, 0, 1, 0), one) == pytest.approx(0.0)
+    assert sliced_wasserstein(pts(0, 1), pts(0, 0, 0, 1), one) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="multiple"):
+        sliced_wasserstein(a, a[:5], dirs)

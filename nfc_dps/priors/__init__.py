@@ -4,6 +4,7 @@ from .adm import ADM_PRESETS, adm_unet_config, convert_adm_checkpoint, convert_a
 from .base import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
 from .diffusers_prior import load_diffusers_prior
 from .gaussian import GaussianSpectralPrior, circulant_transfer, fit_power_law
+from .mixture import GaussianMixturePrior, MixturePosterior
 
 __all__ = [
     "Prior",
@@ -12,6 +13,8 @@ __all__ = [
     "TiledPrior",
     "load_diffusers_prior",
     "GaussianSpectralPrior",
+    "GaussianMixturePrior",
+    "MixturePosterior",
     "fit_power_law",
     "circulant_transfer",
     "ADM_PRESETS",
