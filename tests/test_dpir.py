@@ -85,23 +85,28 @@ def test_dpir_config_rejects_bad_values(bad):
         DPIRConfig(**bad)
 
 
-@pytest.mark.parametrize("kind", ["pinv", "adjoint", "tikhonov"])
+@pytest.mark.parametrize("kind", ["pinv", "adjoint", "tikhonov", "wiener"])
 def test_initial_estimates_fit_the_measurement(kind):
     """Every start estimate is image-shaped and reproduces a noiseless measurement where it is
-    exact (pinv: A x = y; adjoint on inpainting: the observed pixels; tikhonov: close)."""
+    exact (pinv: A x = y; adjoint on inpainting: the observed pixels; tikhonov, wiener: close)."""
+    from nfc_dps.frequency import power_law_spectrum
+
     g = torch.Generator().manual_seed(0)
     x = torch.rand(2, 3, 32, 32, generator=g) * 2 - 1
+    spectrum = power_law_spectrum(torch.tensor([0.01]), torch.tensor([2.0]), (32, 32))
     for op in (Inpainting(box_mask(32, 32, 12, 2)), SuperResolution(4), BlurOperator(gaussian_kernel(9, 1.5))):
         y = op.A(x)
-        est = initial_estimate(op, y, 0.01, x.shape, kind)
+        est = initial_estimate(op, y, 0.01, x.shape, kind, spectrum)
         assert est.shape == x.shape
         rel = ((op.A(est) - y).norm() / y.norm()).item()
-        if kind == "pinv" or isinstance(op, Inpainting):
+        if kind == "pinv" or (kind == "adjoint" and isinstance(op, Inpainting)):
             assert rel < 2e-3, (kind, type(op).__name__, rel)  # blur: measured 4e-4 (float32 FFTs)
-        elif kind == "tikhonov":
+        elif kind != "adjoint":  # a blurred or box-upsampled image does not refit y
             assert rel < 0.05, (kind, type(op).__name__, rel)
     with pytest.raises(ValueError, match="initial estimate"):
         initial_estimate(op, y, 0.01, x.shape, "noise")
+    with pytest.raises(ValueError, match="power spectrum"):
+        initial_estimate(op, y, 0.01, x.shape, "wiener")
 
 
 def test_deterministic_nfc_is_deterministic_and_batch_invariant():

@@ -68,11 +68,13 @@ def to_image_units(x_m: Tensor) -> Tensor:
 
 
 #: initial estimates from the measurement (:func:`initial_estimate`)
-START_ESTIMATES = ("pinv", "adjoint", "tikhonov")
+START_ESTIMATES = ("pinv", "adjoint", "tikhonov", "wiener")
+#: conjugate-gradient iterations of the "wiener" start (one solve per run)
+START_CG_ITERATIONS = 100
 
 
 def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: Sequence[int],
-                     kind: str) -> Tensor:
+                     kind: str, spectrum: Tensor | None = None) -> Tensor:
     """An image-shaped first estimate from a measurement, all in the same units (model units here).
 
     * ``pinv``: the operator's pseudo-inverse A^+ y (exact on the measured part, unregularised:
@@ -82,6 +84,10 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
       of the well-observed pixels (g > 0.05) elsewhere.
     * ``tikhonov``: argmin ||y - A x||^2 / (2 sigma_y^2) + ||x - m||^2 / 2, m the ``adjoint``
       estimate's mean per image and channel: a unit-variance prior around the image's mean level.
+    * ``wiener``: the linear MMSE estimate E[x | y] under x ~ N(m, C), C = F* diag(S) F with
+      ``spectrum`` S (B|1, 1, H, W) (a power law: the prior's or the measurement's): a Wiener
+      filter for circulant blur, a smooth interpolation of the holes for inpainting; conjugate
+      gradients (``START_CG_ITERATIONS``) where there is no closed form.
     Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
     """
     if kind == "pinv":
@@ -97,7 +103,17 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     mean = normalised.sum(dim=(-2, -1), keepdim=True) / count
     if kind == "adjoint":
         return torch.where(observed, normalised, mean.expand_as(normalised))
-    return operator.prox(y, mean.expand_as(normalised).contiguous(), sigma_y, 1.0)
+    level = mean.expand_as(normalised).contiguous()
+    if kind == "tikhonov":
+        return operator.prox(y, level, sigma_y, 1.0)
+    if spectrum is None:
+        raise ValueError("the 'wiener' initial estimate needs a power spectrum S")
+    # an infinite DC (the mean left free) would make the wide-hole preconditioner NaN; the
+    # largest finite power leaves the mean to the data just as well
+    finite = torch.where(torch.isinf(spectrum), torch.zeros_like(spectrum), spectrum)
+    spectrum = torch.where(torch.isinf(spectrum), finite.flatten(1).amax(1).view(-1, 1, 1, 1) * 1e3, spectrum)
+    return gaussian_conditional(operator, y, level, sigma_y, spectrum, None, sample=False,
+                                cg_iters=START_CG_ITERATIONS, coverage=pixel_coverage(operator, like))
 
 
 def sigma_vector(sigma: float, x: Tensor) -> Tensor:

@@ -64,8 +64,8 @@ class DPIRConfig:
             raise ValueError(f"need 0 < sigma_min <= sigma_max (model units), got {self.sigma_min}, {self.sigma_max}")
         if not self.noise_floor >= 0:
             raise ValueError(f"noise_floor must be >= 0, got {self.noise_floor!r}")
-        if self.start not in START_ESTIMATES:
-            raise ValueError(f"start must be one of {START_ESTIMATES}, got {self.start!r}")
+        if self.start not in START_ESTIMATES or self.start == "wiener":
+            raise ValueError(f"start must be one of {[s for s in START_ESTIMATES if s != 'wiener']}, got {self.start!r}")
 
     @property
     def nfe(self) -> int:

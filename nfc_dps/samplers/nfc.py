@@ -91,7 +91,8 @@ class NFCConfig:
     re-noising between levels still draws fresh noise). Values below 1 trade sample diversity
     (and so a calibrated ``std`` map) for PSNR.
     start: the first x: "noise" (sigma_max times white noise, the paper) or an estimate from the
-    measurement with no noise added ("pinv", "adjoint", "tikhonov": see ``initial_estimate``).
+    measurement with no noise added ("pinv", "adjoint", "tikhonov", "wiener": see
+    ``initial_estimate``; "wiener" uses the spectrum chosen by ``spectrum``).
     renoise: between levels, "fresh" (x_{k+1} = x0 + sigma_{k+1} eps, the paper) or "none"
     (x_{k+1} = x0: the next level denoises the data step's output as it is, as plug-and-play
     methods do).
@@ -227,7 +228,8 @@ def sample_nfc(
     sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * prob.sigma))
     sigmas = karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
     n = cfg.num_levels
-    needs_spectrum = cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
+    needs_spectrum = (cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
+                      or cfg.start == "wiener")
     spectrum = None
     if needs_spectrum:
         spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
@@ -241,7 +243,7 @@ def sample_nfc(
     if cfg.start == "noise":
         x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     else:
-        x = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start)
+        x = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start, spectrum)
     for k in range(n):
         sigma, sigma_next = sigmas[k], sigmas[k + 1]
         x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
