@@ -113,7 +113,7 @@ def test_deterministic_nfc_is_deterministic_and_batch_invariant():
     prior, op, H, x, y_m = oracle_problem(3)
     y = ((y_m + 1) / 2).float()
     cfg = get_config("nfc")  # the default preset
-    assert cfg == get_config("nfc", "deterministic") and cfg.is_deterministic and cfg.nfe == 8
+    assert cfg == get_config("nfc", "deterministic") and cfg.is_deterministic and cfg.nfe == 16
     full = sample_nfc(prior, op, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(i) for i in range(3)])
     other_seeds = sample_nfc(prior, op, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(99 + i) for i in range(3)])
     assert torch.equal(full, other_seeds)
@@ -131,7 +131,7 @@ def test_renoise_none_feeds_the_data_step_to_the_next_level():
     assert all(torch.equal(info["x"], info["x0"]) for info in seen)
     assert torch.allclose(out, (seen[-1]["x0"] + 1) / 2)
     sigmas = [info["sigma"] for info in seen]
-    assert sigmas[0] == pytest.approx(2 * 49 / 255) and sigmas[-1] == pytest.approx(0.05)  # noise floor = sigma_y
+    assert sigmas[0] == pytest.approx(2 * 49 / 255) and sigmas[-1] == pytest.approx(0.025)  # noise floor: sigma_y / 2
     fresh = sample_nfc(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, renoise="fresh"),
                        [torch.Generator().manual_seed(0)])
     assert not torch.allclose(fresh, out)

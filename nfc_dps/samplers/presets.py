@@ -30,12 +30,12 @@ NFC_PRESETS: dict[str, NFCConfig] = {
 # measured on the local protocol at 100 NFE: +0.23 to +0.95 dB over "fast" on all five tasks; with
 # ``spectrum: auto`` its steps use a power law fitted to A^+ y on blur, SR and denoising (docs/benchmarks.md)
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0)
-# the deterministic continuation: start from the measurement, no re-noising, conditional-mean
-# inner steps weighted as DPIR's HQS (lam = 0.23), 8 levels from DPIR's 49/255 ([0, 1] units) down
-# to the measurement noise (docs/benchmarks.md: the 256-px tier)
+# the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
+# conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from DPIR's 49/255
+# ([0, 1] units) down to half the measurement noise (docs/benchmarks.md: the 256-px tier)
 NFC_PRESETS["deterministic"] = NFCConfig(
-    num_levels=8, ode_steps=1, sigma_max=2 * 49 / 255, sigma_min=0.02, noise_floor=1.0, inner="exact",
-    prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.23, start="adjoint", renoise="none",
+    num_levels=16, ode_steps=1, sigma_max=2 * 49 / 255, sigma_min=0.02, noise_floor=0.5, inner="exact",
+    prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.23, start="wiener", renoise="none",
     band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0),
 )
 
