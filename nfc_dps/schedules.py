@@ -45,7 +45,7 @@ def smoothstep(t: float) -> float:
 
 @dataclass(frozen=True)
 class BandSchedule:
-    """Frequency-limited likelihood of NFC (METHOD.md module 1).
+    """Frequency-limited likelihood of NFC (arXiv 2602.00176, module 1).
 
     The residual's weight per frequency is W_k = (1 - lambda_k) + lambda_k * M_k, M_k a soft
     low-pass with cutoff c_k (fraction of the corner frequency of the measurement grid):
@@ -53,7 +53,7 @@ class BandSchedule:
     * ``cutoff="linear"``: c_k = cutoff_start + (cutoff_end - cutoff_start) * u_k (the paper's 0.4 -> 1.0);
     * ``cutoff="spectral"``: c_k solves S(c) = kappa * sigma_k^2 for the power law S fitted to
       the measurement (clamped to [cutoff_start, 1]): the frequency where the image spectrum
-      meets the current diffusion noise (METHOD.md, "Why a band at all");
+      meets the current diffusion noise (for a stationary Gaussian prior the denoiser is the Wiener gain S/(S + sigma^2), a low-pass with cutoff S(c) = sigma^2);
     * lambda_k = cosine decay from ``blend_start`` to 0; the last ``full_band_levels`` levels
       are all-pass (lambda = 0, c = 1) so the target returns to the true posterior.
     """
@@ -97,7 +97,7 @@ class BandSchedule:
 
 @dataclass(frozen=True)
 class DetailSchedule:
-    """Haar-domain commitment of NFC (METHOD.md module 2).
+    """Haar-domain commitment of NFC (arXiv 2602.00176, module 2).
 
     The refined x0 and the predictor's x0_hat are fused in a ``levels``-level orthonormal Haar
     domain: the LL band takes the refinement with ``low_weight`` (1.0), every detail band with

@@ -16,7 +16,7 @@ Protocol (all numbers reproducible: fixed crops, fixed noise seeds):
   field; never on held-out images), then applied to the held-out crops.
 * Prior variants: as loaded (the tiled prior the samplers use), ``TiledPrior(inner, tile,
   overlap=True)`` (four half-shifted grids blended), and the untiled network on the whole crop
-  (reference only: GroupNorm statistics change with image size, see METHOD.md).
+  (reference only: GroupNorm statistics change with image size, see docs/prior.md, "Why tiles of 48").
 * Timing: median wall time of ``--timing-runs`` forward passes (no grad) at 256 x 256 after a
   warm-up, with the thread count, load average and whether ``train_prior.py`` was running.
 

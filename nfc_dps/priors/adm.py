@@ -41,7 +41,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-# Hyper-parameters of the public ADM checkpoints (REFERENCE.md 4.2). attention_resolutions are
+# Hyper-parameters of the public ADM checkpoints (Dhariwal & Nichol 2021, guided-diffusion model cards). attention_resolutions are
 # feature-map resolutions (ADM's "16" = attention where the map is 16x16); the middle block always
 # has attention.
 ADM_PRESETS: dict[str, dict[str, Any]] = {

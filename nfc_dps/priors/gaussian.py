@@ -1,7 +1,7 @@
 """A stationary Gaussian image prior with a power-law spectrum: an exact test oracle.
 
-For this prior every quantity a posterior sampler needs is closed-form (METHOD.md, "Why a band at
-all"; REFERENCE.md 2.9): the MMSE denoiser is a per-frequency Wiener gain S/(S+sigma^2), and for a
+For this prior every quantity a posterior sampler needs is closed-form (a stationary Gaussian
+is diagonal in the Fourier basis): the MMSE denoiser is a per-frequency Wiener gain S/(S+sigma^2), and for a
 circulant blur with transfer function H the posterior of x given y = h * x + n is Gaussian with
 per-frequency mean and variance. Samplers are tested against these; the samplers also use
 :func:`fit_power_law` to fit S to a measurement.

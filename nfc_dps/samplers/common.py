@@ -156,7 +156,7 @@ def spectral_crossing(spectrum: Tensor, level: float) -> Tensor:
 
 def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_shape: Sequence[int]) -> Tensor:
     """Power-law spectrum (B, 1, H, W) fitted to the pseudo-inverse of the measurement, on low
-    radii where signal dominates noise and aliasing (METHOD.md: "S fitted from y")."""
+    radii where signal dominates noise and aliasing (a power law fitted to the measurement, as in the spectral covariance)."""
     amplitude, alpha = fit_power_law(operator.A_pinv(y_m), r_min=0.02, r_max=0.2)
     return power_law_spectrum(amplitude, alpha, image_shape)
 
