@@ -131,6 +131,22 @@ def test_samples_add_mean_rows(tiny_prior, tmp_path):
     assert "nfc (mean of 2) @2" in (out / "summary.md").read_text()
 
 
+def test_method_entries_name_their_preset_and_deterministic_rows_come_once(tiny_prior, tmp_path):
+    """--methods nfc,nfc:deterministic,dpir: two NFC columns; deterministic ones give one
+    'deterministic' row even with --samples 2 (K copies would be identical)."""
+    out = tmp_path / "m"
+    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc,nfc:deterministic,dpir",
+                                "--samples", "2", "--image-names", "coffee", "--no-images",
+                                "--set", "nfc:deterministic.detail.levels=1")) == 0
+    rows = read_rows(out / "results.csv")
+    assert [(r["method"], r["estimator"]) for r in rows] == [
+        ("nfc", "sample"), ("nfc", "mean2"), ("nfc:deterministic", "deterministic"), ("dpir", "deterministic")]
+    assert all(r["nfe"] == "2" and not r["note"] for r in rows)
+    assert "nfc:deterministic @2" in (out / "summary.md").read_text()
+    with pytest.raises(ValueError, match="unknown method"):
+        bench.method_runs(bench.BenchSpec(methods=("tv:fast",)))
+
+
 def test_oracle_table_reports_bounds(tmp_path):
     out = tmp_path / "oracle"
     assert bench.main(["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3",
