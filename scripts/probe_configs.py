@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""PSNR of sampler configs on the harness's measurements, for quick design probes.
+
+Each config is a JSON object {"task", "method", "preset"?, <field overrides>...}; the PSNR printed
+is the mean over the images (dB, outputs clipped to [0, 1]). Measurements are the local
+protocol's (the same seeds as ``scripts/benchmark.py``), cached under --out.
+
+    python scripts/probe_configs.py --size 256 --images coffee,chelsea \\
+        '[{"task": "deblur_motion", "method": "nfc", "num_levels": 16}, {"task": "deblur_motion", "method": "tv"}]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from nfc_dps import benchmark as bench
+from nfc_dps.api import restore
+from nfc_dps.baselines import restore_classical
+from nfc_dps.priors.default import load_prior
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("configs", help="JSON list of configs")
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--images", default="coffee,chelsea", help="comma list of held-out scikit-image names")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("runs/probe/bench"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    spec = bench.BenchSpec(protocol="local", out=args.out / str(args.size), size=args.size, zoom=1,
+                           image_names=tuple(args.images.split(",")), save_images=False)
+    tasks = bench.task_specs("local", args.size, "circular")
+    prior = load_prior()
+    images = bench.load_images(spec)
+    for entry in json.loads(args.configs):
+        cfg = dict(entry)
+        task, method, preset = cfg.pop("task"), cfg.pop("method"), cfg.pop("preset", None)
+        t0, values = time.time(), []
+        for name, img in images:
+            op, x, y, meta = bench.measurement(spec, tasks[task], name, img)
+            if method in bench.CLASSICAL_METHODS:
+                xr = restore_classical(method, op, y, spec.sigma_y)
+            else:
+                xr = restore(y, op, prior=prior, method=method, preset=preset, sigma_y=spec.sigma_y,
+                             seed=meta["sampler_seed"], progress=False, **cfg).image
+            values.append(bench._metrics(xr, x)["psnr"])
+        print(json.dumps(entry), f"{sum(values) / len(values):.3f} dB", f"{time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
