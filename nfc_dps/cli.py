@@ -1146,7 +1146,7 @@ def cmd_train_prior(args) -> int:
     device = _device(args.device)
     log = _Log(args.quiet)
     try:
-        train_prior(config_from_args(args, str(device), progress=not args.quiet), log=log.info)
+        train_prior(config_from_args(args, str(device), progress=not args.quiet), log=log.info, warn=log.error)
     except TrainingError as e:
         raise UsageError(str(e)) from e
     return EXIT_OK

@@ -183,13 +183,16 @@ def _default_log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
-def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> TrainResult:
+def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
+                warn: Callable[[str], None] | None = None) -> TrainResult:
     """Train (or resume) an EDM prior in ``cfg.workdir``; see the module docstring and TrainConfig.
 
+    log: progress messages; warn: skipped files and other warnings (default: log).
     Raises :class:`TrainingError` for bad settings or data, and KeyboardInterrupt (also on
     SIGTERM) after saving the state. CPU threads are the caller's choice (``torch.set_num_threads``).
     """
     log = log or _default_log
+    warn = warn or log
     _check(cfg)
     workdir = Path(cfg.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +207,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> T
         check_fingerprint(workdir, {k: saved.get(k) for k in net_keys},
                           {k: list(v) if k == "widths" else v for k, v in asdict(cfg).items() if k in net_keys})
     exclude = [workdir] + ([Path(cfg.export)] if cfg.export else [])
-    data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, log) if cfg.images
+    data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, warn) if cfg.images
             else load_builtin(cfg.channels))
     leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
     cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac)

@@ -80,15 +80,19 @@ def read_state(path: Path, device: torch.device | str = "cpu") -> dict:
     A state of the current format loads with ``weights_only=True``; an earlier one (it holds
     Path objects and numpy's RNG state) needs the full unpickler: the work folder is trusted.
     """
+    def unreadable(e: BaseException) -> TrainingError:
+        return TrainingError(f"{path}: cannot read the training state ({type(e).__name__}: {e}); "
+                             f"delete it to start over")
+
     try:
         st = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError:
         try:
             st = torch.load(path, map_location=device, weights_only=False)
-        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
-            raise TrainingError(f"{path}: cannot read the training state ({e}); delete it to start over") from e
-    except (OSError, RuntimeError, EOFError, ValueError) as e:
-        raise TrainingError(f"{path}: cannot read the training state ({e}); delete it to start over") from e
+        except Exception as e:  # noqa: BLE001 - a torn or foreign file fails in many ways; re-raised naming it
+            raise unreadable(e) from e
+    except Exception as e:  # noqa: BLE001 - as above
+        raise unreadable(e) from e
     if not isinstance(st, dict) or any(k not in st for k in REQUIRED_KEYS):
         missing = [k for k in REQUIRED_KEYS if not isinstance(st, dict) or k not in st]
         raise TrainingError(f"{path}: not a train-prior state (missing keys {missing})")
