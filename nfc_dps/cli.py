@@ -5,6 +5,7 @@
     nfc-dps restore --config sim/simulation.json --output out/         # inputs + GT from sim/
     nfc-dps restore --input y/ --output out/ --task sr_bicubic --gt gt/ --samples 4
     nfc-dps convert-adm ffhq_10m.pt priors/ffhq --preset ffhq256
+    nfc-dps train-prior --workdir runs/mine --images photos/ --minutes 60 --export priors/mine
     nfc-dps bench --protocol local                 # nfc_dps.benchmark (docs/benchmarks.md)
 
 Exit status: 0 all images done; 1 some image failed (each is reported with its file name and the
@@ -1134,6 +1135,24 @@ def cmd_convert_adm(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# train-prior (nfc_dps.training owns the options and the run)
+
+
+def cmd_train_prior(args) -> int:
+    from .training import TrainingError, train_prior
+    from .training.args import config_from_args
+
+    _threads(args.threads)
+    device = _device(args.device)
+    log = _Log(args.quiet)
+    try:
+        train_prior(config_from_args(args, str(device), progress=not args.quiet), log=log.info, warn=log.error)
+    except TrainingError as e:
+        raise UsageError(str(e)) from e
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
 # bench (nfc_dps.benchmark owns the options and the run)
 
 
@@ -1280,6 +1299,15 @@ def build_parser() -> argparse.ArgumentParser:
                            description="See docs/benchmarks.md; same options as scripts/benchmark.py.")
         benchmark.build_parser(b)
         b.set_defaults(func=cmd_bench)
+
+    from .training.args import EXAMPLES, add_arguments
+
+    t = sub.add_parser("train-prior", help="train a diffusion prior on the package photos or your own images",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+                       description="Train an EDM denoiser (a prior folder for --prior) on CPU or GPU; resumable.")
+    add_arguments(t)
+    _common(t)
+    t.set_defaults(func=cmd_train_prior)
 
     c = sub.add_parser("convert-adm", help="convert an ADM (guided-diffusion) checkpoint to a diffusers prior folder")
     c.add_argument("checkpoint", help="ADM .pt (e.g. ffhq_10m.pt) or .safetensors state dict")

@@ -8,7 +8,9 @@ Accepted layouts (nothing is ever downloaded):
   betas 1e-4 -> 0.02 over 1000 steps with epsilon prediction (``DEFAULT_SCHEDULE``);
 * either of the above with ``DIR/nfc_dps_prior.json``, our own description of the network's
   parameterisation, e.g. ``{"parameterization": "edm", "sigma_data": 0.5, "tile": 48}`` for the
-  embedded default prior (EDM-preconditioned, applied in tiles of its training size).
+  embedded default prior (EDM-preconditioned, applied in tiles of its training size), and
+  ``"arch"``: the network design of :mod:`nfc_dps.priors.archs` (``"unet"`` when absent;
+  ``"unet-pixelnorm"`` rebuilds the size-independent UNet with per-pixel channel norms).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .archs import ARCHS, DEFAULT_ARCH, adapt_loaded_unet, size_independent
 from .base import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
 
 PRIOR_CONFIG_NAME = "nfc_dps_prior.json"
@@ -29,7 +32,7 @@ DEFAULT_SCHEDULE = {
     "prediction_type": "epsilon",
 }
 _PRIOR_CONFIG_KEYS = {"parameterization", "sigma_data", "sigma_min", "sigma_max", "tile", "tile_overlap", "prediction_type",
-                      "power_law"}
+                      "power_law", "arch"}
 
 
 def alphas_cumprod_from_config(cfg: dict) -> torch.Tensor:
@@ -88,17 +91,22 @@ class _UNetCall(torch.nn.Module):
     ``precision="bfloat16"`` runs the network under ``torch.autocast`` (convolutions and matrix
     products in bfloat16, normalisations in float32); the output comes back in ``x``'s dtype, so
     the preconditioning around the network and every sampler stay in float32 (or float64).
+    ``channels_last=True`` (weights in that layout): inputs are converted to it, outputs back.
     """
 
-    def __init__(self, unet: torch.nn.Module, precision: str = "float32") -> None:
+    def __init__(self, unet: torch.nn.Module, precision: str = "float32", channels_last: bool = False) -> None:
         super().__init__()
-        self.unet, self.precision = unet, precision
+        self.unet, self.precision, self.channels_last = unet, precision, channels_last
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         if self.precision == "bfloat16":
             with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
-                return self.unet(x, t).sample.to(x.dtype)
-        return self.unet(x, t).sample
+                out = self.unet(x, t).sample.to(x.dtype)
+        else:
+            out = self.unet(x, t).sample
+        return out.contiguous() if self.channels_last else out
 
 
 def _find_unet_dir(folder: Path) -> Path:
@@ -159,17 +167,20 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     if any(bad.values()):
         detail = "; ".join(f"{k.replace('_', ' ')}: {v[:5]}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v)
         raise OSError(f"{unet_dir}: weights do not match config.json ({detail})")
-    unet = unet.to(device=device).eval().requires_grad_(False)  # dtype already set by torch_dtype
-    network = _UNetCall(unet, precision)
-    size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
-    channels = int(unet.config.in_channels)
-
     prior_cfg: dict = {}
     if (folder / PRIOR_CONFIG_NAME).is_file():
         prior_cfg = _read_json(folder / PRIOR_CONFIG_NAME)
         unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
         if unknown:
             raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
+    arch = prior_cfg.get("arch", DEFAULT_ARCH)
+    if arch not in ARCHS:
+        raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: arch {arch!r} is not one of {', '.join(ARCHS)}")
+    unet = adapt_loaded_unet(unet, arch, where=str(unet_dir / "config.json"))
+    unet = unet.to(device=device).eval().requires_grad_(False)  # dtype already set by torch_dtype
+    network = _UNetCall(unet, precision, channels_last=size_independent(arch))
+    size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
+    channels = int(unet.config.in_channels)
 
     if prior_cfg.get("parameterization", "ddpm") == "edm":
         prior: Prior = EDMDenoiser(

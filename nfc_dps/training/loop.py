@@ -1,0 +1,381 @@
+"""The training loop behind ``nfc-dps train-prior``: EDM's denoising loss, an EMA, resumable state.
+
+Objective (Karras et al. 2022, "Elucidating the design space of diffusion-based generative
+models"): crops x0 in [-1, 1], ln sigma ~ N(p_mean, p_std^2), x = x0 + sigma n, loss
+``(sigma^2 + sigma_d^2) / (sigma sigma_d)^2 * |D(x, sigma) - x0|^2`` with D the EDM-preconditioned
+network (:class:`~nfc_dps.priors.base.EDMDenoiser`, sigma_d = 0.5). Adam, gradient norm clipped
+to 1, optional linear warm-up, an EMA of the weights (what is exported).
+
+On CUDA the network runs under bfloat16 autocast in channels_last layout with a fused Adam;
+crops are cut on the device (:class:`~nfc_dps.training.data.CropSampler`). Everything random
+comes from one ``torch.Generator`` whose state is saved, and the dead-leaves images are a
+function of (seed, step), so a run stopped at a save and resumed equals an uninterrupted one.
+
+The work folder holds ``state.pt`` (see :mod:`nfc_dps.training.state`), ``loss.csv`` (step,
+loss, seconds, crops_per_s every ``log_every`` steps), ``loss.png``, ``heldout.csv`` (held-out
+denoising PSNR at every export) and ``train_config.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import io as nio
+from ..priors.archs import ARCHS, DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS, build_unet, size_independent
+from ..priors.base import EDMDenoiser
+from ..priors.diffusers_prior import _UNetCall
+from .data import (BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, CropSampler, DeadLeaves, TrainingError, load_builtin,
+                   load_folder, multiscale)
+from .export import (EVAL_SIGMAS, INFO_NAME, evaluate_heldout, export_prior, images_power_law, init_network_keys,
+                     load_init_weights)
+from .plot import read_loss_csv, render_loss_png
+from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, write_state
+
+LOSS_CSV, LOSS_PNG, HELDOUT_CSV, CONFIG_JSON = "loss.csv", "loss.png", "heldout.csv", "train_config.json"
+LOSS_FIELDS = ["step", "loss", "seconds", "crops_per_s"]
+SIGMA_DATA = 0.5
+
+
+@dataclass
+class TrainConfig:
+    """Settings of :func:`train_prior`. None = taken from the work folder's state when resuming,
+    else from ``init_from``, else the default (arch "unet", widths (48, 96, 192), 1 layer, crop 48,
+    channels from the data: 1 when every image is gray, else 3)."""
+
+    workdir: Path
+    images: Path | None = None  # a folder (recursive); None: the built-in package photos
+    export: Path | None = None  # prior folder written (and evaluated) at every save
+    steps: int | None = None  # stop at this total step count
+    minutes: float | None = None  # stop after this much time in this run (see clock)
+    clock: str = "wall"  # "wall", or "cpu": minutes of this process's CPU time (fair on a shared machine)
+    arch: str | None = None
+    widths: tuple[int, ...] | None = None
+    layers: int | None = None
+    channels: int | None = None
+    crop: int | None = None
+    batch: int = 32
+    lr: float = 2e-4
+    warmup: int = 0  # steps of linear learning-rate warm-up
+    ema: float = 0.999
+    p_mean: float = -1.2
+    p_std: float = 1.2
+    save_every: int = 200
+    log_every: int = 50
+    seed: int = 0
+    device: str = "cpu"
+    precision: str = "auto"  # auto: bfloat16 autocast on a CUDA GPU that has it, else float32
+    init_from: Path | None = None  # warm start a new work folder from a prior folder
+    holdout: float = 0.1  # fraction of a user folder held out (by a hash of each file's path)
+    dead_leaves: float | None = None  # fraction of dead-leaves crops; None: 0.25 built-in, 0 for a folder
+    scales: tuple[float, ...] = DEFAULT_SCALES
+    eval_crop: int = 128  # centre crop of the held-out images for the PSNR at each export
+    eval_sigmas: tuple[float, ...] = EVAL_SIGMAS
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    step: int
+    loss: float | None  # mean of the last logged interval
+    seconds: float  # this run
+    parameters: int
+    heldout: dict | None  # evaluate_heldout() of the last export
+    workdir: Path
+    export: Path | None
+    skipped: list = field(default_factory=list)
+
+
+def _check(cfg: TrainConfig) -> None:
+    bad = []
+    if cfg.steps is None and cfg.minutes is None:
+        bad.append("give a budget: steps (--steps N) and/or minutes (--minutes M)")
+    if cfg.steps is not None and cfg.steps < 0:
+        bad.append(f"--steps must be >= 0, got {cfg.steps}")
+    if cfg.minutes is not None and not cfg.minutes > 0:
+        bad.append(f"--minutes must be > 0, got {cfg.minutes}")
+    checks = [(cfg.clock in ("wall", "cpu"), f"--clock must be wall or cpu, got {cfg.clock!r}"),
+              (cfg.arch in (None, *ARCHS), f"--arch must be one of {', '.join(ARCHS)}, got {cfg.arch!r}"),
+              (cfg.channels in (None, 1, 3), f"--channels must be 1 or 3, got {cfg.channels}"),
+              (cfg.crop is None or cfg.crop >= 8, f"--crop must be >= 8, got {cfg.crop}"),
+              (cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}"),
+              (cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be > 0, got {cfg.lr}"),
+              (cfg.warmup >= 0, f"--warmup must be >= 0, got {cfg.warmup}"),
+              (0 <= cfg.ema < 1, f"--ema must be in [0, 1), got {cfg.ema}"),
+              (cfg.save_every >= 1 and cfg.log_every >= 1, "--save-every and --log-every must be >= 1"),
+              (0 <= cfg.holdout < 1, f"--holdout must be in [0, 1), got {cfg.holdout}"),
+              (cfg.dead_leaves is None or 0 <= cfg.dead_leaves < 1, f"--dead-leaves must be in [0, 1), got {cfg.dead_leaves}"),
+              (len(cfg.scales) > 0 and all(0 < s <= 1 for s in cfg.scales), f"--scales must be in (0, 1], got {cfg.scales}"),
+              (cfg.precision in ("auto", "float32", "bfloat16"), f"--precision: auto, float32 or bfloat16, got {cfg.precision!r}"),
+              (cfg.widths is None or (len(cfg.widths) >= 2 and min(cfg.widths) >= 1), f"--widths needs >= 2 levels, got {cfg.widths}"),
+              (cfg.layers is None or cfg.layers >= 1, f"--layers must be >= 1, got {cfg.layers}")]
+    bad += [msg for ok, msg in checks if not ok]
+    if bad:
+        raise TrainingError("; ".join(bad))
+
+
+def _resolve(cfg: TrainConfig, saved: dict | None, init: dict | None) -> TrainConfig:
+    """Fill the None network fields from the saved state, else the warm-start prior, else defaults.
+
+    An explicit value that differs from the warm-start prior's network is a TrainingError (the
+    crop may differ: the network is fully convolutional); the saved state is checked later,
+    against the whole fingerprint."""
+    defaults = {"arch": DEFAULT_ARCH, "widths": DEFAULT_WIDTHS, "layers": DEFAULT_LAYERS, "crop": 48, "channels": None}
+    out = {}
+    for key, default in defaults.items():
+        value = getattr(cfg, key)
+        for src in (saved, init):
+            if value is None and src is not None:
+                value = src.get(key)
+        if value is None:
+            value = default
+        if key == "widths":
+            value = tuple(int(w) for w in value)
+        if init is not None and key != "crop" and value is not None and init.get(key) is not None:
+            theirs = tuple(init[key]) if key == "widths" else init[key]
+            if theirs != value:
+                raise TrainingError(f"--init-from {cfg.init_from}: its network has {key} {theirs!r}, "
+                                    f"this run asks for {value!r}")
+        out[key] = value
+    return replace(cfg, **out)
+
+
+def _precision(name: str, device: torch.device) -> str:
+    if name != "auto":
+        return name
+    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+
+def _keep_rows(path: Path, upto: int) -> None:
+    """Drop rows logged after step ``upto`` (a run killed after its last save logged them)."""
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= upto]
+    if len(kept) != len(rows):
+        nio.atomic_write_text(path, "".join(",".join(r) + "\n" for r in kept))
+
+
+def _append(path: Path, header: list[str], row: list) -> None:
+    new = not path.is_file() or path.stat().st_size == 0
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(header)
+        w.writerow(row)
+
+
+def _default_log(msg: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(msg, file=sys.stderr)
+
+
+def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
+                warn: Callable[[str], None] | None = None) -> TrainResult:
+    """Train (or resume) an EDM prior in ``cfg.workdir``; see the module docstring and TrainConfig.
+
+    log: progress messages; warn: skipped files and other warnings (default: log).
+    Raises :class:`TrainingError` for bad settings or data, and KeyboardInterrupt (also on
+    SIGTERM) after saving the state. CPU threads are the caller's choice (``torch.set_num_threads``).
+    """
+    log = log or _default_log
+    warn = warn or log
+    _check(cfg)
+    workdir = Path(cfg.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(cfg.device)
+    state_path = workdir / STATE_NAME
+    state = read_state(state_path, device) if state_path.exists() else None
+    saved = state["config"] if state else None
+    init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
+    cfg = _resolve(cfg, saved, init)
+    if saved is not None:  # the network's keys first: before minutes of data loading
+        net_keys = ("arch", "widths", "layers", "crop")
+        check_fingerprint(workdir, {k: saved.get(k) for k in net_keys},
+                          {k: list(v) if k == "widths" else v for k, v in asdict(cfg).items() if k in net_keys})
+    exclude = [workdir] + ([Path(cfg.export)] if cfg.export else [])
+    data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, warn) if cfg.images
+            else load_builtin(cfg.channels))
+    leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
+    cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac)
+    fp = fingerprint(cfg.arch, cfg.widths, cfg.layers, cfg.channels, cfg.crop, data.source, leaves_frac, cfg.scales,
+                     cfg.holdout if cfg.images else None)
+    if saved is not None:
+        check_fingerprint(workdir, saved, fp)
+    levels = 2 ** (len(cfg.widths) - 1)
+    if cfg.crop % levels:
+        raise TrainingError(f"--crop {cfg.crop} must be a multiple of {levels} for {len(cfg.widths)} resolution levels")
+
+    precision = _precision(cfg.precision, device)
+    channels_last = device.type == "cuda" or size_independent(cfg.arch)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(cfg.seed)
+    net = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=fmt)
+    ema = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=fmt)
+    ema.requires_grad_(False)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+    gen = torch.Generator(device=device)
+    step, seconds0, crops0 = 0, 0.0, 0
+    if state is not None:
+        net.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        opt.load_state_dict(state["opt"])
+        step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
+        if state["rng"] is not None:
+            gen.set_state(state["rng"].cpu())
+        else:
+            gen.manual_seed(cfg.seed * 1_000_003 + step)
+        if isinstance(state.get("torch_rng"), torch.Tensor):
+            torch.set_rng_state(state["torch_rng"].cpu())
+        log(f"resumed from {state_path} at step {step}" + (" (a state of the earlier train_prior.py)" if state.get("legacy") else ""))
+    else:
+        gen.manual_seed(cfg.seed)
+        if cfg.init_from:
+            load_init_weights(net, cfg.init_from, cfg.arch)
+            log(f"warm start from {cfg.init_from}")
+        ema.load_state_dict(net.state_dict())
+    del state
+    start_step = step
+    for g in opt.param_groups:
+        g["lr"] = cfg.lr
+    n_params = sum(p.numel() for p in net.parameters())
+
+    pool = multiscale([im for _, im in data.train], cfg.scales, cfg.crop)
+    sampler = CropSampler(pool, cfg.crop, device, DeadLeaves(cfg.seed, cfg.channels), leaves_frac)
+    sampler.sync_leaves(step)
+    log(f"data: {data.source}: {len(data.train)} training image(s) ({len(pool)} with scales), "
+        f"{len(data.heldout)} held out, {len(data.skipped)} skipped; dead leaves {leaves_frac:g}; "
+        f"network {cfg.arch} {list(cfg.widths)} x{cfg.layers}, {n_params:,} parameters, {cfg.channels} channel(s), "
+        f"crop {cfg.crop}, batch {cfg.batch}, {device} {precision}")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    nio.write_json(workdir / CONFIG_JSON, {"config": fp, "settings": settings, "precision": precision,
+                                           "parameters": n_params, "train_images": [n for n, _ in data.train],
+                                           "heldout_images": [n for n, _ in data.heldout],
+                                           "skipped": [{"file": f, "reason": r} for f, r in data.skipped]})
+    for name in (LOSS_CSV, HELDOUT_CSV):
+        _keep_rows(workdir / name, step)
+
+    denoiser = EDMDenoiser(_UNetCall(net, precision, channels_last), channels=cfg.channels, sigma_data=SIGMA_DATA)
+    net_params, ema_params = list(net.parameters()), list(ema.parameters())
+    power_law: list = []
+    clock = time.process_time if cfg.clock == "cpu" else time.time
+    t_start, t_wall = clock(), time.time()
+    last = {"saved": step, "exported": -1, "loss": None, "heldout": None}
+    run_sum = torch.zeros((), device=device)
+    run_n, t_log, crops_log = 0, time.time(), 0
+
+    def save() -> None:
+        write_state(state_path, {
+            "model": net.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
+            "rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "args": settings, "config": fp,
+            "seconds": seconds0 + time.time() - t_wall, "crops": crops0 + (step - start_step) * cfg.batch})
+        last["saved"] = step
+        if cfg.export:
+            do_export()
+
+    def do_export() -> None:
+        from ..priors.default import load_prior
+
+        if not power_law:
+            power_law.extend(images_power_law([im for _, im in data.train]))
+        info = {"step": step, "data": data.source, "train_images": len(data.train),
+                "heldout_images": [n for n, _ in data.heldout], "config": fp, "settings": settings}
+        export_prior(ema, cfg.export, cfg.arch, cfg.crop, tuple(power_law), info)
+        last["exported"] = step
+        if data.heldout:
+            res = evaluate_heldout(load_prior(cfg.export, device=device), data.heldout, cfg.eval_sigmas, cfg.eval_crop)
+            last["heldout"] = res
+            nio.write_json(Path(cfg.export) / INFO_NAME, {**info, "heldout_psnr": res})
+            _append(workdir / HELDOUT_CSV, ["step"] + [f"psnr_{s:g}" for s in cfg.eval_sigmas] + ["images", "crop"],
+                    [step] + [f"{res['mean'][s]:.3f}" for s in cfg.eval_sigmas] + [res["images"], res["crop"]])
+            log(f"step {step}: exported {cfg.export}; held-out PSNR ({res['images']} image(s), crop {cfg.eval_crop}): "
+                + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
+        else:
+            log(f"step {step}: exported {cfg.export} (no held-out images: no PSNR)")
+        rows = read_loss_csv(workdir / LOSS_CSV) if (workdir / LOSS_CSV).is_file() else []
+        if rows:
+            render_loss_png(rows, workdir / LOSS_PNG, f"EDM training loss ({workdir}, {rows[-1]['step']} steps)")
+
+    def budget_left() -> bool:
+        return ((cfg.steps is None or step < cfg.steps)
+                and (cfg.minutes is None or clock() - t_start < cfg.minutes * 60))
+
+    def on_sigterm(signum, frame) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    old_handler = None
+    if threading.current_thread() is threading.main_thread():
+        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=step, unit="step", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+    try:
+        if cfg.steps is not None and step >= cfg.steps:
+            log(f"the work folder is at step {step} >= --steps {cfg.steps}: nothing to train")
+        while budget_left():
+            if cfg.warmup:
+                for g in opt.param_groups:
+                    g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+            x0 = sampler.batch(cfg.batch, gen).contiguous(memory_format=fmt)
+            sigma = (torch.randn(cfg.batch, generator=gen, device=device) * cfg.p_std + cfg.p_mean).exp()
+            noise = torch.randn(x0.shape, generator=gen, device=device).contiguous(memory_format=fmt)
+            noisy = x0 + sigma.view(-1, 1, 1, 1) * noise
+            weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
+            err = (denoiser.denoise(noisy, sigma) - x0).square().mean(dim=(1, 2, 3))
+            loss = (weight * err).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net_params, 1.0)
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(ema_params, net_params, 1.0 - cfg.ema)
+            step += 1
+            run_sum += loss.detach()
+            run_n += 1
+            crops_log += cfg.batch
+            bar.update(1)
+            sampler.sync_leaves(step)
+            if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not budget_left():
+                mean = float(run_sum) / run_n
+                if not math.isfinite(mean):
+                    raise TrainingError(f"the loss is {mean} at step {step}; the state saved at step {last['saved']} "
+                                        f"is kept: lower --lr and resume")
+                now = time.time()
+                rate = crops_log / max(now - t_log, 1e-9)
+                _append(workdir / LOSS_CSV, LOSS_FIELDS, [step, f"{mean:.5f}", f"{seconds0 + now - t_wall:.1f}", f"{rate:.1f}"])
+                bar.set_postfix(loss=f"{mean:.4f}", crops_s=f"{rate:.0f}")
+                last["loss"] = mean
+                run_sum.zero_()
+                run_n, t_log, crops_log = 0, now, 0
+            if step % cfg.save_every == 0:
+                save()
+                t_log = time.time()  # crops/s counts training, not saving and evaluating
+    except KeyboardInterrupt:
+        if step > last["saved"]:
+            save()
+        log(f"interrupted: saved step {step} to {state_path}")
+        raise
+    finally:
+        bar.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    if step > last["saved"]:
+        save()
+    elif cfg.export and last["exported"] != step and not (Path(cfg.export) / INFO_NAME).is_file():
+        do_export()
+    log(f"step {step}: state in {state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
+    return TrainResult(step, last["loss"], time.time() - t_wall, n_params, last["heldout"], workdir,
+                       Path(cfg.export) if cfg.export else None, data.skipped)

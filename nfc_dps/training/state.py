@@ -1,0 +1,114 @@
+"""The resumable state of a ``train-prior`` work folder: reading, writing, and the config check.
+
+``WORKDIR/state.pt`` (a torch pickle, written atomically: a temporary file, fsync, ``os.replace``)
+holds ``model``, ``ema``, ``opt`` (Adam), ``step``, ``rng`` (the training ``torch.Generator``'s
+state: crops, sigmas, noise), ``torch_rng`` (torch's global CPU RNG), ``args`` (the settings),
+``config`` (the fingerprint below), ``seconds`` and ``crops`` (totals so far) and ``format``.
+A state written by the earlier ``scripts/train_prior.py`` (no ``config``; ``rng`` a numpy
+bit-generator state) is converted on load: its network is the default prior's design, its data
+the built-in set, and its crop stream is reseeded from (seed, step).
+
+The fingerprint is what must not change within a work folder: the network design (arch,
+widths, layers, channels), the crop size and the data (source, dead-leaves fraction, scales,
+held-out fraction). A mismatch is a :class:`~nfc_dps.training.data.TrainingError` naming the
+differing keys; learning rate, batch, EMA decay and budgets may change between runs.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import io as nio
+from ..priors.archs import DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
+from .data import BUILTIN, BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, TrainingError
+
+STATE_NAME = "state.pt"
+STATE_FORMAT = 2
+REQUIRED_KEYS = ("model", "ema", "opt", "step")
+
+
+def fingerprint(arch: str, widths, layers: int, channels: int, crop: int, source: str, dead_leaves: float,
+                scales, holdout: float | None) -> dict:
+    """The settings a work folder is bound to (JSON-able; see the module docstring)."""
+    data: dict[str, Any] = {"source": source, "dead_leaves": float(dead_leaves), "scales": [float(s) for s in scales]}
+    if source != BUILTIN:
+        data["holdout"] = float(holdout or 0.0)
+    return {"arch": arch, "widths": [int(w) for w in widths], "layers": int(layers), "channels": int(channels),
+            "crop": int(crop), "data": data}
+
+
+def legacy_fingerprint(args: Any) -> dict:
+    """The fingerprint of a state written by the earlier scripts/train_prior.py (fixed design, built-in data)."""
+    args = vars(args) if hasattr(args, "__dict__") else dict(args or {})
+    return fingerprint(DEFAULT_ARCH, DEFAULT_WIDTHS, DEFAULT_LAYERS, 3, int(args.get("crop", 48)), BUILTIN,
+                       BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, None)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def differences(saved: dict, wanted: dict) -> list[str]:
+    """'key: X in the work folder, Y now' for every differing (dotted) fingerprint key."""
+    a, b = _flat(saved), _flat(wanted)
+    return [f"{k}: {a.get(k, '(absent)')!r} in the work folder, {b.get(k, '(absent)')!r} now"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_fingerprint(workdir: Path, saved: dict, wanted: dict) -> None:
+    """A TrainingError naming every differing key when ``wanted`` is not the work folder's config."""
+    diff = differences(saved, wanted)
+    if diff:
+        raise TrainingError(f"--workdir {workdir} was written by another configuration (" + "; ".join(diff)
+                            + "); use the same settings to resume, or another --workdir")
+
+
+def read_state(path: Path, device: torch.device | str = "cpu") -> dict:
+    """The state at ``path``, converted to the current format (``config`` always present).
+
+    A state of the current format loads with ``weights_only=True``; an earlier one (it holds
+    Path objects and numpy's RNG state) needs the full unpickler: the work folder is trusted.
+    """
+    def unreadable(e: BaseException) -> TrainingError:
+        return TrainingError(f"{path}: cannot read the training state ({type(e).__name__}: {e}); "
+                             f"delete it to start over")
+
+    try:
+        st = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        try:
+            st = torch.load(path, map_location=device, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - a torn or foreign file fails in many ways; re-raised naming it
+            raise unreadable(e) from e
+    except Exception as e:  # noqa: BLE001 - as above
+        raise unreadable(e) from e
+    if not isinstance(st, dict) or any(k not in st for k in REQUIRED_KEYS):
+        missing = [k for k in REQUIRED_KEYS if not isinstance(st, dict) or k not in st]
+        raise TrainingError(f"{path}: not a train-prior state (missing keys {missing})")
+    if "config" not in st:
+        st["config"] = legacy_fingerprint(st.get("args"))
+        st["legacy"] = True
+    if not isinstance(st.get("rng"), torch.Tensor):
+        st["rng"] = None  # numpy's state of the earlier script: the crop stream is reseeded
+    return st
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Atomically write ``state`` (tensors, numbers, strings, lists and dicts only) to ``path``."""
+    buf = io.BytesIO()
+    torch.save({**state, "format": STATE_FORMAT}, buf)
+    try:
+        nio.atomic_write_bytes(path, buf.getvalue())
+    except OSError as e:
+        raise TrainingError(f"cannot write the training state {path}: {e.strerror or e}") from e

@@ -1,0 +1,275 @@
+"""train-prior: end to end on tiny folders, export -> load_prior, resume, bad input, the two designs.
+
+Networks are tiny (widths 8,16, crops of 16 px, a few steps): these tests check wiring,
+determinism and error handling, not quality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import nfc_dps
+from nfc_dps import cli
+from nfc_dps import io as nio
+from nfc_dps.priors import EDMDenoiser, TiledPrior
+from nfc_dps.priors.archs import build_unet
+from nfc_dps.priors.diffusers_prior import _UNetCall
+from nfc_dps.training import TrainConfig, TrainingError, train_prior
+from nfc_dps.training import loop as train_loop
+from nfc_dps.training.data import CropSampler, DeadLeaves
+from nfc_dps.training.state import check_fingerprint, fingerprint, legacy_fingerprint, read_state
+
+TINY = ["--widths", "8,16", "--crop", "16", "--batch", "4", "--threads", "1", "--eval-crop", "32", "-q"]
+
+
+def _smooth(rng: np.random.Generator, h: int, w: int, c: int) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    base = 0.5 + 0.3 * np.sin(6 * x + rng.uniform(0, 6)) * np.cos(4 * y)
+    img = base[..., None] + 0.05 * rng.standard_normal((h, w, c))
+    return np.clip(img, 0, 1)[..., 0] if c == 1 else np.clip(img, 0, 1)
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    """Gray 16-bit and RGB 8-bit images (one in a subfolder), a corrupt PNG, a too-small image, a text file."""
+    d = tmp_path / "images"
+    (d / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        nio.write_image(d / f"gray{i}.png", _smooth(rng, 40 + 8 * i, 48, 1), bit_depth=16)
+    for i in range(3):
+        nio.write_image(d / "sub" / f"rgb{i}.png", _smooth(rng, 48, 56, 3))
+    nio.write_image(d / "tiny.png", _smooth(rng, 10, 12, 1))
+    (d / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    (d / "notes.txt").write_text("not an image")
+    return d
+
+
+def _cfg(workdir: Path, images: Path, **kw) -> TrainConfig:
+    base = dict(workdir=workdir, images=images, widths=(8, 16), crop=16, batch=4, log_every=2, progress=False,
+                eval_crop=32)
+    return TrainConfig(**{**base, **kw})
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def _same_state(a: Path, b: Path) -> None:
+    sa, sb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert sa["step"] == sb["step"]
+    for key in ("model", "ema"):
+        for k in sa[key]:
+            assert torch.equal(sa[key][k], sb[key][k]), f"{key}.{k} differs"
+    for pa, pb in zip(sa["opt"]["state"].values(), sb["opt"]["state"].values()):
+        assert torch.equal(pa["exp_avg"], pb["exp_avg"]) and torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
+    assert torch.equal(sa["rng"], sb["rng"])
+
+
+def test_train_prior_cli_end_to_end(folder: Path, tmp_path: Path, capsys) -> None:
+    wd, out = tmp_path / "work", tmp_path / "prior"
+    rc = cli.main(["train-prior", "--workdir", str(wd), "--images", str(folder), "--steps", "4", "--save-every", "2",
+                   "--log-every", "2", "--export", str(out)] + TINY)
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    # unreadable and too-small files are skipped and named
+    assert "broken.png" in err and "tiny.png" in err and "smaller than the 16x16 crop" in err
+    cfg = json.loads((wd / "train_config.json").read_text())
+    assert sorted(Path(s["file"]).name for s in cfg["skipped"]) == ["broken.png", "tiny.png"]
+    assert len(cfg["train_images"]) + len(cfg["heldout_images"]) == 6 and cfg["heldout_images"]
+    assert cfg["config"]["channels"] == 3  # RGB present: gray images are replicated
+    st = torch.load(wd / "state.pt", weights_only=True)
+    assert st["step"] == 4 and set(st) >= {"model", "ema", "opt", "step", "rng", "torch_rng", "args", "config"}
+    assert [r.split(",")[0] for r in (wd / "loss.csv").read_text().split()[1:]] == ["2", "4"]
+    held = (wd / "heldout.csv").read_text().splitlines()
+    assert held[0].startswith("step,psnr_0.05,psnr_0.1,psnr_0.2") and len(held) == 3
+    assert (wd / "loss.png").is_file()
+    prior = nfc_dps.load_prior(out, precision="float32")
+    assert isinstance(prior, TiledPrior) and prior.tile == 16 and prior.channels == 3
+    x = torch.rand(1, 3, 24, 40) * 2 - 1
+    y = prior(x + 0.2 * torch.randn_like(x), 0.2)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+
+
+def test_gray_folder_gives_a_one_channel_prior(folder: Path, tmp_path: Path) -> None:
+    gray = tmp_path / "gray"
+    gray.mkdir()
+    for p in folder.glob("gray*.png"):
+        (gray / p.name).write_bytes(p.read_bytes())
+    res = train_prior(_cfg(tmp_path / "w", gray, steps=2, export=tmp_path / "p", holdout=0.3), log=_quiet)
+    prior = nfc_dps.load_prior(tmp_path / "p", precision="float32")
+    assert prior.channels == 1 and res.step == 2
+    assert res.heldout is not None and all(np.isfinite(v) for v in res.heldout["mean"].values())
+
+
+def test_resume_equals_uninterrupted(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    # small, fast-refreshing dead leaves so the resumed run must rebuild refreshed slots
+    monkeypatch.setattr(train_loop, "DeadLeaves", functools.partial(DeadLeaves, count=2, size=32, refresh_every=2))
+    kw = dict(dead_leaves=0.3, save_every=100)
+    train_prior(_cfg(tmp_path / "a", folder, steps=7, **kw), log=_quiet)
+    train_prior(_cfg(tmp_path / "b", folder, steps=3, **kw), log=_quiet)
+    train_prior(_cfg(tmp_path / "b", folder, steps=7, lr=2e-4, **kw), log=_quiet)
+    _same_state(tmp_path / "a" / "state.pt", tmp_path / "b" / "state.pt")
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: not an Exception nor a KeyboardInterrupt, so nothing is saved on the way out."""
+
+
+def test_killed_run_reruns_from_its_last_save(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    wd = tmp_path / "killed"
+    real_batch, calls = CropSampler.batch, []
+
+    def dying_batch(self, n, gen):
+        calls.append(n)
+        if len(calls) == 6:  # while computing step 6: steps 1-5 are logged, step 4 was the last save
+            raise _Killed()
+        return real_batch(self, n, gen)
+
+    monkeypatch.setattr(CropSampler, "batch", dying_batch)
+    with pytest.raises(_Killed):
+        train_prior(_cfg(wd, folder, steps=100, save_every=2, log_every=1), log=_quiet)
+    monkeypatch.setattr(CropSampler, "batch", real_batch)
+    assert torch.load(wd / "state.pt", weights_only=True)["step"] == 4
+    assert not list(wd.glob(".*tmp"))  # atomic saves leave no temporary file behind
+    res = train_prior(_cfg(wd, folder, steps=7, save_every=2, log_every=1), log=_quiet)
+    assert res.step == 7
+    train_prior(_cfg(tmp_path / "straight", folder, steps=7, save_every=2, log_every=1), log=_quiet)
+    _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
+    steps = [int(r.split(",")[0]) for r in (wd / "loss.csv").read_text().split()[1:]]
+    assert steps == list(range(1, 8))  # the row of step 5 logged after the last save is not repeated
+
+
+def test_bad_inputs_are_clear_errors(folder: Path, tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "readme.txt").write_text("x")
+    assert cli.main(["train-prior", "--workdir", str(tmp_path / "w"), "--images", str(empty), "--steps", "1"] + TINY) == 2
+    assert "no image files found" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.png").write_bytes(b"garbage")
+    with pytest.raises(TrainingError, match=r"a\.png"):
+        train_prior(_cfg(tmp_path / "w2", bad, steps=1), log=_quiet)
+    with pytest.raises(TrainingError, match="no training image of at least 64x64"):
+        train_prior(_cfg(tmp_path / "w3", folder, steps=1, crop=64), log=_quiet)
+    with pytest.raises(TrainingError, match="budget"):
+        train_prior(_cfg(tmp_path / "w4", folder), log=_quiet)
+    assert cli.main(["train-prior", "--workdir", str(tmp_path / "w5"), "--channels", "2", "--steps", "1"]) == 2
+
+
+def test_mismatched_workdir_names_the_keys(folder: Path, tmp_path: Path, capsys) -> None:
+    wd = tmp_path / "w"
+    train_prior(_cfg(wd, folder, steps=2), log=_quiet)
+    assert cli.main(["train-prior", "--workdir", str(wd), "--images", str(folder), "--steps", "3",
+                     "--arch", "unet-pixelnorm"] + TINY) == 2
+    assert "arch: 'unet' in the work folder, 'unet-pixelnorm' now" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    for p in (folder / "sub").glob("*.png"):
+        (other / p.name).write_bytes(p.read_bytes())
+    with pytest.raises(TrainingError, match=r"data\.source"):
+        train_prior(_cfg(wd, other, steps=3), log=_quiet)
+    with pytest.raises(TrainingError, match="channels: 3 in the work folder, 1 now"):
+        train_prior(_cfg(wd, folder, steps=3, channels=1), log=_quiet)
+    assert torch.load(wd / "state.pt", weights_only=True)["step"] == 2  # nothing was mixed in
+
+
+def test_earlier_state_format_is_converted(tmp_path: Path) -> None:
+    """A state.pt of the earlier scripts/train_prior.py (numpy RNG state, argparse values with Paths)."""
+    path = tmp_path / "state.pt"
+    args = vars(argparse.Namespace(workdir=tmp_path, crop=48, batch=32, lr=2e-4, export=tmp_path / "e"))
+    torch.save({"model": {}, "ema": {}, "opt": {}, "step": 7, "rng": np.random.default_rng(0).bit_generator.state,
+                "torch_rng": torch.get_rng_state(), "args": args}, path)
+    st = read_state(path)
+    assert st["step"] == 7 and st["rng"] is None and st["legacy"]
+    assert st["config"] == legacy_fingerprint(args)
+    assert st["config"] == fingerprint("unet", (48, 96, 192), 1, 3, 48, "builtin", 0.25, (1.0, 0.75, 0.5), None)
+    with pytest.raises(TrainingError, match="crop: 48 in the work folder, 64 now"):
+        check_fingerprint(tmp_path, st["config"], {**st["config"], "crop": 64})
+    path.write_bytes(b"torn")
+    with pytest.raises(TrainingError, match="cannot read the training state"):
+        read_state(path)
+
+
+def test_init_from_warm_starts_and_checks_the_network(folder: Path, tmp_path: Path) -> None:
+    train_prior(_cfg(tmp_path / "a", folder, steps=2, export=tmp_path / "pa"), log=_quiet)
+    train_prior(_cfg(tmp_path / "b", folder, steps=0, export=tmp_path / "pb", init_from=tmp_path / "pa",
+                     widths=None, crop=None), log=_quiet)
+    a = nfc_dps.load_prior(tmp_path / "pa", precision="float32").state_dict()
+    b = nfc_dps.load_prior(tmp_path / "pb", precision="float32").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(TrainingError, match="widths"):
+        train_prior(_cfg(tmp_path / "c", folder, steps=1, init_from=tmp_path / "pa", widths=(8, 8)), log=_quiet)
+
+
+def test_crop_sampler_crops_are_windows_under_the_8_symmetries() -> None:
+    # pixel values encode their position: channel 0 = row / 100, 1 = column / 100, 2 = image / 10
+    images = []
+    for k, (h, w) in enumerate(((20, 30), (17, 17))):
+        yy, xx = np.mgrid[0:h, 0:w]
+        images.append(np.stack([yy / 100, xx / 100, np.full((h, w), k / 10)], axis=2).astype(np.float32))
+    sampler = CropSampler(images, 8, "cpu")
+    crops = ((sampler.batch(200, torch.Generator().manual_seed(0)) + 1) / 2).numpy()
+    again = ((sampler.batch(200, torch.Generator().manual_seed(0)) + 1) / 2).numpy()
+    assert np.array_equal(crops, again)
+    i, j = np.mgrid[0:8, 0:8]
+    maps = [(i, j), (j, 7 - i), (7 - i, 7 - j), (7 - j, i), (i, 7 - j), (7 - j, 7 - i), (7 - i, j), (j, i)]
+    seen, per_image = set(), [0, 0]
+    for c in crops:
+        k = int(round(c[2, 0, 0] * 10))
+        ys, xs = np.rint(c[0] * 100).astype(int), np.rint(c[1] * 100).astype(int)
+        y0, x0 = ys.min(), xs.min()
+        assert np.all(np.rint(c[2] * 10) == k) and y0 + 8 <= images[k].shape[0] and x0 + 8 <= images[k].shape[1]
+        match = [m for m, (a, b) in enumerate(maps) if np.array_equal(ys - y0, a) and np.array_equal(xs - x0, b)]
+        assert match, "a crop is not a window of a pool image under a flip/rotation"
+        seen.add(match[0])
+        per_image[k] += 1
+    assert seen == set(range(8))
+    assert per_image[0] > per_image[1] > 0  # drawn in proportion to the image's area (600 vs 289 pixels)
+
+
+def test_dead_leaves_schedule_round_robin() -> None:
+    dl = DeadLeaves(0, 3, count=3, refresh_every=10)
+    assert dl.generations(0) == [0, 1, 2] and dl.generations(9) == [0, 1, 2]
+    assert dl.generations(10) == [3, 1, 2] and dl.generations(25) == [3, 4, 2]
+    assert dl.generations(40) == [6, 4, 5]
+
+
+def test_pixelnorm_output_does_not_depend_on_the_image_size() -> None:
+    """unet-pixelnorm: a crop denoised alone equals the same crop of the larger image, away from borders."""
+    x = torch.rand(1, 3, 160, 160) * 2 - 1
+    sigma = torch.tensor([0.3])
+    oy, ox, c, margin = 32, 48, 96, 32  # even offsets (the down-sampling grid); margin > receptive radius
+    diffs = {}
+    for arch in ("unet-pixelnorm", "unet"):
+        torch.manual_seed(0)
+        net = build_unet(arch, 3, (8, 16), 1, 32).eval().requires_grad_(False)
+        with torch.no_grad():
+            for p in net.parameters():  # zero-initialised output layers would hide everything
+                p.add_(0.05 * torch.randn_like(p))
+        d = EDMDenoiser(_UNetCall(net, "float32", channels_last=arch == "unet-pixelnorm"), size_multiple=2)
+        with torch.no_grad():
+            big = d(x, sigma)[..., oy : oy + c, ox : ox + c]
+            small = d(x[..., oy : oy + c, ox : ox + c], sigma)
+        diffs[arch] = float((big - small)[..., margin:-margin, margin:-margin].abs().max())
+    assert diffs["unet-pixelnorm"] < 1e-5
+    assert diffs["unet"] > 1e-3  # GroupNorm and attention see the whole input
+
+
+def test_pixelnorm_export_loads_untiled(folder: Path, tmp_path: Path) -> None:
+    train_prior(_cfg(tmp_path / "w", folder, steps=2, arch="unet-pixelnorm", export=tmp_path / "p"), log=_quiet)
+    cfg = json.loads((tmp_path / "p" / "nfc_dps_prior.json").read_text())
+    assert cfg["arch"] == "unet-pixelnorm" and "tile" not in cfg
+    prior = nfc_dps.load_prior(tmp_path / "p", precision="float32")
+    assert isinstance(prior, EDMDenoiser) and prior.size_multiple == 2
+    assert not any(isinstance(m, torch.nn.GroupNorm) for m in prior.modules())
+    x = torch.rand(2, 3, 24, 32) * 2 - 1
+    assert torch.isfinite(prior(x, 0.5)).all()
