@@ -1149,6 +1149,8 @@ def cmd_train_prior(args) -> int:
         train_prior(config_from_args(args, str(device), progress=not args.quiet), log=log.info, warn=log.error)
     except TrainingError as e:
         raise UsageError(str(e)) from e
+    except OSError as e:  # an export or log file that cannot be written (full disk, permissions)
+        raise UsageError(f"cannot write {e.filename or ''}: {e.strerror or e}; the last saved state is kept") from e
     return EXIT_OK
 
 

@@ -163,7 +163,7 @@ def init_network_keys(folder: str | Path) -> dict:
     return keys
 
 
-def _as_list(v):
+def _as_list(v: object) -> object:
     return list(v) if isinstance(v, (list, tuple)) else v
 
 

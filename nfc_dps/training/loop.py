@@ -283,6 +283,9 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             "rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "args": settings, "config": fp,
             "seconds": seconds0 + time.time() - t_wall, "crops": crops0 + (step - start_step) * cfg.batch})
         last["saved"] = step
+        rows = read_loss_csv(workdir / LOSS_CSV) if (workdir / LOSS_CSV).is_file() else []
+        if rows:
+            render_loss_png(rows, workdir / LOSS_PNG, f"EDM training loss ({workdir}, {rows[-1]['step']} steps)")
         if cfg.export:
             do_export()
 
@@ -305,15 +308,12 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
                 + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
         else:
             log(f"step {step}: exported {cfg.export} (no held-out images: no PSNR)")
-        rows = read_loss_csv(workdir / LOSS_CSV) if (workdir / LOSS_CSV).is_file() else []
-        if rows:
-            render_loss_png(rows, workdir / LOSS_PNG, f"EDM training loss ({workdir}, {rows[-1]['step']} steps)")
 
     def budget_left() -> bool:
         return ((cfg.steps is None or step < cfg.steps)
                 and (cfg.minutes is None or clock() - t_start < cfg.minutes * 60))
 
-    def on_sigterm(signum, frame) -> None:
+    def on_sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt("SIGTERM")
 
     old_handler = None
