@@ -175,7 +175,7 @@ def restore(
         prior: a :class:`~nfc_dps.priors.base.Prior`; None loads the embedded default prior.
         method: "nfc", "daps", "dps", "diffpir", "ddnm", "ddrm" or "dpir".
         preset: a named preset of the method; None = its default: for NFC "deterministic" (the
-            best estimate per network call: 8 NFE, no random draw), for the others "fast".
+            best estimate per network call: 16 NFE, no random draw), for the others "fast".
             Posterior samples with a calibrated ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
         sigma_y: measurement noise std in [0, 1] pixel units, finite and >= 0.
         seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, >= 0).

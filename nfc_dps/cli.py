@@ -1249,7 +1249,7 @@ def build_parser() -> argparse.ArgumentParser:
     _task_flags(r, "base seed (default 0); each image's seed is a hash of it and the image's file name")
     r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc)")
     r.add_argument("--preset", default=None,
-                   help="sampler preset. nfc: deterministic (default: the best estimate per network call, 8 NFE, "
+                   help="sampler preset. nfc: deterministic (default: the best estimate per network call, 16 NFE, "
                         "no random draw), fast (posterior samples, 100 NFE: use it with --samples K for a std map "
                         "that measures the posterior spread), fast_psnr, paper (as published, 1000 NFE); "
                         "other methods: fast (default), paper")

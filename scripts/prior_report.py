@@ -53,6 +53,7 @@ from nfc_dps.priors.diffusers_prior import PRECISIONS
 from nfc_dps.priors.training_data import (
     HELDOUT_IMAGES,
     TRAIN_IMAGES,
+    center_crop,
     load_skimage_image,
 )
 from nfc_dps.training.plot import read_loss_csv, render_loss_png
@@ -75,16 +76,6 @@ def psnr01(est: np.ndarray, ref: np.ndarray) -> float:
     """PSNR (dB, data range 1) of ``est`` clipped to [0, 1] against ``ref``."""
     err = np.mean((np.clip(est, 0.0, 1.0).astype(np.float64) - ref.astype(np.float64)) ** 2)
     return float(10 * np.log10(1.0 / err))
-
-
-def center_crop(img: np.ndarray, size: int) -> np.ndarray:
-    """Centre ``size`` x ``size`` crop (each side capped at the image's); ``size <= 0``: the image."""
-    if size <= 0:
-        return img
-    h, w = img.shape[:2]
-    ch, cw = min(size, h), min(size, w)
-    y, x = (h - ch) // 2, (w - cw) // 2
-    return np.ascontiguousarray(img[y : y + ch, x : x + cw])
 
 
 def noise(shape: tuple[int, ...], *key: int) -> np.ndarray:

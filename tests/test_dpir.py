@@ -8,29 +8,13 @@ import torch
 
 import nfc_dps
 from nfc_dps.operators import BlurOperator, Inpainting, SuperResolution, box_mask, gaussian_kernel
-from nfc_dps.priors.gaussian import GaussianSpectralPrior
 from nfc_dps.samplers import METHODS, get_config
 from nfc_dps.samplers.common import initial_estimate
 from nfc_dps.samplers.dpir import DPIR_SIGMA_MAX, DPIRConfig, dpir_sigmas, sample_dpir
 from nfc_dps.samplers.nfc import NFCConfig, sample_nfc
 
-SIZE = 32
-SIGMA_Y = 0.05  # model units; 0.025 in [0, 1] units
-
-
-def oracle_problem(n_images: int, seed: int = 1):
-    prior = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)
-    g = torch.Generator().manual_seed(seed)
-    x = prior.sample(n_images, g, dtype=torch.float64)
-    op = BlurOperator(gaussian_kernel(9, 1.5), "circular")
-    H = op.transfer_function(SIZE, SIZE, dtype=torch.float64)
-    y_m = op.A(x) + SIGMA_Y * torch.randn(x.shape, generator=g, dtype=torch.float64)
-    return prior, op, H, x, y_m
-
-
-def psnr_model(a, b):
-    return (10 * torch.log10(4.0 / ((a - b) ** 2).mean(dim=(1, 2, 3)))).mean().item()
-
+from test_samplers import SIGMA_Y, SIZE, oracle_problem
+from test_samplers import _psnr_model as psnr_model
 
 def test_dpir_schedule_is_dpirs():
     """Geometric from 49/255 ([0, 1] units) to max(sigma_y, 0.01), in model units (x 2)."""
@@ -48,7 +32,7 @@ def test_dpir_fixed_point_is_the_closed_form_and_near_the_mmse():
     S h* y / (S |h|^2 + sigma_y^2) only as s -> 0 with lam = 1; at DPIR's last level (s = sigma_y,
     lam = 0.23) it under-regularises where |h| is small: measured 0.29 dB below the MMSE bound at 8
     iterations, tolerance 0.5 dB."""
-    prior, op, H, x, y_m = oracle_problem(30)
+    prior, op, H, x, y_m = oracle_problem(30, seed=1)
     y = (y_m + 1) / 2
     s, lam = 0.08, 0.23
     cfg = DPIRConfig(num_steps=150, sigma_max=s, sigma_min=s, noise_floor=0.0, lam=lam)
@@ -67,7 +51,7 @@ def test_dpir_fixed_point_is_the_closed_form_and_near_the_mmse():
 
 
 def test_dpir_counts_one_nfe_per_iteration_and_ignores_generators():
-    prior, op, H, x, y_m = oracle_problem(2)
+    prior, op, H, x, y_m = oracle_problem(2, seed=1)
     y = (y_m + 1) / 2
     for preset, n in (("fast", 8), ("paper", 24)):
         res = nfc_dps.restore(y.float(), op, prior=prior, method="dpir", preset=preset, sigma_y=0.025, seed=0,
@@ -110,7 +94,7 @@ def test_initial_estimates_fit_the_measurement(kind):
 
 
 def test_deterministic_nfc_is_deterministic_and_batch_invariant():
-    prior, op, H, x, y_m = oracle_problem(3)
+    prior, op, H, x, y_m = oracle_problem(3, seed=1)
     y = ((y_m + 1) / 2).float()
     cfg = get_config("nfc")  # the default preset
     assert cfg == get_config("nfc", "deterministic") and cfg.is_deterministic and cfg.nfe == 16
@@ -123,7 +107,7 @@ def test_deterministic_nfc_is_deterministic_and_batch_invariant():
 
 def test_renoise_none_feeds_the_data_step_to_the_next_level():
     """renoise "none": the next level starts from x0 itself; the first x is the start estimate."""
-    prior, op, H, x, y_m = oracle_problem(1)
+    prior, op, H, x, y_m = oracle_problem(1, seed=1)
     y = ((y_m + 1) / 2).float()
     cfg = get_config("nfc", "deterministic", num_levels=5)
     seen = []
@@ -140,7 +124,7 @@ def test_renoise_none_feeds_the_data_step_to_the_next_level():
 def test_deterministic_nfc_near_the_oracle_mmse():
     """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound
     (measured 0.74 dB below: isotropic steps where the exact covariance is spectral)."""
-    prior, op, H, x, y_m = oracle_problem(30)
+    prior, op, H, x, y_m = oracle_problem(30, seed=1)
     out = sample_nfc(prior, op, (y_m + 1) / 2, 0.025, x.shape, get_config("nfc")) * 2 - 1
     assert psnr_model(out, x) >= 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y)) - 1.0
 

@@ -7,6 +7,8 @@ scikit-learn's two sample photographs (china.jpg, flower.jpg) are never used for
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 #: skimage.data photographs used for training (gray ones are replicated to RGB).
@@ -71,24 +73,36 @@ def dead_leaves(size: int, rng: np.random.Generator, n_disks: int = 600, r_min: 
     return img
 
 
-def training_power_law(crop: int = 64, per_image: int = 8, seed: int = 0) -> tuple[float, float]:
-    """(amplitude, alpha) of S = amplitude * r^-alpha fitted to random crops of the training photos.
+def images_power_law(images: Sequence[np.ndarray], crop: int = 64, per_image: int = 8,
+                     seed: int = 0) -> tuple[float, float]:
+    """(amplitude, alpha) of S = amplitude * r^-alpha fitted to random crops of (H, W, C) images in [0, 1].
 
     Model units ([-1, 1]), orthonormal FFT, r the normalised radius of nfc_dps.frequency; the
-    geometric mean of the per-crop amplitudes and the median exponent (r in [0.02, 0.5]).
-    Stored with the default prior so samplers can use the spectrum the prior was trained on.
+    geometric mean of the per-crop amplitudes and the median exponent (r in [0.02, 0.5]); crops
+    shrink to fit small images. Stored with a trained prior so samplers can use the spectrum it
+    was trained on.
     """
     import torch
 
     from ..frequency import fit_power_law
 
     rng = np.random.default_rng(seed)
+    size = min(crop, *(min(im.shape[:2]) for im in images))
     crops = []
-    for name in TRAIN_IMAGES:
-        img = load_skimage_image(name)
+    for img in images:
         for _ in range(per_image):
-            y, x = rng.integers(img.shape[0] - crop + 1), rng.integers(img.shape[1] - crop + 1)
-            crops.append(img[y : y + crop, x : x + crop])
+            y, x = rng.integers(img.shape[0] - size + 1), rng.integers(img.shape[1] - size + 1)
+            crops.append(img[y : y + size, x : x + size])
     batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2).double() * 2 - 1
     amplitude, alpha = fit_power_law(batch, r_min=0.02, r_max=0.5)
     return float(amplitude.log().mean().exp()), float(alpha.median())
+
+
+def center_crop(img: np.ndarray, size: int) -> np.ndarray:
+    """Centre ``size`` x ``size`` crop (each side capped at the image's); ``size <= 0``: the image."""
+    if size <= 0:
+        return img
+    h, w = img.shape[:2]
+    ch, cw = min(size, h), min(size, w)
+    y, x = (h - ch) // 2, (w - cw) // 2
+    return np.ascontiguousarray(img[y : y + ch, x : x + cw])

@@ -19,8 +19,8 @@ Gaussian-conditional sample (perturb-and-solve).
 
 Two regimes. The paper's (start "noise", renoise "fresh", sigma from 100): a posterior sampler.
 The deterministic continuation (start from the measurement, renoise "none", conditional-mean
-inner steps, a short range below ~0.4 model units, lam = DPIR's 0.23): a plug-and-play estimate
-in which the band and the Haar commitment still act level by level.
+inner steps, a short range below ~0.4 model units, lam = DPIR's 0.23): a plug-and-play estimate.
+The band and the Haar commitment can act there too; the ``deterministic`` preset leaves them off.
 With ``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS.
 """
 

@@ -27,29 +27,10 @@ from .. import io as nio
 from ..priors.archs import size_independent
 from ..priors.base import Prior, reflect_pad
 from ..priors.diffusers_prior import PRIOR_CONFIG_NAME
+from ..priors.training_data import center_crop
 
 EVAL_SIGMAS = (0.05, 0.1, 0.2)
 INFO_NAME = "train_info.json"
-
-
-def images_power_law(images: Sequence[np.ndarray], crop: int = 64, per_image: int = 8, seed: int = 0) -> tuple[float, float]:
-    """(amplitude, alpha) of S = amplitude r^-alpha fitted to random crops, in model units ([-1, 1]).
-
-    As :func:`nfc_dps.priors.training_data.training_power_law` (geometric-mean amplitude, median
-    exponent, r in [0.02, 0.5]), on any (H, W, C) images in [0, 1]; crops shrink to fit small images.
-    """
-    from ..frequency import fit_power_law
-
-    rng = np.random.default_rng(seed)
-    size = min(crop, *(min(im.shape[:2]) for im in images))
-    crops = []
-    for img in images:
-        for _ in range(per_image):
-            y, x = rng.integers(img.shape[0] - size + 1), rng.integers(img.shape[1] - size + 1)
-            crops.append(img[y : y + size, x : x + size])
-    batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2).double() * 2 - 1
-    amplitude, alpha = fit_power_law(batch, r_min=0.02, r_max=0.5)
-    return float(amplitude.log().mean().exp()), float(alpha.median())
 
 
 def prior_json(arch: str, crop: int, power_law: tuple[float, float]) -> dict:
@@ -87,16 +68,6 @@ def export_prior(net: torch.nn.Module, out: str | Path, arch: str, crop: int, po
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def center_crop(img: np.ndarray, size: int) -> np.ndarray:
-    """Centre ``size`` x ``size`` crop (each side capped at the image's); ``size <= 0``: the image."""
-    if size <= 0:
-        return img
-    h, w = img.shape[:2]
-    ch, cw = min(size, h), min(size, w)
-    y, x = (h - ch) // 2, (w - cw) // 2
-    return np.ascontiguousarray(img[y : y + ch, x : x + cw])
 
 
 def evaluate_heldout(prior: Prior, images: Sequence[tuple[str, np.ndarray]], sigmas: Sequence[float] = EVAL_SIGMAS,

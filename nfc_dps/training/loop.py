@@ -34,10 +34,10 @@ from .. import io as nio
 from ..priors.archs import ARCHS, DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS, build_unet, size_independent
 from ..priors.base import EDMDenoiser
 from ..priors.diffusers_prior import _UNetCall
+from ..priors.training_data import images_power_law
 from .data import (BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, CropSampler, DeadLeaves, TrainingError, load_builtin,
                    load_folder, multiscale)
-from .export import (EVAL_SIGMAS, INFO_NAME, evaluate_heldout, export_prior, images_power_law, init_network_keys,
-                     load_init_weights)
+from .export import EVAL_SIGMAS, INFO_NAME, evaluate_heldout, export_prior, init_network_keys, load_init_weights
 from .plot import read_loss_csv, render_loss_png
 from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, write_state
 
