@@ -73,6 +73,43 @@ def fourier_filter(x: Tensor, transfer: Tensor) -> Tensor:
     return torch.fft.irfft2(torch.fft.rfft2(x, norm="ortho") * transfer, s=(h, w), norm="ortho")
 
 
+def fourier_gaussian_mean(H: Tensor, Y: Tensor, noise_var: float | Tensor, *, prior_mean: Tensor | None = None,
+                          prior_precision: float | Tensor | None = None, prior_var: Tensor | None = None,
+                          weight2: Tensor | None = None) -> Tensor:
+    """Fourier coefficients of E[x | y] for y = A x + n, n ~ N(0, noise_var I), x ~ N(x_bar, C),
+    with A = F^-1 diag(H) F and C = F^-1 diag(c) F both diagonal in the same Fourier basis:
+
+        X = (conj(H) Y / noise_var + X_bar / c) / (|H|^2 W^2 / noise_var + 1 / c)   (precision form)
+          = (c conj(H) Y + noise_var X_bar) / (c |H|^2 + noise_var)                (covariance form)
+
+    Pass exactly one of ``prior_precision`` (1 / c; 0 = a flat prior; needs noise_var > 0) or
+    ``prior_var`` (c >= 0; noise_var = 0 allowed; where c |H|^2 + noise_var = 0 nothing is
+    measured and the result is X_bar, or 0 without a prior mean). ``weight2``: an optional real
+    frequency weight W^2 on the likelihood (precision form only); Y is then the caller's weighted
+    coefficients. Y, ``prior_mean`` = X_bar: coefficients on H's grid (full FFT or rfft half, any
+    FFT normalisation, as long as all agree); everything broadcasts, e.g. H (h, w), Y (B, C, h, w),
+    noise_var and c (B, 1, 1, 1) or (B|1, 1, h, w). The operation order is fixed (the operators'
+    prox, the samplers' inner step, the Gaussian oracle and the Wiener baseline share it).
+    """
+    if (prior_precision is None) == (prior_var is None):
+        raise ValueError("pass exactly one of prior_precision and prior_var")
+    if prior_precision is not None:
+        gain2 = H.abs() ** 2
+        if weight2 is not None:
+            gain2 = gain2 * weight2
+        num = H.conj() * Y / noise_var
+        if prior_mean is not None:
+            num = num + prior_mean * prior_precision
+        return num / (gain2 / noise_var + prior_precision)
+    if weight2 is not None:
+        raise ValueError("weight2 is supported in the precision form only")
+    den = H.abs().square() * prior_var + noise_var
+    safe = den.clamp_min(1e-300)
+    if prior_mean is None:  # the Wiener gain c conj(H) / den, then applied to Y
+        return torch.where(den > 0, H.conj() * prior_var / safe * Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
+    return torch.where(den > 0, (prior_var * H.conj() * Y + noise_var * prior_mean) / safe, prior_mean)
+
+
 def radial_power_spectrum(x: Tensor, bins: int = 32) -> tuple[Tensor, Tensor]:
     """Radially averaged power |F x|^2 (ortho FFT, averaged over channels) per image.
 

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..frequency import fourier_filter
+from ..frequency import fourier_filter, fourier_gaussian_mean
 from .base import Prior
 
 
@@ -319,9 +319,7 @@ class GaussianSpectralPrior(Prior):
         S = self.S.to(y.device)
         s2 = float(sigma_y) ** 2
         Y = torch.fft.fft2(y.to(torch.float64), norm="ortho")
-        M = self._mean_coefficients(Y)
-        den = S * H.abs() ** 2 + s2
-        X = torch.where(den > 0, (S * H.conj() * Y + s2 * M) / den.clamp_min(1e-300), M)
+        X = fourier_gaussian_mean(H, Y, s2, prior_mean=self._mean_coefficients(Y), prior_var=S)
         return torch.fft.ifft2(X, norm="ortho").real.to(y.dtype)
 
     def posterior_sample(

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..frequency import fourier_filter
+from ..operators.base import LinearOperator
 from .base import Prior
 from .gaussian import frequency_radius, power_law_spectrum
 
@@ -244,13 +245,14 @@ class GaussianMixturePrior(Prior):
         x = self._draw(comp, self.means[comp], self.spectra, generator).to(dtype)
         return (x, comp) if return_components else x
 
-    def posterior(self, operator, y_m: Tensor, sigma_y_m: float) -> "MixturePosterior":
+    def posterior(self, operator: LinearOperator, y_m: Tensor, sigma_y_m: float) -> "MixturePosterior":
         """Exact p(x | y) for y_m = h (*) x + n, n ~ N(0, sigma_y_m^2 I), all in model units.
 
-        operator: a circulant operator (``is_circulant``, e.g. ``BlurOperator(..., "circular")``
-        or ``Denoising``) whose ``transfer_function`` gives h; y_m: (B, C, H, W); sigma_y_m > 0.
+        operator: a :class:`~nfc_dps.operators.base.LinearOperator` that declares itself circulant
+        (``is_circulant``: ``BlurOperator(..., "circular")``, ``Denoising``); its
+        ``transfer_function`` gives h; y_m: (B, C, H, W); sigma_y_m > 0.
         """
-        if not getattr(operator, "is_circulant", False) or not hasattr(operator, "transfer_function"):
+        if not (isinstance(operator, LinearOperator) and operator.is_circulant):
             raise ValueError(f"the exact mixture posterior needs a circulant operator with a transfer function "
                              f"(circular blur or denoising), got {type(operator).__name__}")
         if not (math.isfinite(sigma_y_m) and sigma_y_m > 0):

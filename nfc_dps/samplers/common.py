@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..frequency import fit_power_law, fourier_filter, power_law_spectrum, radial_frequency
+from ..frequency import fit_power_law, fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency
 from ..operators.base import LinearOperator, conjugate_gradient, randn_per_image
 from ..priors.base import Prior
 
@@ -205,14 +205,13 @@ def gaussian_conditional(
         return operator.prox(y_t, x_t, sigma_y, prior_var**0.5)
 
     h, w = center.shape[-2:]
-    if getattr(operator, "is_circulant", False):
+    if operator.is_circulant:
         H = operator.transfer_function(h, w, dtype=center.dtype, device=center.device)
-        W2 = 1.0 if band is None else band**2
         inv_c = 1.0 / prior_var if spectral else torch.full_like(H.real, 1.0 / prior_var)
-        precision = (H.abs() ** 2) * W2 / sigma_y**2 + inv_c
         Wy = torch.fft.fft2(y_t, norm="ortho") * (1.0 if band is None else band)
-        rhs = H.conj() * Wy / sigma_y**2 + inv_c * torch.fft.fft2(x_t, norm="ortho")
-        return torch.fft.ifft2(rhs / precision, norm="ortho").real
+        X = fourier_gaussian_mean(H, Wy, sigma_y**2, prior_mean=torch.fft.fft2(x_t, norm="ortho"),
+                                  prior_precision=inv_c, weight2=None if band is None else band**2)
+        return torch.fft.ifft2(X, norm="ortho").real
 
     band2 = None if band is None else band**2
     inv_c = 1.0 / prior_var

@@ -155,8 +155,7 @@ def sample_ddnm(
     noise = 2.0 * float(sigma_y)  # the true noise std in model units (prob.sigma is floored)
     sigmas, _ = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
 
-    circulant = getattr(operator, "is_circulant", False)
-    H = operator.transfer_function(*image_shape[-2:], dtype=y.dtype, device=y.device) if circulant else None
+    H = operator.transfer_function(*image_shape[-2:], dtype=y.dtype, device=y.device) if operator.is_circulant else None
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):
@@ -243,10 +242,11 @@ class SpectralBasis:
 
 
 def spectral_basis(operator: LinearOperator, y: Tensor, image_shape: tuple[int, ...], cutoff: float) -> SpectralBasis:
-    """Fourier basis for circulant operators (blur with circular boundary, denoising), pixel basis
-    for masks (inpainting)."""
+    """The operator's declared ``diagonal_basis``: Fourier for circulant operators (blur with
+    circular boundary, denoising), pixel for masks (inpainting)."""
     h, w = image_shape[-2:]
-    if getattr(operator, "is_circulant", False):
+    basis = operator.diagonal_basis
+    if basis == "fourier":
         H = operator.transfer_function(h, w, dtype=y.dtype, device=y.device)
         s = H.abs()
         observed = s > cutoff
@@ -255,11 +255,10 @@ def spectral_basis(operator: LinearOperator, y: Tensor, image_shape: tuple[int, 
         return SpectralBasis(lambda v: torch.fft.fft2(v, norm="ortho"),
                              lambda v: torch.fft.ifft2(v, norm="ortho").real,
                              torch.where(observed, s, torch.zeros_like(s)), y_bar)
-    mask = getattr(operator, "mask", None)
-    if mask is not None:
+    if basis == "pixel":
         if tuple(y.shape[-2:]) != (h, w):
             raise ValueError("DDRM's pixel basis needs a full-size masked measurement")
-        s = torch.as_tensor(mask, dtype=y.dtype, device=y.device)
+        s = operator.pixel_mask().to(dtype=y.dtype, device=y.device)[None, None]
         s = torch.where(s > cutoff, s, torch.zeros_like(s))
         y_bar = torch.where(s > 0, y / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(y))
         return SpectralBasis(lambda v: v, lambda v: v, s, y_bar)
