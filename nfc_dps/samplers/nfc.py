@@ -41,16 +41,18 @@ from .common import (
     Generators,
     START_ESTIMATES,
     counting,
-    fit_spectrum_from_measurement,
-    gaussian_conditional,
     initial_estimate,
     pf_ode_predict,
-    pixel_coverage,
     pixel_gain,
-    spectral_crossing,
-    spectral_prior_variance,
     to_image_units,
     to_model_units,
+)
+from .gaussian_step import (
+    fit_spectrum_from_measurement,
+    gaussian_conditional,
+    pixel_coverage,
+    spectral_crossing,
+    spectral_prior_variance,
 )
 
 INNER_SOLVERS = ("langevin", "exact")
