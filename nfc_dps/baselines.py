@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency
+from .frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency, ring_mean
 from .operators.base import LinearOperator, check_image, conjugate_gradient
 from .operators.blur import BlurOperator
 
@@ -140,11 +140,9 @@ def fit_measurement_spectrum(y: Tensor, gain2: Tensor | None, sigma: float, r_mi
     power = torch.fft.fft2(y64 - y64.mean(dim=(-2, -1), keepdim=True), norm="ortho").abs().square().mean(1)  # (B,h,w)
     r = radial_frequency(h, w, dtype=torch.float64)
     idx = (r * bins).long().clamp(max=bins - 1).flatten()
-    counts = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(idx, dtype=torch.float64))
-    safe = counts.clamp_min(1)
-    p_ring = torch.zeros(b, bins, dtype=torch.float64).index_add_(1, idx, power.flatten(1)) / safe
+    p_ring, counts = ring_mean(power.flatten(1), idx, bins)  # NaN on empty rings, which `keep` excludes
     g2 = torch.ones(h, w, dtype=torch.float64) if gain2 is None else gain2.double().cpu()
-    g_ring = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, g2.flatten()) / safe
+    g_ring, _ = ring_mean(g2.flatten(), idx, bins)
     radii = (torch.arange(bins, dtype=torch.float64) + 0.5) / bins
     s2 = float(sigma) ** 2
     amps, alphas = [], []
@@ -166,18 +164,13 @@ def fit_measurement_spectrum(y: Tensor, gain2: Tensor | None, sigma: float, r_mi
     return torch.tensor(amps, dtype=torch.float64), torch.tensor(alphas, dtype=torch.float64)
 
 
-def _power_law(amp: Tensor, alpha: Tensor, h: int, w: int) -> Tensor:
-    """(B, 1, h, w) float64 S on the full grid with a finite DC (callers pass the mean through)."""
-    return power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)
-
-
 def _circular_wiener(y: Tensor, H: Tensor, sigma: float, amp: Tensor, alpha: Tensor) -> Tensor:
     """Wiener deconvolution of y (B, C, h, w) by a circulant transfer function H (h, w) with the
     power law (amp, alpha) per image: X = H* S Y / (|H|^2 S + sigma^2), the mean passed through."""
     h, w = y.shape[-2:]
     y64 = y.double().cpu()
     H = H.to(torch.complex128).cpu()
-    S = _power_law(amp, alpha, h, w)
+    S = power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)
     mean = y64.mean(dim=(-2, -1), keepdim=True)  # blur and identity have DC gain 1
     X = fourier_gaussian_mean(H, torch.fft.fft2(y64 - mean, norm="ortho"), float(sigma) ** 2, prior_var=S)
     X[..., 0, 0] = 0.0  # the mean was removed; it is put back unchanged
@@ -217,7 +210,7 @@ def _cg_wiener(operator: LinearOperator, y: Tensor, sigma_y: float, iters: int, 
     y64 = y.double()
     shape = operator.image_shape(y.shape)
     h, w = shape[-2:]
-    inv_s = (1.0 / _power_law(amp, alpha, h, w)).to(y.device)
+    inv_s = (1.0 / power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)).to(y.device)
     inv_s[..., 0, 0] = 0.0
     mean = y64.mean(dim=(-2, -1), keepdim=True)
     rhs = operator.A_adjoint(y64 - mean) / s**2

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..frequency import fourier_filter
+from ..frequency import fourier_filter, frequency_radius, smooth_power_law
 from ..operators.base import LinearOperator
 from .base import Prior
-from .gaussian import frequency_radius, power_law_spectrum
 
 __all__ = ["GaussianMixturePrior", "MixturePosterior", "MIXTURE_SETTINGS"]
 
@@ -175,7 +174,7 @@ class GaussianMixturePrior(Prior):
         omega0 = 1.0 / max(h, w)
         spectra = []
         for alpha, pixel_std in laws:
-            unit = power_law_spectrum(h, w, alpha, 1.0, omega0)
+            unit = smooth_power_law(h, w, 1.0, alpha, omega0)
             spectra.append(unit * (pixel_std**2 / float(unit.mean())))
         if setting == "poor":  # the same variance at |omega| = 0.08 as the alpha-2 law: they part at high frequency
             r2 = frequency_radius(h, w) ** 2
