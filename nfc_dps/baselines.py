@@ -40,12 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .frequency import fourier_filter, power_law_spectrum, radial_frequency
+from .frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency, ring_mean
 from .operators.base import LinearOperator, check_image, conjugate_gradient
 from .operators.blur import BlurOperator
-from .operators.denoising import Denoising
-from .operators.inpainting import Inpainting
-from .operators.superres import SuperResolution
 
 __all__ = [
     "CLASSICAL_METHODS", "NotApplicable", "applicable", "restore_classical", "wiener", "tv_restore",
@@ -77,16 +74,8 @@ class NotApplicable(ValueError):
 
 
 def operator_family(operator: LinearOperator) -> str:
-    """'blur', 'sr', 'inpaint', 'denoise' or 'other'."""
-    if isinstance(operator, BlurOperator):
-        return "blur"
-    if isinstance(operator, SuperResolution):
-        return "sr"
-    if isinstance(operator, Inpainting):
-        return "inpaint"
-    if isinstance(operator, Denoising):
-        return "denoise"
-    return "other"
+    """'blur', 'sr', 'inpaint', 'denoise' or 'other': the operator's declared ``family``."""
+    return operator.family
 
 
 def applicable(name: str, operator: LinearOperator) -> str | None:
@@ -94,8 +83,10 @@ def applicable(name: str, operator: LinearOperator) -> str | None:
     if name not in CLASSICAL_METHODS:
         raise ValueError(f"unknown classical baseline {name!r}; choose one of {CLASSICAL_METHODS}")
     fam = operator_family(operator)
+    if name != "tv" and operator.image_region() is not None:
+        return f"{name} needs the operator on the whole image grid, got one on a padded canvas"
     if name == "wiener":
-        if fam in ("blur", "denoise", "sr") or getattr(operator, "is_circulant", False):
+        if fam in ("blur", "denoise", "sr") or operator.is_circulant:
             return None
         if fam == "inpaint":
             return "Wiener filtering does not apply to inpainting (use 'biharmonic')"
@@ -124,7 +115,7 @@ def restore_classical(name: str, operator: LinearOperator, y: Tensor, sigma_y: f
         elif name == "tv":
             x = tv_restore(operator, y, sigma_y, **kwargs)
         elif name == "bicubic":
-            x = bicubic_upsample(y, operator.factor)
+            x = bicubic_upsample(y, operator.downsampling_factor)
         else:
             x = biharmonic_inpaint(operator, y)
     return x.clamp(0, 1)
@@ -149,11 +140,9 @@ def fit_measurement_spectrum(y: Tensor, gain2: Tensor | None, sigma: float, r_mi
     power = torch.fft.fft2(y64 - y64.mean(dim=(-2, -1), keepdim=True), norm="ortho").abs().square().mean(1)  # (B,h,w)
     r = radial_frequency(h, w, dtype=torch.float64)
     idx = (r * bins).long().clamp(max=bins - 1).flatten()
-    counts = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(idx, dtype=torch.float64))
-    safe = counts.clamp_min(1)
-    p_ring = torch.zeros(b, bins, dtype=torch.float64).index_add_(1, idx, power.flatten(1)) / safe
+    p_ring, counts = ring_mean(power.flatten(1), idx, bins)  # NaN on empty rings, which `keep` excludes
     g2 = torch.ones(h, w, dtype=torch.float64) if gain2 is None else gain2.double().cpu()
-    g_ring = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, g2.flatten()) / safe
+    g_ring, _ = ring_mean(g2.flatten(), idx, bins)
     radii = (torch.arange(bins, dtype=torch.float64) + 0.5) / bins
     s2 = float(sigma) ** 2
     amps, alphas = [], []
@@ -175,23 +164,17 @@ def fit_measurement_spectrum(y: Tensor, gain2: Tensor | None, sigma: float, r_mi
     return torch.tensor(amps, dtype=torch.float64), torch.tensor(alphas, dtype=torch.float64)
 
 
-def _power_law(amp: Tensor, alpha: Tensor, h: int, w: int) -> Tensor:
-    """(B, 1, h, w) float64 S on the full grid with a finite DC (callers pass the mean through)."""
-    return power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)
-
-
 def _circular_wiener(y: Tensor, H: Tensor, sigma: float, amp: Tensor, alpha: Tensor) -> Tensor:
     """Wiener deconvolution of y (B, C, h, w) by a circulant transfer function H (h, w) with the
     power law (amp, alpha) per image: X = H* S Y / (|H|^2 S + sigma^2), the mean passed through."""
     h, w = y.shape[-2:]
     y64 = y.double().cpu()
     H = H.to(torch.complex128).cpu()
-    H2 = H.abs().square()
-    S = _power_law(amp, alpha, h, w)
+    S = power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)
     mean = y64.mean(dim=(-2, -1), keepdim=True)  # blur and identity have DC gain 1
-    G = H.conj() * S / (H2 * S + float(sigma) ** 2).clamp_min(1e-300)
-    G[..., 0, 0] = 0.0  # the mean was removed; it is put back unchanged
-    x = torch.fft.ifft2(G * torch.fft.fft2(y64 - mean, norm="ortho"), norm="ortho").real + mean
+    X = fourier_gaussian_mean(H, torch.fft.fft2(y64 - mean, norm="ortho"), float(sigma) ** 2, prior_var=S)
+    X[..., 0, 0] = 0.0  # the mean was removed; it is put back unchanged
+    x = torch.fft.ifft2(X, norm="ortho").real + mean
     return x.to(dtype=y.dtype, device=y.device)
 
 
@@ -199,19 +182,19 @@ def wiener(operator: LinearOperator, y: Tensor, sigma_y: float, cg_iters: int = 
     """Wiener / linear-MMSE restoration with a power-law spectrum fitted to y (see module doc)."""
     fam = operator_family(operator)
     h, w = y.shape[-2:]
-    if getattr(operator, "is_circulant", False):
+    if operator.is_circulant:
         H = operator.transfer_function(h, w, dtype=torch.float64)
         amp, alpha = fit_measurement_spectrum(y, H.abs().square().cpu(), sigma_y)
         return _circular_wiener(y, H, sigma_y, amp, alpha)
     if fam == "blur":
         # reflect boundary: the same Gaussian model with the true operator, solved by conjugate
         # gradients preconditioned (and started) with the same kernel's circulant Wiener filter
-        circ = BlurOperator(operator.kernel, "circular")
+        circ = BlurOperator(operator.blur_kernel(), "circular")
         Hc = circ.transfer_function(h, w, dtype=torch.float64)
         amp, alpha = fit_measurement_spectrum(y, Hc.abs().square().cpu(), sigma_y)
         return _cg_wiener(operator, y, sigma_y, cg_iters, amp, alpha, Hc)
     if fam == "sr":
-        factor = operator.factor
+        factor = operator.downsampling_factor
         # the pseudo-inverse carries the image below the measurement's Nyquist (r ~ 0.7 / factor)
         amp, alpha = fit_measurement_spectrum(operator.A_pinv(y.double()), None, 0.0, r_max=0.5 / factor, bins=64)
         return _cg_wiener(operator, y, sigma_y, cg_iters, amp, alpha, None)
@@ -227,7 +210,7 @@ def _cg_wiener(operator: LinearOperator, y: Tensor, sigma_y: float, iters: int, 
     y64 = y.double()
     shape = operator.image_shape(y.shape)
     h, w = shape[-2:]
-    inv_s = (1.0 / _power_law(amp, alpha, h, w)).to(y.device)
+    inv_s = (1.0 / power_law_spectrum(amp.double().cpu(), alpha.double().cpu(), (h, w), infinite_dc=False)).to(y.device)
     inv_s[..., 0, 0] = 0.0
     mean = y64.mean(dim=(-2, -1), keepdim=True)
     rhs = operator.A_adjoint(y64 - mean) / s**2
@@ -289,8 +272,9 @@ def _initial_guess(operator: LinearOperator, y: Tensor) -> Tensor:
     ones = torch.ones((1, *shape[1:]), dtype=y.dtype)
     norm = operator.A_adjoint(operator.A(ones))
     back = operator.A_adjoint(y)
-    if isinstance(operator, Inpainting):
-        m = operator.mask.to(y.dtype)
+    mask = operator.pixel_mask()
+    if mask is not None:
+        m = mask.to(y.dtype)
         mean = (y * m).sum(dim=(-2, -1), keepdim=True) / m.sum().clamp_min(1)
     else:
         mean = y.mean(dim=(-2, -1), keepdim=True)
@@ -323,11 +307,14 @@ def bicubic_upsample(y: Tensor, factor: int) -> Tensor:
     return F.interpolate(y, scale_factor=int(factor), mode="bicubic", align_corners=False)
 
 
-def biharmonic_inpaint(operator: Inpainting, y: Tensor) -> Tensor:
-    """scikit-image's biharmonic inpainting of the operator's missing pixels."""
+def biharmonic_inpaint(operator: LinearOperator, y: Tensor) -> Tensor:
+    """scikit-image's biharmonic inpainting of the missing pixels of the operator's ``pixel_mask()``."""
     from skimage.restoration import inpaint_biharmonic
 
-    missing = (operator.mask[0, 0] == 0).cpu().numpy()
+    mask = operator.pixel_mask()
+    if mask is None:
+        raise NotApplicable(f"biharmonic inpainting needs an operator with a pixel mask, got {type(operator).__name__}")
+    missing = (mask == 0).cpu().numpy()
     arr = y.detach().cpu().double().numpy()
     out = np.empty_like(arr)
     for b in range(arr.shape[0]):

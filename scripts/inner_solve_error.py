@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import nfc_dps.samplers.common as common
+import nfc_dps.samplers.gaussian_step as gaussian_step
 from nfc_dps.benchmark import task_specs
 from nfc_dps.operators.factory import build_operator
 from nfc_dps.priors.default import load_prior
@@ -45,16 +46,16 @@ def level_errors(task: str, caps: list[int], levels: int, size: int, wide_holes:
     cfg = NFC_PRESETS["fast"]
     sigmas = karras_sigmas(levels, cfg.sigma_min, min(cfg.sigma_max, prior.sigma_max), cfg.rho).tolist()
     out = np.zeros((levels, len(caps)))
-    hole_size = common.WIDE_HOLE_SIZE if wide_holes else 10**9  # no hole is wide: the old form
-    with mock.patch.object(common, "WIDE_HOLE_SIZE", hole_size):
+    hole_size = gaussian_step.WIDE_HOLE_SIZE if wide_holes else 10**9  # no hole is wide: the old form
+    with mock.patch.object(gaussian_step, "WIDE_HOLE_SIZE", hole_size):
         for k in range(levels):
             sigma, sigma_next = sigmas[k], sigmas[k + 1]
-            var = common.spectral_prior_variance(spectrum, sigma)
+            var = gaussian_step.spectral_prior_variance(spectrum, sigma)
             band = band_weight(cfg.band, k, levels, prob.y.shape, cfg.band.linear_cutoff(k, levels), None, torch.float32)
             centre = (2 * x - 1) + 0.3 * sigma * torch.randn(x.shape, generator=g)
 
             def solve(cap: int) -> torch.Tensor:
-                return common.gaussian_conditional(op, prob.y, centre, prob.sigma, var, torch.Generator().manual_seed(k),
+                return gaussian_step.gaussian_conditional(op, prob.y, centre, prob.sigma, var, torch.Generator().manual_seed(k),
                                                    band, sample=k < levels - 1, cg_iters=cap)
 
             ref = solve(400)

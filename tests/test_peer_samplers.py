@@ -15,13 +15,16 @@ import torch
 
 from nfc_dps.operators import BlurOperator, Denoising, Inpainting, SuperResolution, gaussian_kernel, random_mask
 from nfc_dps.priors.base import Prior
+from nfc_dps.samplers import ddnm as ddnm_mod
 from nfc_dps.samplers import ddrm as ddrm_mod
 from nfc_dps.samplers import diffpir as diffpir_mod
 from nfc_dps.samplers import dps as dps_mod
 from nfc_dps.samplers.common import CountingPrior
-from nfc_dps.samplers.ddrm import DDNMConfig, DDRMConfig, sample_ddnm, sample_ddrm
+from nfc_dps.samplers.ddnm import DDNMConfig, sample_ddnm
+from nfc_dps.samplers.ddrm import DDRMConfig, sample_ddrm
 from nfc_dps.samplers.diffpir import DiffPIRConfig, sample_diffpir
-from nfc_dps.samplers.dps import DPSConfig, dps_guidance, sample_dps, sigma_grid, vp_sigma
+from nfc_dps.samplers.dps import DPSConfig, dps_guidance, sample_dps
+from nfc_dps.schedules import sigma_grid, vp_sigma
 
 PRIOR_STD = 0.5  # model units
 
@@ -296,9 +299,9 @@ def test_prior_sigma_max_is_respected():
 def test_presets_and_nfe():
     assert dps_mod.PRESETS["paper"].nfe == 1000 and dps_mod.PRESETS["fast"].nfe == 100
     assert diffpir_mod.PRESETS["paper"].nfe == 100 and diffpir_mod.PRESETS["fast"].nfe == 100
-    assert ddrm_mod.PRESETS["paper"].nfe == 100 and ddrm_mod.PRESETS["fast"].nfe == 100
-    assert ddrm_mod.DDRM_PRESETS["paper"].nfe == 20 and ddrm_mod.DDRM_PRESETS["fast"].nfe == 100
-    for mod in (dps_mod, diffpir_mod, ddrm_mod):
+    assert ddnm_mod.PRESETS["paper"].nfe == 100 and ddnm_mod.PRESETS["fast"].nfe == 100
+    assert ddrm_mod.PRESETS["paper"].nfe == 20 and ddrm_mod.PRESETS["fast"].nfe == 100
+    for mod in (dps_mod, diffpir_mod, ddnm_mod, ddrm_mod):
         assert set(mod.PRESETS) == {"paper", "fast"}
         for cfg in mod.PRESETS.values():
             with pytest.raises(dataclasses.FrozenInstanceError):
@@ -336,7 +339,7 @@ def test_ddnm_scaled_rule_on_blur_is_per_frequency():
     never amplify the noise; with H = 1 it is the scalar rule."""
     from nfc_dps.operators import BlurOperator, gaussian_kernel
     from nfc_dps.priors.gaussian import GaussianSpectralPrior
-    from nfc_dps.samplers.ddrm import DDNMConfig, sample_ddnm, scaled_rule_fourier
+    from nfc_dps.samplers.ddnm import DDNMConfig, sample_ddnm, scaled_rule_fourier
 
     r = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     corr, gamma = scaled_rule_fourier(torch.ones(8, 8, dtype=torch.complex128), r, 0.03, 0.05, 3e-2)

@@ -11,13 +11,8 @@ import torch
 
 from nfc_dps.priors import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior, load_diffusers_prior
 from nfc_dps.priors.base import PREDICTION_TYPES, reflect_pad, x0_to_prediction
-from nfc_dps.priors.gaussian import (
-    GaussianSpectralPrior,
-    circulant_transfer,
-    fit_power_law,
-    power_law_spectrum,
-    radial_power,
-)
+from nfc_dps.frequency import corner_radius, fit_power_law, radial_power_spectrum, smooth_power_law
+from nfc_dps.priors.gaussian import GaussianSpectralPrior, circulant_transfer
 
 
 def linear_alphas_cumprod(n: int = 1000) -> torch.Tensor:
@@ -238,21 +233,22 @@ def test_gaussian_size_errors(gprior):
 
 def test_fit_power_law():
     # exact spectrum (non-square grid, DC arbitrary): exact recovery
-    spec = power_law_spectrum(24, 40, 2.3, 1e-3, 0.0)
+    spec = smooth_power_law(24, 40, 1e-3, 2.3, 0.0)
     spec[0, 0] = 123.0
-    alpha, amp = fit_power_law(spec, spectrum=True)
-    assert alpha == pytest.approx(2.3, abs=1e-8) and amp == pytest.approx(1e-3, rel=1e-7)
-    # samples of a (nearly pure) power-law prior
+    corner = corner_radius(24, 40)
+    amp, alpha = fit_power_law(spec, 0.0, 0.5 / corner, exact=True, spectrum=True)
+    # the fit is on the normalised radius r = |omega| / corner: a_r = a_omega * corner^-alpha
+    assert float(alpha) == pytest.approx(2.3, abs=1e-8) and float(amp) == pytest.approx(1e-3 * corner**-2.3, rel=1e-7)
+    # samples of a (nearly pure) power-law prior, fitted in the prior's own units (cycles/pixel)
     p = GaussianSpectralPrior((32, 32), alpha=1.8, amplitude=2e-3, omega0=1e-3, mean=0.1, channels=1)
     x = p.sample(64, torch.Generator().manual_seed(5), dtype=torch.float64)
-    alpha, amp = fit_power_law(x)
-    assert alpha == pytest.approx(1.8, abs=0.05) and amp == pytest.approx(2e-3, rel=0.15)
     fitted = GaussianSpectralPrior.fit(x)
+    assert fitted.alpha == pytest.approx(1.8, abs=0.05) and fitted.amplitude == pytest.approx(2e-3, rel=0.15)
     assert fitted.size == (32, 32) and fitted.channels == 1 and fitted.mean == pytest.approx(float(x.mean()))
-    radius, power = radial_power(x)
-    assert radius.min() > 0 and (radius.diff() > 0).all() and power.shape == radius.shape
+    radius, power = radial_power_spectrum(x)
+    assert radius.min() > 0 and (radius.diff() > 0).all() and power.shape == (64, radius.numel())
     with pytest.raises(ValueError, match="fewer than 2"):
-        fit_power_law(x, omega_min=0.45, omega_max=0.46)
+        fit_power_law(x, 0.45 / corner_radius(32, 32), 0.46 / corner_radius(32, 32), exact=True)
 
 
 # ============================================================================ diffusers loader

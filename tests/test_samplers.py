@@ -268,7 +268,7 @@ def test_final_mean_step_is_the_conditional_mean_of_the_last_level():
 @pytest.mark.parametrize("op", [BlurOperator(gaussian_kernel(9, 1.5), "circular"), Inpainting(box_mask(SIZE, SIZE, 12, 4))])
 def test_inner_temperature_scales_the_draw_around_the_conditional_mean(op):
     """Exact inner step: draw(t) = mean + t (draw(1) - mean) for the same noise, any operator."""
-    from nfc_dps.samplers.common import gaussian_conditional, spectral_prior_variance
+    from nfc_dps.samplers.gaussian_step import gaussian_conditional, spectral_prior_variance
 
     prior, _, _, x, _ = oracle_problem(2)
     y = op.A(x) + SIGMA_Y * torch.randn(x.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -285,7 +285,7 @@ def test_inner_temperature_scales_the_draw_around_the_conditional_mean(op):
 
 
 def test_langevin_at_temperature_zero_descends_to_the_conditional_mean():
-    from nfc_dps.samplers.common import gaussian_conditional
+    from nfc_dps.samplers.gaussian_step import gaussian_conditional
     from nfc_dps.samplers.nfc import langevin_refine
 
     prior, op, _, x, y_m = oracle_problem(1)
@@ -299,7 +299,7 @@ def test_langevin_at_temperature_zero_descends_to_the_conditional_mean():
 
 
 def test_dilate_is_a_square_max_filter():
-    from nfc_dps.samplers.common import _dilate
+    from nfc_dps.samplers.gaussian_step import _dilate
 
     m = torch.rand(2, 3, 23, 17, generator=torch.Generator().manual_seed(0)).round()
     ref = torch.nn.functional.max_pool2d(m, 9, stride=1, padding=4)
@@ -309,7 +309,7 @@ def test_dilate_is_a_square_max_filter():
 def _inpainting_normal_problem(mask, sigma: float = 8.0):
     """(normal operator, rhs, C, operator) of the exact inner step for inpainting, float64."""
     from nfc_dps.frequency import fourier_filter
-    from nfc_dps.samplers.common import spectral_prior_variance
+    from nfc_dps.samplers.gaussian_step import spectral_prior_variance
 
     h, w = mask.shape[-2:]
     prior = GaussianSpectralPrior((h, w), alpha=2.0, pixel_std=0.5, channels=1)
@@ -327,7 +327,7 @@ def _inpainting_normal_problem(mask, sigma: float = 8.0):
 @pytest.mark.parametrize("hole", ["box", "random"])
 def test_normal_preconditioner_is_spd_and_finds_wide_holes(hole):
     from nfc_dps.operators import random_mask
-    from nfc_dps.samplers.common import normal_preconditioner, pixel_coverage
+    from nfc_dps.samplers.gaussian_step import normal_preconditioner, pixel_coverage
 
     mask = box_mask(48, 40, 20, 6) if hole == "box" else random_mask(48, 40, 0.7, 0)
     normal, b, var, op = _inpainting_normal_problem(mask)
@@ -353,7 +353,7 @@ def test_wide_hole_preconditioner_converges_faster_on_box_inpainting():
     with the Fourier-diagonal form by a wide margin, and both reach the dense solution."""
     from nfc_dps.frequency import fourier_filter
     from nfc_dps.operators.base import conjugate_gradient
-    from nfc_dps.samplers.common import normal_preconditioner, pixel_coverage
+    from nfc_dps.samplers.gaussian_step import normal_preconditioner, pixel_coverage
 
     normal, b, var, op = _inpainting_normal_problem(box_mask(48, 48, 24, 8))
     n = b.numel()
@@ -374,7 +374,8 @@ def test_wide_hole_preconditioner_converges_faster_on_box_inpainting():
 def test_auto_spectrum_rule():
     """'auto': the measurement's fit for conditional-mean steps on operators that observe every
     pixel; the prior's declared law for draws and for inpainting; an exact spectrum always wins."""
-    from nfc_dps.samplers.common import counting, fit_spectrum_from_measurement
+    from nfc_dps.samplers.common import counting
+    from nfc_dps.samplers.gaussian_step import fit_spectrum_from_measurement
     from nfc_dps.samplers.nfc import _spectrum
 
     declared = ShrinkPrior(channels=1)
@@ -402,7 +403,7 @@ def test_dense_random_masks_have_no_wide_hole(missing):
     """Scattered holes keep the Fourier-diagonal form (the better one there), even when dense."""
     from nfc_dps.frequency import fourier_filter
     from nfc_dps.operators import random_mask
-    from nfc_dps.samplers.common import normal_preconditioner, pixel_coverage
+    from nfc_dps.samplers.gaussian_step import normal_preconditioner, pixel_coverage
 
     mask = random_mask(256, 256, missing, 0)
     normal, b, var, op = _inpainting_normal_problem(mask)
@@ -414,7 +415,8 @@ def test_dense_random_masks_have_no_wide_hole(missing):
 def test_exact_spectrum_flag_follows_wrappers_and_auto_ignores_padding():
     from nfc_dps.operators.padding import CroppedOperator
     from nfc_dps.priors.base import TiledPrior
-    from nfc_dps.samplers.common import counting, fit_spectrum_from_measurement
+    from nfc_dps.samplers.common import counting
+    from nfc_dps.samplers.gaussian_step import fit_spectrum_from_measurement
     from nfc_dps.samplers.nfc import _spectrum
 
     exact = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)

@@ -30,7 +30,8 @@ def test_band_schedule_paper_values():
 
 
 def test_spectral_cutoff_widens_as_sigma_falls():
-    from nfc_dps.samplers.common import power_law_spectrum, spectral_crossing
+    from nfc_dps.frequency import power_law_spectrum
+    from nfc_dps.samplers.gaussian_step import spectral_crossing
 
     b = BandSchedule(cutoff="spectral", cutoff_start=0.05)
     spec = power_law_spectrum(torch.tensor([1e-3, 1e-2]), torch.tensor([2.0, 2.0]), (1, 1, 64, 64))

@@ -9,6 +9,19 @@ An operator knows the measurement and nothing of diffusion. Every operator provi
   otherwise. ``sigma_y`` and ``r`` are floats or (B,) tensors (per image);
 * ``measure(x, sigma_y, generator)``: A x plus seeded Gaussian noise of std ``sigma_y``.
 
+Every operator also *declares its structure*, so samplers and baselines ask it instead of
+testing its class (the safe defaults of :class:`LinearOperator` say "nothing known"):
+
+* ``family``: what it measures, one of :data:`FAMILIES`;
+* ``is_circulant``: A = F^-1 diag(H) F on the image grid, H = ``transfer_function(h, w)``;
+* ``pixel_mask()``: the (H, W) 0/1 mask m when A x = m * x (inpainting), else None;
+* ``blur_kernel()``: the (kh, kw) convolution kernel of a blur, else None;
+* ``downsampling_factor``: the integer factor s of a downscaling (SR), else None;
+* ``diagonal_basis``: "fourier" (circulant) or "pixel" (a mask) where A is diagonal, else None;
+* ``image_region()``: (h, w) of the top-left part of the image that A sees when the image lies
+  on a larger canvas (:class:`~nfc_dps.operators.padding.CroppedOperator`), else None;
+* ``describe()``: a JSON-able record of the operator for results files.
+
 Operators are linear, so they work in any units; the public API uses [0, 1] images and states
 ``sigma_y`` in [0, 1] pixel units. ``A(ones)`` is the operator's DC response (1 for blur and
 SR, the mask for inpainting); the sampler uses it to map measurements to [-1, 1] model units.
@@ -16,7 +29,7 @@ SR, the mask for inpainting); the sampler uses it to map measurements to [-1, 1]
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -85,11 +98,66 @@ def prox_scales(sigma_y: float | Tensor, r: float | Tensor, like: Tensor) -> tup
     return s * s, rr * rr
 
 
+#: operator families (``LinearOperator.family``)
+FAMILIES = ("blur", "sr", "inpaint", "denoise", "other")
+#: bases in which an operator can be diagonal (``LinearOperator.diagonal_basis``)
+DIAGONAL_BASES = ("fourier", "pixel")
+
+
 class LinearOperator(torch.nn.Module):
-    """Base class. Subclasses implement ``A`` and ``A_adjoint``; override the rest when they can."""
+    """Base class. Subclasses implement ``A`` and ``A_adjoint``; override the rest when they can.
+
+    The structure declarations (module docstring) default to "nothing known": family "other",
+    not circulant, no mask, kernel or factor. Subclasses override those that hold. (Names differ
+    from the subclasses' buffers ``kernel`` and ``mask``, which ``register_buffer`` owns.)
+    """
 
     #: short name used in configs and tables
     name: str = "linear"
+    #: what the operator measures, one of FAMILIES
+    family: str = "other"
+    #: True when A = F^-1 diag(H) F on the image grid, H = transfer_function(h, w)
+    is_circulant: bool = False
+
+    def transfer_function(self, h: int, w: int, dtype: torch.dtype = torch.float32,
+                          device: torch.device | str | None = None) -> Tensor:
+        """Complex (h, w) H with A x = ifft2(H * fft2(x)).real; only for circulant operators.
+
+        complex64 unless ``dtype`` is float64. Raises ValueError when ``is_circulant`` is False.
+        """
+        raise ValueError(f"{type(self).__name__} is not circulant: it has no transfer function")
+
+    def pixel_mask(self) -> Tensor | None:
+        """The (H, W) float32 0/1 mask m when A x = m * x (1 = observed), else None."""
+        return None
+
+    def blur_kernel(self) -> Tensor | None:
+        """The (kh, kw) float32 kernel (sum 1) when A is a convolution, else None."""
+        return None
+
+    @property
+    def downsampling_factor(self) -> int | None:
+        """The integer factor s when A downscales (H, W) to (H / s, W / s), else None."""
+        return None
+
+    @property
+    def diagonal_basis(self) -> str | None:
+        """Where A is diagonal: "fourier" (circulant: singular values |H|), "pixel" (a mask:
+        singular values m), None when neither is declared."""
+        if self.is_circulant:
+            return "fourier"
+        if self.pixel_mask() is not None:
+            return "pixel"
+        return None
+
+    def image_region(self) -> tuple[int, int] | None:
+        """(h, w) of the image inside a larger canvas when A sees only x[..., :h, :w], else None."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able record of the operator: name, class, family and declared structure."""
+        return {"name": self.name, "class": type(self).__name__, "family": self.family,
+                "circulant": bool(self.is_circulant), "diagonal_basis": self.diagonal_basis}
 
     def A(self, x: Tensor) -> Tensor:
         raise NotImplementedError

@@ -24,12 +24,13 @@ random motion kernel it is the kernel rotated by 180 degrees (same distribution)
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..frequency import fourier_gaussian_mean
 from .base import LinearOperator, check_image, prox_scales
 from .kernels import normalize_kernel
 
@@ -64,6 +65,7 @@ class BlurOperator(LinearOperator):
     """
 
     name = "blur"
+    family = "blur"
 
     def __init__(self, kernel: Tensor | np.ndarray, boundary: str = "circular") -> None:
         super().__init__()
@@ -79,6 +81,13 @@ class BlurOperator(LinearOperator):
     @property
     def is_circulant(self) -> bool:
         return self.boundary == "circular"
+
+    def blur_kernel(self) -> Tensor:
+        """The (kh, kw) float32 kernel, normalised to sum 1 (the ``kernel`` buffer)."""
+        return self.kernel
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "kernel_shape": list(self.kernel.shape), "boundary": self.boundary}
 
     def extra_repr(self) -> str:
         return f"kernel={tuple(self.kernel.shape)}, boundary={self.boundary!r}"
@@ -203,6 +212,5 @@ class BlurOperator(LinearOperator):
         inv_r2 = torch.where(torch.isinf(r2), torch.zeros_like(r2), 1.0 / r2)
         h, w = z.shape[-2:]
         H = self._half(h, w, True, z)
-        num = H.conj() * torch.fft.rfft2(y) / s2 + torch.fft.rfft2(z) * inv_r2
-        den = (H.abs() ** 2) / s2 + inv_r2
-        return torch.fft.irfft2(num / den, s=(h, w))
+        X = fourier_gaussian_mean(H, torch.fft.rfft2(y), s2, prior_mean=torch.fft.rfft2(z), prior_precision=inv_r2)
+        return torch.fft.irfft2(X, s=(h, w))

@@ -16,6 +16,7 @@ class Denoising(LinearOperator):
     """A = A^T = A^+ = I. Circulant with transfer function 1; prox in closed form."""
 
     name = "denoise"
+    family = "denoise"
     is_circulant = True
 
     def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:

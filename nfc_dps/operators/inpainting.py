@@ -12,7 +12,7 @@ Mask makers return float32 (H, W) tensors; their randomness comes only from ``ge
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -106,7 +106,7 @@ class Inpainting(LinearOperator):
     """A x = mask * x, mask (H, W) or (1, 1, H, W) with 1 = observed, 0 = missing."""
 
     name = "inpainting"
-    is_circulant = False
+    family = "inpaint"
 
     def __init__(self, mask: Tensor | np.ndarray) -> None:
         super().__init__()
@@ -125,6 +125,14 @@ class Inpainting(LinearOperator):
 
     def extra_repr(self) -> str:
         return f"size={tuple(self.mask.shape[-2:])}, observed={self.mask.mean().item():.3f}"
+
+    def pixel_mask(self) -> Tensor:
+        """The (H, W) float32 mask (a view of the (1, 1, H, W) ``mask`` buffer)."""
+        return self.mask[0, 0]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "size": list(self.mask.shape[-2:]),
+                "observed_fraction": float(self.mask.mean())}
 
     def _m(self, x: Tensor, name: str) -> Tensor:
         check_image(x, name)

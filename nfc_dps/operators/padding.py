@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -16,10 +16,13 @@ class CroppedOperator(LinearOperator):
     The padded border is not measured: the sampler fills it from the prior, and the caller crops
     it off. Adjoint: zero-pad A^T y. The prox and pseudo-inverse fall back to the base class's
     conjugate gradients (the inner operator's closed forms do not survive the crop).
+
+    Declared structure: the inner operator's family, blur kernel and downsampling factor (what
+    is applied to the image region); ``image_region()`` = (H, W). Not circulant and no pixel
+    mask on the canvas (the crop is diagonal in neither basis), so no diagonal basis.
     """
 
     name = "cropped"
-    is_circulant = False
 
     def __init__(self, inner: LinearOperator, image_hw: Sequence[int], canvas_hw: Sequence[int]) -> None:
         super().__init__()
@@ -28,6 +31,25 @@ class CroppedOperator(LinearOperator):
         self.canvas_h, self.canvas_w = (int(v) for v in canvas_hw)
         if self.canvas_h < self.h or self.canvas_w < self.w:
             raise ValueError(f"canvas {tuple(canvas_hw)} is smaller than the image {tuple(image_hw)}")
+
+    @property
+    def family(self) -> str:
+        return self.inner.family
+
+    def blur_kernel(self) -> Tensor | None:
+        return self.inner.blur_kernel()
+
+    @property
+    def downsampling_factor(self) -> int | None:
+        return self.inner.downsampling_factor
+
+    def image_region(self) -> tuple[int, int]:
+        """(H, W) of the measured image in the top-left corner of the canvas."""
+        return self.h, self.w
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "image_hw": [self.h, self.w], "canvas_hw": [self.canvas_h, self.canvas_w],
+                "inner": self.inner.describe()}
 
     def A(self, x: Tensor) -> Tensor:
         return self.inner.A(x[..., : self.h, : self.w])

@@ -18,7 +18,7 @@ H and W must be divisible by s.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ def bicubic_matrix(n: int, factor: int) -> np.ndarray:
 class SuperResolution(LinearOperator):
     """Downscaling by an integer ``factor`` >= 2 (``method``: 'bicubic' or 'average')."""
 
-    is_circulant = False
+    family = "sr"
 
     def __init__(self, factor: int = 4, method: str = "bicubic") -> None:
         super().__init__()
@@ -82,6 +82,13 @@ class SuperResolution(LinearOperator):
 
     def extra_repr(self) -> str:
         return f"factor={self.factor}, method={self.method!r}"
+
+    @property
+    def downsampling_factor(self) -> int:
+        return self.factor
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "factor": self.factor, "method": self.method}
 
     # ------------------------------------------------------------------ shapes and checks
     def _check_image(self, x: Tensor, name: str) -> None:

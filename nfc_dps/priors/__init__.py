@@ -3,7 +3,7 @@
 from .adm import ADM_PRESETS, adm_unet_config, convert_adm_checkpoint, convert_adm_state_dict
 from .base import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
 from .diffusers_prior import load_diffusers_prior
-from .gaussian import GaussianSpectralPrior, circulant_transfer, fit_power_law
+from .gaussian import GaussianSpectralPrior, circulant_transfer
 from .mixture import GaussianMixturePrior, MixturePosterior
 
 __all__ = [
@@ -15,7 +15,6 @@ __all__ = [
     "GaussianSpectralPrior",
     "GaussianMixturePrior",
     "MixturePosterior",
-    "fit_power_law",
     "circulant_transfer",
     "ADM_PRESETS",
     "adm_unet_config",

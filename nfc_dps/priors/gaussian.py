@@ -3,8 +3,8 @@
 For this prior every quantity a posterior sampler needs is closed-form (a stationary Gaussian
 is diagonal in the Fourier basis): the MMSE denoiser is a per-frequency Wiener gain S/(S+sigma^2), and for a
 circulant blur with transfer function H the posterior of x given y = h * x + n is Gaussian with
-per-frequency mean and variance. Samplers are tested against these; the samplers also use
-:func:`fit_power_law` to fit S to a measurement.
+per-frequency mean and variance. Samplers are tested against these. :meth:`GaussianSpectralPrior.fit`
+fits the law to images with :func:`nfc_dps.frequency.fit_power_law` (``exact=True``).
 
 Conventions (all functions of this module):
 
@@ -14,7 +14,8 @@ Conventions (all functions of this module):
   variance v has E|F n|^2 = v at every frequency, and S(omega) = E|F (x - mean)|^2(omega) is the
   variance of each orthonormal Fourier coefficient. The per-pixel variance is mean_omega S.
 * Frequencies omega = (fy, fx) are those of ``torch.fft.fftfreq`` (cycles per pixel, each
-  component in [-0.5, 0.5)); |omega| = sqrt(fy^2 + fx^2) is at most ~0.707.
+  component in [-0.5, 0.5)); |omega| = sqrt(fy^2 + fx^2) is at most ~0.707
+  (:func:`nfc_dps.frequency.frequency_radius`). S is :func:`nfc_dps.frequency.smooth_power_law`.
 * A circulant blur y = h (*) x (circular convolution) has transfer function
   H = ``torch.fft.fft2`` (unnormalised) of the kernel embedded in an (h, w) array with its centre
   at pixel (0, 0) (see :func:`circulant_transfer`); then F y = H * F x exactly. Channels share S
@@ -28,23 +29,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..frequency import fourier_filter
+from ..frequency import corner_radius, fit_power_law, fourier_filter, fourier_gaussian_mean, smooth_power_law
 from .base import Prior
-
-
-def frequency_radius(h: int, w: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> Tensor:
-    """(h, w) tensor |omega| in cycles per pixel on the ``fftfreq`` grid (0 at [0, 0])."""
-    fy = torch.fft.fftfreq(h, dtype=dtype, device=device)
-    fx = torch.fft.fftfreq(w, dtype=dtype, device=device)
-    return (fy[:, None] ** 2 + fx[None, :] ** 2).sqrt()
-
-
-def power_law_spectrum(
-    h: int, w: int, alpha: float, amplitude: float, omega0: float, dtype: torch.dtype = torch.float64, device=None
-) -> Tensor:
-    """(h, w) tensor S = amplitude * (|omega|^2 + omega0^2)^(-alpha/2) on the ``fftfreq`` grid."""
-    r2 = frequency_radius(h, w, dtype, device) ** 2
-    return amplitude * (r2 + omega0**2) ** (-alpha / 2)
 
 
 def circulant_transfer(kernel: Tensor, h: int, w: int) -> Tensor:
@@ -61,89 +47,6 @@ def circulant_transfer(kernel: Tensor, h: int, w: int) -> Tensor:
     pad[..., :kh, :kw] = kernel
     pad = torch.roll(pad, shifts=(-(kh // 2), -(kw // 2)), dims=(-2, -1))
     return torch.fft.fft2(pad)
-
-
-def _rings(x: Tensor, spectrum: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-frequency (ring index, radius, power) with DC dropped; rings are 1/max(h, w) wide."""
-    x = torch.as_tensor(x)
-    h, w = x.shape[-2:]
-    if spectrum:
-        if x.ndim != 2:
-            raise ValueError(f"a spectrum must be (h, w), got shape {tuple(x.shape)}")
-        p = x.to(torch.float64)
-    else:
-        xf = torch.fft.fft2(x.to(torch.float64), norm="ortho")
-        p = (xf.real**2 + xf.imag**2).reshape(-1, h, w).mean(0)
-    r = frequency_radius(h, w, device=p.device).flatten()
-    ring = torch.round(r * max(h, w)).long()
-    keep = torch.ones_like(r, dtype=torch.bool)
-    keep[0] = False  # DC
-    return ring[keep], r[keep], p.flatten()[keep]
-
-
-def _ring_mean(ring: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-    n = int(ring.max()) + 1
-    count = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, ring, torch.ones_like(values))
-    total = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, ring, values)
-    ok = count > 0
-    return total[ok] / count[ok], ok
-
-
-def radial_power(x: Tensor, spectrum: bool = False) -> tuple[Tensor, Tensor]:
-    """Radially averaged power: (radius, power) 1-D float64 tensors over non-empty rings, DC excluded.
-
-    Args:
-        x: images (..., h, w) (real; power |F x|^2 is averaged over all leading axes), or an
-            (h, w) power spectrum on the ``fftfreq`` grid if ``spectrum=True``.
-    Rings have width 1/max(h, w) cycles/pixel; ``radius`` is the mean |omega| of a ring and
-    ``power`` the mean power in it.
-    """
-    ring, r, p = _rings(x, spectrum)
-    radius, _ = _ring_mean(ring, r)
-    power, _ = _ring_mean(ring, p)
-    return radius, power
-
-
-def fit_power_law(
-    x: Tensor, spectrum: bool = False, omega_min: float = 0.0, omega_max: float = 0.5
-) -> tuple[float, float]:
-    """Fit S(omega) ~ amplitude * |omega|^(-alpha) to images or to a power spectrum.
-
-    Least squares of log(ring-mean power) on log(ring radius) over the radially averaged power
-    spectrum (rings 1/max(h, w) wide; orthonormal FFT, so ``amplitude`` is in model units^2 per
-    Fourier coefficient), using rings whose radii lie in [omega_min, omega_max] cycles/pixel
-    (default: all rings up to Nyquist, DC excluded). A ring's radius is its effective radius
-    (mean of |omega|^-alpha)^(-1/alpha), refined with the fitted alpha (a few fixed-point passes),
-    so an exact power law is recovered exactly despite the ring averaging.
-    Images are (..., h, w) in model units (any mean: DC is excluded); with ``spectrum=True``
-    ``x`` is an (h, w) spectrum on the ``fftfreq`` grid.
-
-    Returns:
-        (alpha, amplitude) as floats. Natural images give alpha ~ 2.
-    """
-    ring, r, p = _rings(x, spectrum)
-    power, _ = _ring_mean(ring, p)
-    radius, _ = _ring_mean(ring, r)
-    sel = (radius >= omega_min) & (radius <= omega_max) & (power > 0)
-    if int(sel.sum()) < 2:
-        raise ValueError(
-            f"fit_power_law: fewer than 2 usable frequency rings in [{omega_min}, {omega_max}] "
-            f"cycles/pixel (image {tuple(torch.as_tensor(x).shape[-2:])})"
-        )
-    ly = power[sel].log()
-    alpha = amplitude = float("nan")
-    r_eff = radius
-    for _ in range(6):
-        lx = r_eff[sel].log()
-        design = torch.stack([torch.ones_like(lx), lx], dim=1)
-        coef = torch.linalg.lstsq(design, ly[:, None]).solution.flatten()
-        new_alpha, amplitude = float(-coef[1]), float(coef[0].exp())
-        if abs(new_alpha) < 1e-6 or abs(new_alpha - alpha) < 1e-10:
-            alpha = new_alpha
-            break
-        alpha = new_alpha
-        r_eff = _ring_mean(ring, r ** (-alpha))[0] ** (-1.0 / alpha)
-    return alpha, amplitude
 
 
 class GaussianSpectralPrior(Prior):
@@ -185,7 +88,7 @@ class GaussianSpectralPrior(Prior):
         if self.omega0 <= 0 and self.alpha > 0:
             raise ValueError("omega0 must be > 0 (S would be infinite at DC)")
         if amplitude is None:
-            unit = power_law_spectrum(h, w, self.alpha, 1.0, self.omega0)
+            unit = smooth_power_law(h, w, 1.0, self.alpha, self.omega0)
             amplitude = pixel_std**2 / float(unit.mean())
         if amplitude <= 0:
             raise ValueError(f"amplitude must be > 0, got {amplitude}")
@@ -193,7 +96,7 @@ class GaussianSpectralPrior(Prior):
         self.mean = float(mean)
         self.channels = int(channels)
         self.sigma_min, self.sigma_max, self.size_multiple = 1e-4, 1e4, 1
-        self.register_buffer("S", power_law_spectrum(h, w, self.alpha, self.amplitude, self.omega0), persistent=False)
+        self.register_buffer("S", smooth_power_law(h, w, self.amplitude, self.alpha, self.omega0), persistent=False)
 
     @classmethod
     def fit(
@@ -206,12 +109,17 @@ class GaussianSpectralPrior(Prior):
         omega_min: float = 0.0,
         omega_max: float = 0.5,
     ) -> "GaussianSpectralPrior":
-        """A prior with (alpha, amplitude) from :func:`fit_power_law` on ``images`` (..., C, h, w).
+        """A prior with (amplitude, alpha) from :func:`nfc_dps.frequency.fit_power_law` (``exact=True``)
+        on ``images`` (..., C, h, w), using the rings with |omega| in [omega_min, omega_max]
+        cycles/pixel (default: all rings up to Nyquist, DC excluded).
 
         ``size`` defaults to the images' size, ``mean`` to their mean, ``channels`` to their C.
         """
         images = torch.as_tensor(images)
-        alpha, amplitude = fit_power_law(images, omega_min=omega_min, omega_max=omega_max)
+        corner = corner_radius(*images.shape[-2:])
+        amp, alpha_t = fit_power_law(images, omega_min / corner, omega_max / corner, exact=True)
+        alpha = float(alpha_t)
+        amplitude = float(amp) * corner**alpha  # the fit is on the normalised radius, S here in cycles/pixel
         # E|F x|^2 per orthonormal coefficient is the process's power spectral density, a function
         # of omega in cycles/pixel only: the fitted law holds on a grid of any size.
         h, w = size or tuple(images.shape[-2:])
@@ -228,7 +136,7 @@ class GaussianSpectralPrior(Prior):
             return self.S.clone()
         h = self.size[0] if h is None else h
         w = self.size[1] if w is None else w
-        return power_law_spectrum(h, w, self.alpha, self.amplitude, self.omega0, device=self.S.device)
+        return smooth_power_law(h, w, self.amplitude, self.alpha, self.omega0, device=self.S.device)
 
     def extra_repr(self) -> str:
         return (
@@ -319,9 +227,7 @@ class GaussianSpectralPrior(Prior):
         S = self.S.to(y.device)
         s2 = float(sigma_y) ** 2
         Y = torch.fft.fft2(y.to(torch.float64), norm="ortho")
-        M = self._mean_coefficients(Y)
-        den = S * H.abs() ** 2 + s2
-        X = torch.where(den > 0, (S * H.conj() * Y + s2 * M) / den.clamp_min(1e-300), M)
+        X = fourier_gaussian_mean(H, Y, s2, prior_mean=self._mean_coefficients(Y), prior_var=S)
         return torch.fft.ifft2(X, norm="ortho").real.to(y.dtype)
 
     def posterior_sample(

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..frequency import fourier_filter
+from ..frequency import fourier_filter, frequency_radius, smooth_power_law
+from ..operators.base import LinearOperator
 from .base import Prior
-from .gaussian import frequency_radius, power_law_spectrum
 
 __all__ = ["GaussianMixturePrior", "MixturePosterior", "MIXTURE_SETTINGS"]
 
@@ -174,7 +174,7 @@ class GaussianMixturePrior(Prior):
         omega0 = 1.0 / max(h, w)
         spectra = []
         for alpha, pixel_std in laws:
-            unit = power_law_spectrum(h, w, alpha, 1.0, omega0)
+            unit = smooth_power_law(h, w, 1.0, alpha, omega0)
             spectra.append(unit * (pixel_std**2 / float(unit.mean())))
         if setting == "poor":  # the same variance at |omega| = 0.08 as the alpha-2 law: they part at high frequency
             r2 = frequency_radius(h, w) ** 2
@@ -244,13 +244,14 @@ class GaussianMixturePrior(Prior):
         x = self._draw(comp, self.means[comp], self.spectra, generator).to(dtype)
         return (x, comp) if return_components else x
 
-    def posterior(self, operator, y_m: Tensor, sigma_y_m: float) -> "MixturePosterior":
+    def posterior(self, operator: LinearOperator, y_m: Tensor, sigma_y_m: float) -> "MixturePosterior":
         """Exact p(x | y) for y_m = h (*) x + n, n ~ N(0, sigma_y_m^2 I), all in model units.
 
-        operator: a circulant operator (``is_circulant``, e.g. ``BlurOperator(..., "circular")``
-        or ``Denoising``) whose ``transfer_function`` gives h; y_m: (B, C, H, W); sigma_y_m > 0.
+        operator: a :class:`~nfc_dps.operators.base.LinearOperator` that declares itself circulant
+        (``is_circulant``: ``BlurOperator(..., "circular")``, ``Denoising``); its
+        ``transfer_function`` gives h; y_m: (B, C, H, W); sigma_y_m > 0.
         """
-        if not getattr(operator, "is_circulant", False) or not hasattr(operator, "transfer_function"):
+        if not (isinstance(operator, LinearOperator) and operator.is_circulant):
             raise ValueError(f"the exact mixture posterior needs a circulant operator with a transfer function "
                              f"(circular blur or denoising), got {type(operator).__name__}")
         if not (math.isfinite(sigma_y_m) and sigma_y_m > 0):

@@ -1,14 +1,20 @@
 """Posterior samplers. Each is ``sample(prior, operator, y, sigma_y, image_shape, config,
-generators, callback) -> x`` with y, x in [0, 1] units and sigma_y in [0, 1] pixel units."""
+generators, callback) -> x`` with y, x in [0, 1] units and sigma_y in [0, 1] pixel units.
+
+One module per method (nfc: NFC and DAPS, dps, diffpir, ddnm, ddrm, dpir); ``common`` holds the
+shared pieces, ``gaussian_step`` NFC's Gaussian-conditional data step, ``presets`` NFC's and
+DAPS's named configs. A method is registered in :data:`METHODS` below.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from . import ddrm, diffpir, dpir, dps
+from . import ddnm, ddrm, diffpir, dpir, dps
 from .common import CountingPrior, counting
-from .ddrm import DDNMConfig, DDRMConfig, sample_ddnm, sample_ddrm
+from .ddnm import DDNMConfig, sample_ddnm
+from .ddrm import DDRMConfig, sample_ddrm
 from .diffpir import DiffPIRConfig, sample_diffpir
 from .dpir import DPIRConfig, sample_dpir
 from .dps import DPSConfig, sample_dps
@@ -31,8 +37,8 @@ METHODS: dict[str, Method] = {
     "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
-    "ddnm": Method(sample_ddnm, DDNMConfig, ddrm.PRESETS),
-    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.DDRM_PRESETS),
+    "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS),
+    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS),
     "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS),
 }
 

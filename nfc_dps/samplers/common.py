@@ -1,5 +1,6 @@
-"""Pieces every sampler shares: unit conversion, NFE counting, per-image noise, the PF-ODE
-predictor and the Gaussian-conditional inner step.
+"""Pieces every sampler shares: unit conversion, NFE counting, the initial estimates, the PF-ODE
+predictor and the DDIM re-noising step. (NFC's Gaussian-conditional inner step is in
+:mod:`nfc_dps.samplers.gaussian_step`; the DDPM noise grid in :mod:`nfc_dps.schedules`.)
 
 Units. The public API takes images and measurements in [0, 1] and sigma_y in [0, 1] pixel units.
 Priors work on [-1, 1]: x_m = 2 x - 1. For a linear operator A this maps the measurement to
@@ -16,8 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..frequency import fit_power_law, fourier_filter, power_law_spectrum, radial_frequency
-from ..operators.base import LinearOperator, conjugate_gradient, randn_per_image
+from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -112,6 +112,8 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     # largest finite power leaves the mean to the data just as well
     finite = torch.where(torch.isinf(spectrum), torch.zeros_like(spectrum), spectrum)
     spectrum = torch.where(torch.isinf(spectrum), finite.flatten(1).amax(1).view(-1, 1, 1, 1) * 1e3, spectrum)
+    from .gaussian_step import gaussian_conditional, pixel_coverage
+
     return gaussian_conditional(operator, y, level, sigma_y, spectrum, None, sample=False,
                                 cg_iters=START_CG_ITERATIONS, coverage=pixel_coverage(operator, like))
 
@@ -136,169 +138,36 @@ def pf_ode_predict(prior: Prior, x: Tensor, sigma_from: float, sigma_to: float, 
     return x
 
 
-def spectral_prior_variance(spectrum: Tensor, sigma: float) -> Tensor:
-    """Cov(x0 | x_sigma) per frequency for a Gaussian prior with power spectrum S: S sigma^2 / (S + sigma^2).
-
-    ``spectrum`` (B|1, 1, H, W) on the full FFT grid (ortho convention); +inf entries give sigma^2.
-    """
-    s2 = sigma**2
-    return torch.where(torch.isinf(spectrum), torch.full_like(spectrum, s2), spectrum * s2 / (spectrum + s2))
-
-
-def spectral_crossing(spectrum: Tensor, level: float) -> Tensor:
-    """Per image, the largest normalised radius r with S(r) >= level (0 if none): where the
-    image spectrum meets the diffusion noise. (B,) tensor."""
-    h, w = spectrum.shape[-2:]
-    r = radial_frequency(h, w, device=spectrum.device, dtype=spectrum.dtype)
-    above = spectrum >= level
-    return torch.where(above, r.expand_as(spectrum), torch.zeros_like(spectrum)).flatten(1).amax(1)
-
-
-def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_shape: Sequence[int]) -> Tensor:
-    """Power-law spectrum (B, 1, H, W) fitted to the pseudo-inverse of the measurement, on low
-    radii where signal dominates noise and aliasing (a power law fitted to the measurement, as in the spectral covariance)."""
-    amplitude, alpha = fit_power_law(operator.A_pinv(y_m), r_min=0.02, r_max=0.2)
-    return power_law_spectrum(amplitude, alpha, image_shape)
-
-
-def gaussian_conditional(
-    operator: LinearOperator,
-    y: Tensor,
-    center: Tensor,
-    sigma_y: float,
-    prior_var: float | Tensor,
-    generators: Generators,
-    band: Tensor | None = None,
-    sample: bool = True,
-    cg_iters: int = 20,
-    temperature: float = 1.0,
-    coverage: PixelCoverage | None = None,
-) -> Tensor:
-    """Sample (or the mean of) p(x) ∝ exp(-||W (y - A x)||^2 / (2 sigma_y^2)) N(x; center, C).
-
-    Args:
-        y: (B, C, h, w) measurement, model units.
-        center: (B, C, H, W) prior mean (the predictor's x0_hat).
-        prior_var: isotropic variance r^2 (float) or per-frequency variance (B|1, 1, H, W) on
-            the full FFT grid of the image (spectral covariance).
-        band: optional real full-grid weight W (B|1, 1, h, w) on the measurement grid.
-        coverage: the operator's :func:`pixel_coverage` for the CG preconditioner; it depends
-            on the operator only, so samplers compute it once per run (computed here if None).
-    Perturb-and-solve: x~ = center + C^1/2 e, u~ = W y + sigma_y e', then
-    x = argmin ||u~ - W A x||^2 / (2 sigma_y^2) + ||x - x~||_C^-1^2 / 2 is an exact sample.
-    Closed form for circulant blur (Fourier) and for the isotropic, unweighted case (the
-    operator's prox); conjugate gradients otherwise. ``temperature`` t scales both perturbations,
-    so the draw has the same mean and t^2 times the covariance (t = 1: exact; t = 0: the mean).
-    """
-    spectral = isinstance(prior_var, Tensor)
-    x_t, y_t = center, y
-    sample = sample and temperature > 0
-    if sample:
-        e = temperature * randn_per_image(center.shape, generators, center.dtype, center.device)
-        x_t = center + (fourier_filter(e, prior_var.sqrt()) if spectral else prior_var**0.5 * e)
-    if band is not None:
-        y_t = fourier_filter(y, band)
-    if sample:
-        y_t = y_t + temperature * sigma_y * randn_per_image(y.shape, generators, y.dtype, y.device)
-
-    if not spectral and band is None:
-        return operator.prox(y_t, x_t, sigma_y, prior_var**0.5)
-
-    h, w = center.shape[-2:]
-    if getattr(operator, "is_circulant", False):
-        H = operator.transfer_function(h, w, dtype=center.dtype, device=center.device)
-        W2 = 1.0 if band is None else band**2
-        inv_c = 1.0 / prior_var if spectral else torch.full_like(H.real, 1.0 / prior_var)
-        precision = (H.abs() ** 2) * W2 / sigma_y**2 + inv_c
-        Wy = torch.fft.fft2(y_t, norm="ortho") * (1.0 if band is None else band)
-        rhs = H.conj() * Wy / sigma_y**2 + inv_c * torch.fft.fft2(x_t, norm="ortho")
-        return torch.fft.ifft2(rhs / precision, norm="ortho").real
-
-    band2 = None if band is None else band**2
-    inv_c = 1.0 / prior_var
-
-    def apply_inv_c(v: Tensor) -> Tensor:
-        return fourier_filter(v, inv_c) if spectral else v * inv_c
-
-    def normal(v: Tensor) -> Tensor:  # A^T W^T W A / sigma_y^2 + C^-1, W^T W in one FFT pair
-        av = operator.A(v)
-        return operator.A_adjoint(av if band2 is None else fourier_filter(av, band2)) / sigma_y**2 + apply_inv_c(v)
-
-    rhs = operator.A_adjoint(y_t if band is None else fourier_filter(y_t, band)) / sigma_y**2 + apply_inv_c(x_t)
-    precondition = None
-    if spectral:
-        precondition = normal_preconditioner(coverage or pixel_coverage(operator, center), prior_var, sigma_y)
-    return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5, precondition=precondition)
-
-
 def pixel_gain(operator: LinearOperator, like: Tensor) -> Tensor:
     """g = A^T A 1, shaped like ``like`` (B, C, H, W): the weight the measurement puts on each
     pixel (the mask for inpainting, 1/s^2 for SR x s, sum k^2 for blur); 0 = unobserved."""
     return operator.A_adjoint(operator.A(torch.ones_like(like)))
 
 
-def _dilate(mask: Tensor, size: int) -> Tensor:
-    """Binary dilation of a (..., H, W) 0/1 mask by a size x size square (zero outside the image),
-    as a row pass then a column pass of shifted maxima."""
-    half = size // 2
-    for dim, pad in ((-1, (half, half, 0, 0)), (-2, (0, 0, half, half))):
-        padded = torch.nn.functional.pad(mask, pad)
-        n = mask.shape[dim]
-        out = padded.narrow(dim, 0, n)
-        for shift in range(1, size):
-            out = torch.maximum(out, padded.narrow(dim, shift, n))
-        mask = out
-    return mask
+def ddim_step(x0: Tensor, eps: Tensor, sigma_next: float, noise_fraction: float, generators: Generators) -> Tensor:
+    """x_next = x0 + sigma_next (sqrt(1 - f) eps + sqrt(f) noise), VE units; f = noise_fraction in [0, 1].
 
-
-#: side (pixels) of the square that a hole must contain to count as wide (see normal_preconditioner):
-#: 17 keeps random masks up to 95 % missing free of wide parts (at 9, a 90 % mask already had some,
-#: and the split then converged more slowly than the Fourier-diagonal form)
-WIDE_HOLE_SIZE = 17
-
-
-@dataclass(frozen=True)
-class PixelCoverage:
-    """How an operator covers the image, from g = A^T A 1 (:func:`pixel_gain`).
-
-    observed_fraction: (B, 1, 1, 1) mean of g (the observed fraction for inpainting, 1/s^2 for SR x s).
-    wide_holes: (B, C, H, W) 0/1 indicator of the wide parts of the unobserved holes (pixels with
-        g = 0 in a fully unobserved ``WIDE_HOLE_SIZE``-px square: a morphological opening;
-        outside the image counts as unobserved), or None when there are none.
+    f = zeta is DiffPIR's step, f = eta^2 DDIM/DDRM/DDNM's (their noise weight eta, direction weight
+    sqrt(1 - eta^2)). Deterministic (no draw) when sigma_next = 0 or f = 0.
     """
-
-    observed_fraction: Tensor
-    wide_holes: Tensor | None
-
-
-def pixel_coverage(operator: LinearOperator, like: Tensor) -> PixelCoverage:
-    """The operator's :class:`PixelCoverage` on images shaped like ``like`` (B, C, H, W)."""
-    gain = pixel_gain(operator, like)
-    fraction = gain.flatten(1).mean(1).view(-1, 1, 1, 1)
-    hole = (gain <= 0).to(like.dtype)
-    if min(hole.shape[-2:]) < WIDE_HOLE_SIZE or not bool(hole.any()):
-        return PixelCoverage(fraction, None)
-    wide = _dilate(1 - _dilate(1 - hole, WIDE_HOLE_SIZE), WIDE_HOLE_SIZE)  # opening = dilation of the erosion
-    return PixelCoverage(fraction, wide if bool(wide.any()) else None)
+    if sigma_next == 0:
+        return x0
+    out = x0 + sigma_next * (1 - noise_fraction) ** 0.5 * eps
+    if noise_fraction > 0:
+        out = out + sigma_next * noise_fraction**0.5 * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
+    return out
 
 
-def normal_preconditioner(coverage: PixelCoverage, prior_var: Tensor, sigma_y: float) -> Callable[[Tensor], Tensor]:
-    """An SPD approximation of (C^-1 + A^T A / sigma_y^2)^-1 for the inner step's conjugate gradients.
+def check_step_settings(num_steps: int, eta: float, sigma_max: float, schedule: str) -> None:
+    """Raise ValueError unless num_steps >= 1 (int), 0 <= eta <= 1, sigma_max > 0 (model units) and
+    ``schedule`` is one of :data:`~nfc_dps.schedules.SCHEDULES` (DDNM's and DDRM's shared fields)."""
+    from ..schedules import SCHEDULES
 
-    * Everywhere: the Fourier-diagonal P = (C^-1 + rho / sigma_y^2)^-1, rho the observed
-      fraction, one FFT pair.
-    * On the wide parts of the holes nothing pins the image and the normal operator is C^-1
-      alone, so there M = C, split from the rest by the holes' indicator h:
-      M v = (1 - h) P (1 - h) v + h C h v. On 128-px box inpainting at 256^2 this reaches in 20
-      iterations an error (relative to the next level's noise) 3x below what the
-      Fourier-diagonal form reaches in 50 (scripts/inner_solve_error.py). Scattered holes
-      (random masks up to 95 % missing) have no wide part and keep the Fourier-diagonal form,
-      which is the better one there.
-    prior_var: (B|1, 1, H, W) per-frequency prior variance C on the full FFT grid.
-    """
-    approx_inv = 1.0 / (1.0 / prior_var + coverage.observed_fraction / sigma_y**2)
-    wide = coverage.wide_holes
-    if wide is None:
-        return lambda v: fourier_filter(v, approx_inv)
-    rest = 1 - wide
-    return lambda v: rest * fourier_filter(rest * v, approx_inv) + wide * fourier_filter(wide * v, prior_var)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+    if not 0 <= eta <= 1:
+        raise ValueError(f"eta must be in [0, 1], got {eta!r}")
+    if not sigma_max > 0:
+        raise ValueError(f"sigma_max must be > 0 (model units), got {sigma_max!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")

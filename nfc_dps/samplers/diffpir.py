@@ -34,8 +34,8 @@ from torch import Tensor
 
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
-from .common import Callback, Generators, counting, sigma_vector, to_image_units, to_model_units
-from .dps import DDPM_SIGMA_MAX, SCHEDULES, ddim_step, sigma_grid
+from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
+from .common import Callback, Generators, counting, ddim_step, sigma_vector, to_image_units, to_model_units
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ The residual is measured in the prior's [-1, 1] model units, as in DPS's code. T
 ``band`` (FGPS, Thaker et al. 2025; REFERENCE 2.1) replaces the residual by its low-passed
 version under a hard disk whose radius grows with the DDPM timestep.
 
-The DDPM grid helpers (:func:`vp_sigma`, :func:`sigma_grid`) are shared by the DiffPIR and DDNM
-samplers.
+The DDPM grid (:func:`~nfc_dps.schedules.sigma_grid`) is in :mod:`nfc_dps.schedules`, shared
+with DiffPIR, DDNM and DDRM.
 """
 
 from __future__ import annotations
@@ -40,87 +40,8 @@ from torch import Tensor
 from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
-from ..schedules import karras_sigmas
+from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
 from .common import Callback, Generators, counting, sigma_vector, to_image_units, to_model_units
-
-# ---------------------------------------------------------------------------------------------
-# The DDPM (VP, linear beta) schedule seen on the VE sigma axis
-# ---------------------------------------------------------------------------------------------
-
-#: DDPM training schedule of the ADM checkpoints used by DPS, DiffPIR, DDRM and DDNM
-NUM_TRAIN_TIMESTEPS = 1000
-BETA_START, BETA_END = 1e-4, 0.02
-
-SCHEDULES = ("uniform", "quad", "karras")
-
-
-def _log_sigmas_ddpm() -> Tensor:
-    betas = torch.linspace(BETA_START, BETA_END, NUM_TRAIN_TIMESTEPS, dtype=torch.float64)
-    abar = torch.cumprod(1 - betas, 0)
-    return (((1 - abar) / abar).sqrt()).log()
-
-
-_LOG_SIGMAS = _log_sigmas_ddpm()
-
-#: sigma of the DDPM schedule at t = 0 and t = 999 (model units): about 0.0100 and 157
-DDPM_SIGMA_MIN = float(_LOG_SIGMAS[0].exp())
-DDPM_SIGMA_MAX = float(_LOG_SIGMAS[-1].exp())
-
-
-def vp_sigma(t: Tensor | float) -> Tensor:
-    """sigma(t) of the DDPM schedule for (fractional) timesteps t in [0, 999], log-linear between steps."""
-    t = torch.as_tensor(t, dtype=torch.float64).clamp(0, NUM_TRAIN_TIMESTEPS - 1)
-    lo = t.floor().long().clamp(max=NUM_TRAIN_TIMESTEPS - 2)
-    w = t - lo
-    return ((1 - w) * _LOG_SIGMAS[lo] + w * _LOG_SIGMAS[lo + 1]).exp()
-
-
-def vp_timestep(sigma: float) -> float:
-    """Inverse of :func:`vp_sigma` (clamped to [0, 999])."""
-    log_s = math.log(min(max(sigma, DDPM_SIGMA_MIN), DDPM_SIGMA_MAX))
-    i = int(torch.searchsorted(_LOG_SIGMAS, torch.tensor(log_s, dtype=torch.float64)).clamp(1, NUM_TRAIN_TIMESTEPS - 1))
-    lo, hi = float(_LOG_SIGMAS[i - 1]), float(_LOG_SIGMAS[i])
-    return i - 1 + (log_s - lo) / (hi - lo)
-
-
-def sigma_grid(num_steps: int, sigma_max: float, schedule: str = "uniform", rho: float = 7.0) -> tuple[list[float], list[float]]:
-    """(sigmas, timesteps): ``num_steps`` noise levels from min(sigma_max, 157) down to sigma(t=0) = 0.01,
-    then a final 0 (sigmas has num_steps + 1 entries; timesteps has num_steps, on the DDPM 0..999 scale).
-
-    * ``uniform``: timesteps evenly spaced from t_max to 0 (with sigma_max >= 157 and 1000 steps,
-      exactly t = 999, ..., 0: DDPM/DPS);
-    * ``quad``: t = t_max (1 - sqrt(u)), u uniform in [0, 1] (DiffPIR's "quad" skip: coarse at high
-      noise, fine at low noise);
-    * ``karras``: the EDM poly-``rho`` grid between the same end points.
-    Timesteps may be fractional (sigma interpolated log-linearly), so every num_steps is valid.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    top = min(float(sigma_max), DDPM_SIGMA_MAX)
-    t_max = vp_timestep(top) if top < DDPM_SIGMA_MAX else float(NUM_TRAIN_TIMESTEPS - 1)
-    if schedule == "karras":
-        sig = karras_sigmas(num_steps, DDPM_SIGMA_MIN, vp_sigma(t_max).item(), rho, append_zero=False)
-        ts = [vp_timestep(float(s)) for s in sig]
-        return sig.tolist() + [0.0], ts
-    u = torch.linspace(0, 1, num_steps, dtype=torch.float64) if num_steps > 1 else torch.zeros(1, dtype=torch.float64)
-    frac = u if schedule == "uniform" else u.sqrt()
-    t = t_max * (1 - frac)
-    return vp_sigma(t).tolist() + [0.0], t.tolist()
-
-
-def ddim_step(x0: Tensor, eps: Tensor, sigma_next: float, noise_fraction: float, generators: Generators) -> Tensor:
-    """x_next = x0 + sigma_next (sqrt(1 - f) eps + sqrt(f) noise), VE units; f = noise_fraction in [0, 1].
-
-    f = zeta is DiffPIR's step, f = eta^2 DDIM/DDRM/DDNM's (their noise weight eta, direction weight
-    sqrt(1 - eta^2)). Deterministic (no draw) when sigma_next = 0 or f = 0.
-    """
-    if sigma_next == 0:
-        return x0
-    out = x0 + sigma_next * (1 - noise_fraction) ** 0.5 * eps
-    if noise_fraction > 0:
-        out = out + sigma_next * noise_fraction**0.5 * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # DPS

@@ -34,7 +34,6 @@ from torch import Tensor
 
 from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
-from ..operators.padding import CroppedOperator
 from ..priors.base import Prior
 from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
 from .common import (
@@ -42,16 +41,18 @@ from .common import (
     Generators,
     START_ESTIMATES,
     counting,
-    fit_spectrum_from_measurement,
-    gaussian_conditional,
     initial_estimate,
     pf_ode_predict,
-    pixel_coverage,
     pixel_gain,
-    spectral_crossing,
-    spectral_prior_variance,
     to_image_units,
     to_model_units,
+)
+from .gaussian_step import (
+    fit_spectrum_from_measurement,
+    gaussian_conditional,
+    pixel_coverage,
+    spectral_crossing,
+    spectral_prior_variance,
 )
 
 INNER_SOLVERS = ("langevin", "exact")
@@ -285,8 +286,9 @@ def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, 
     if source == "auto" and mean_steps and not prior.spectrum_is_exact:
         like = torch.zeros((1, *image_shape[1:]), dtype=y_m.dtype, device=y_m.device)
         gain = pixel_gain(operator, like)
-        if isinstance(operator, CroppedOperator):  # the padding to the prior's size multiple is not the image
-            gain = gain[..., : operator.h, : operator.w]
+        region = operator.image_region()
+        if region is not None:  # the padding to the prior's size multiple is not the image
+            gain = gain[..., : region[0], : region[1]]
         if bool((gain > 0).all()):
             source = "measurement"
     if source in ("prior", "auto"):
