@@ -80,10 +80,8 @@ class NFCConfig:
     is a conditional mean (``inner_temperature`` 0) and the operator observes every pixel (blur,
     SR, denoising: A^+ y is a whole image to fit); else the prior's declared law, or the
     measurement's when it declares none. The fit is to the unregularised A^+ y, so on a blur it
-    also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat. Measured at 100 NFE
-    on the local protocol: with the conditional-mean step it gains +0.05 / +0.29 / +0.70 dB on
-    SR x4 / Gaussian / motion deblur and loses 0.14 / 0.23 dB on box / random inpainting (A^+ y has holes); with
-    posterior draws (t = 1) it loses 0.5-1.1 dB (docs/benchmarks.md).
+    also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat (docs/benchmarks.md
+    compares the sources).
     final_step: at the last level, "sample" returns a draw from p(x0 | x, y) (DAPS), "mean" its
     mean E[x0 | x, y] (the usual final denoising step; no sigma_min-sized noise in the output).
     inner_temperature: t scales the inner step's noise so that it targets the same mean with t^2

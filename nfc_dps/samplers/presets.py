@@ -19,16 +19,16 @@ NFC_PRESETS: dict[str, NFCConfig] = {
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
         detail=DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05),
     ),
-    # 100 NFE as 50 levels x 2 Euler steps: measured on 64^2 held-out crops, 50x2 beat 20x5 (deblur,
-    # box inpainting) and 100x1 (box inpainting needs a multi-step predictor); see docs/benchmarks.md.
+    # 100 NFE as 50 levels x 2 Euler steps (chosen against 20 x 5 and 100 x 1 on the local protocol,
+    # docs/benchmarks.md).
     "fast": NFCConfig(
         num_levels=50, ode_steps=2, inner="exact", prior_covariance="spectral",
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
         detail=DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05),
     ),
 }
-# measured on the local protocol at 100 NFE: +0.23 to +0.95 dB over "fast" on all five tasks; with
-# ``spectrum: auto`` its steps use a power law fitted to A^+ y on blur, SR and denoising (docs/benchmarks.md)
+# "fast" with conditional-mean inner steps; with ``spectrum: auto`` they use a power law fitted to
+# A^+ y on blur, SR and denoising (docs/benchmarks.md compares it with "fast")
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0)
 # the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
 # conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from DPIR's 49/255
