@@ -6,7 +6,7 @@
     nfc-dps restore --input y/ --output out/ --task sr_bicubic --gt gt/ --samples 4
     nfc-dps convert-adm ffhq_10m.pt priors/ffhq --preset ffhq256
     nfc-dps train-prior --workdir runs/mine --images photos/ --minutes 60 --export priors/mine
-    nfc-dps bench --protocol local                 # nfc_dps.benchmark (docs/benchmarks.md)
+    nfc-dps bench --protocol local                 # nfc_dps.bench (docs/benchmarks.md)
 
 Exit status: 0 all images done; 1 some image failed (each is reported with its file name and the
 reason; the others are still restored); 2 usage or setup error (bad flag or config, unreadable
@@ -1155,11 +1155,11 @@ def cmd_train_prior(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# bench (nfc_dps.benchmark owns the options and the run)
+# bench (nfc_dps.bench owns the options and the run)
 
 
 def cmd_bench(args) -> int:
-    from .benchmark import run_from_args
+    from .bench.cli import run_from_args
 
     return run_from_args(args)
 
@@ -1291,7 +1291,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_simulate)
 
     try:
-        from . import benchmark
+        from .bench import cli as benchmark
     except Exception as e:  # noqa: BLE001 - a broken optional module must not break the other commands
         bench_error = str(e)
         b = sub.add_parser("bench", help="benchmarks (unavailable in this installation)")
