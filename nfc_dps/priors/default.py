@@ -62,5 +62,6 @@ def prior_identity(path: str | Path | None, contents: bool = False) -> dict[str,
                 h.update(p.name.encode())
                 h.update(p.read_bytes())
         info["sha256"] = h.hexdigest()[:16]
-        info["modified"] = datetime.datetime.fromtimestamp(max(st.st_mtime for st in stats)).isoformat(timespec="seconds")
+        newest = max(st.st_mtime for st in stats)
+        info["modified"] = datetime.datetime.fromtimestamp(newest).isoformat(timespec="seconds")
     return info
