@@ -25,10 +25,12 @@ from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec
 
 
 def _int_list(s: str) -> tuple[int, ...]:
+    """"1,2" -> (1, 2); empty -> ()."""
     return tuple(int(v) for v in s.split(",") if v.strip()) if s else ()
 
 
 def _str_list(s: str) -> tuple[str, ...]:
+    """"a, b" -> ("a", "b"); empty -> ()."""
     return tuple(v.strip() for v in s.split(",") if v.strip()) if s else ()
 
 
@@ -75,6 +77,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """--set METHOD.KEY=VALUE items -> {method: {key: YAML-parsed value}}."""
     import yaml
 
     out: dict[str, dict[str, Any]] = {}
@@ -88,6 +91,7 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
+    """The :class:`BenchSpec` of parsed arguments, with the protocol's defaults (size, tasks, methods, preset)."""
     protocol = args.protocol
     default_size = 256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture" else 64
     if args.profile and not (args.out):
@@ -116,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    """Run the profile, the oracle, the mixture protocol or the grid; 0, or 2 with a one-line error."""
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

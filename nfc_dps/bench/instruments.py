@@ -111,7 +111,7 @@ class PeakMemory:
         self.mb = max(0.0, (self._peak - self._base) / 2**20)
 
 
-# =============================================================================== LPIPS (optional)
+# LPIPS (optional)
 
 _LPIPS_CACHE: dict[str, Any] = {}
 
@@ -134,6 +134,7 @@ def lpips_status() -> tuple[bool, str]:
 
 
 def _lpips(x: Tensor, ref: Tensor) -> float | None:
+    """Mean LPIPS of (B, C, H, W) images in [0, 1]; None when LPIPS is unavailable."""
     ok, _ = lpips_status()
     if not ok:
         return None

@@ -74,6 +74,7 @@ def load_images(spec: BenchSpec) -> list[tuple[str, np.ndarray]]:
 
 
 def _operator_from_arrays(task: TaskSpec, size: int, arrays: dict[str, np.ndarray]):
+    """The operator of a saved measurement: its kernel or mask when saved, else rebuilt from the task."""
     from ..operators import BlurOperator, Denoising, Inpainting, build_operator
 
     if "kernel" in arrays:

@@ -163,6 +163,7 @@ def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict
 
 
 def oracle_markdown(rows: list[dict[str, str]], header: dict[str, Any], bound_mmse: float, bound_sample: float) -> str:
+    """summary.md of the oracle protocol: each method's PSNR against the exact bounds."""
     L = ["# Gaussian-oracle table", ""] + [f"- **{k}**: {v}" for k, v in header.items()]
     L += ["", f"Exact bounds (closed form): posterior mean (MMSE) **{bound_mmse:.2f} dB**, exact posterior "
           f"sample (2 x MMSE) **{bound_sample:.2f} dB**. `PSNR(mean MSE)` = -10 log10 of the MSE averaged over "

@@ -89,6 +89,7 @@ def make_plots(spec: BenchSpec, rows: list[dict[str, str]], image_names: Sequenc
 
 
 def _save_fig(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG (110 dpi), written atomically."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     atomic_write_bytes(path, buf.getvalue())

@@ -28,6 +28,7 @@ PHASE_LABELS = {"predictor": "predictor", "inner_exact": "inner (exact)", "inner
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so that wall times measure it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -94,6 +95,7 @@ def run_profile(spec: BenchSpec, log: Callable[[str], None] = print, reps: int =
 
 
 def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str], None], reps: int) -> dict[str, Any]:
+    """The profile on rank 0: bare forwards, then each diffusion method's timed run."""
     from ..api import restore
 
     out = spec.out

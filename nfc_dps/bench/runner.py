@@ -36,6 +36,7 @@ def prior_record(path: str | None) -> dict[str, Any]:
 
 
 def load_bench_prior(spec: BenchSpec, device: torch.device):
+    """The run's prior (--prior, else the embedded default); FileNotFoundError says how to pass one."""
     from ..priors.default import load_prior
 
     try:
@@ -106,9 +107,9 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
 
 
 @dataclass
-
-
 class Dist:
+    """This process's place under torchrun: rank, world size, local rank, and whether a process group is up."""
+
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -146,6 +147,7 @@ def init_distributed(device: str) -> Dist:
 
 
 def resolve_device(name: str, d: Dist) -> torch.device:
+    """The device of --device for this rank (auto: CUDA when available; a rank's GPU is local_rank mod count)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
@@ -241,10 +243,12 @@ def _check_fingerprint(spec: BenchSpec, cfg_path: Path) -> None:
 
 
 def spec_json(spec: BenchSpec) -> dict[str, Any]:
+    """The spec as JSON-ready values (paths as strings), for config.json."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(spec).items()}
 
 
 def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, names: Sequence[str]) -> dict[str, Any]:
+    """The settings list at the top of summary.md (prior, images, noise, machine, ...)."""
     mach = machine_description()
     h: dict[str, Any] = {}
     if spec.label:

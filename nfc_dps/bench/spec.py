@@ -143,6 +143,7 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
 
 
 def method_runs(spec: BenchSpec) -> list[MethodRun]:
+    """The grid's columns: each classical method once, each diffusion method at every budget."""
     runs = []
     for entry in spec.methods:
         m, _, preset = entry.partition(":")
@@ -160,6 +161,7 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
 
 
 def not_applicable(run: MethodRun, op) -> str | None:
+    """Why ``run`` cannot restore with ``op`` (a note for the summary), or None."""
     from ..baselines import applicable
 
     if run.method in CLASSICAL_METHODS:
@@ -171,11 +173,13 @@ def not_applicable(run: MethodRun, op) -> str | None:
 
 
 def estimators(run: MethodRun, samples: int) -> list[str]:
+    """The estimator rows of a column: deterministic, or a sample plus the mean of ``samples`` when > 1."""
     if run.method in CLASSICAL_METHODS or getattr(run.config, "is_deterministic", False):
         return ["deterministic"]
     return ["sample"] + ([f"mean{samples}"] if samples > 1 else [])
 
 
 def budget_str(run: MethodRun) -> str:
+    """The budget column's value: the NFE budget, 0 for a classical method."""
     return "0" if run.budget is None else str(run.budget)
 

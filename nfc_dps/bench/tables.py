@@ -26,6 +26,7 @@ VOLATILE = ("seconds", "peak_mem_mb")
 
 
 def fmt(v: float | None, spec: str) -> str:
+    """A number as results.csv writes it: ``spec`` format, None -> empty, NaN / inf as Python spells them."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "" if v is None else str(v)
     return format(v, spec)
@@ -41,10 +42,12 @@ def load_results(path: Path) -> list[dict[str, str]]:
 
 
 def row_key(row: dict[str, str]) -> tuple[str, ...]:
+    """The columns that identify a row (task, image, method, estimator, budget)."""
     return tuple(str(row[k]) for k in KEY)
 
 
 def _csv_text(rows: list[dict[str, str]]) -> str:
+    """results.csv's text: the header and ``rows`` in COLUMNS order."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
@@ -76,6 +79,7 @@ class PartWriter:
 
 
 def all_rows(out: Path) -> list[dict[str, str]]:
+    """The rows of OUT/results.csv and of every part file left in OUT/parts."""
     rows = load_results(out / "results.csv")
     for part in sorted((out / "parts").glob("rank*.csv")) if (out / "parts").is_dir() else []:
         rows += load_results(part)
@@ -83,6 +87,7 @@ def all_rows(out: Path) -> list[dict[str, str]]:
 
 
 def _order(spec: BenchSpec, image_names: Sequence[str]) -> Callable[[dict[str, str]], tuple]:
+    """The canonical sort key of rows: the spec's task, image and method order, then estimator and budget."""
     tasks = {t: i for i, t in enumerate(spec.tasks)}
     images = {n: i for i, n in enumerate(image_names)}
     methods = {m: i for i, m in enumerate(spec.methods)}
@@ -114,6 +119,7 @@ def merge_results(spec: BenchSpec, image_names: Sequence[str]) -> list[dict[str,
 
 
 def result_row(spec: BenchSpec, task: str, image: str, run: MethodRun, estimator: str, **vals: Any) -> dict[str, str]:
+    """A results row of ``run`` at ``estimator``, numbers formatted as results.csv stores them."""
     return {"protocol": spec.protocol, "task": task, "image": image, "method": run.label, "estimator": estimator,
             "budget": budget_str(run), "nfe": str(vals.get("nfe", 0)), "psnr": fmt(vals.get("psnr"), ".4f"),
             "ssim": fmt(vals.get("ssim"), ".5f"), "mse": fmt(vals.get("mse"), ".6e"),
@@ -123,11 +129,13 @@ def result_row(spec: BenchSpec, task: str, image: str, run: MethodRun, estimator
 
 
 def mean_std(vals: list[float]) -> tuple[float, float]:
+    """Mean and standard deviation (ddof 1; 0 for one value)."""
     a = np.asarray(vals, dtype=np.float64)
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
 def group_rows(rows: list[dict[str, str]]) -> dict[tuple[str, str, str, str], list[dict[str, str]]]:
+    """Rows grouped by (task, method, estimator, budget)."""
     groups: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["method"], r["estimator"], r["budget"]), []).append(r)
@@ -135,10 +143,12 @@ def group_rows(rows: list[dict[str, str]]) -> dict[tuple[str, str, str, str], li
 
 
 def numbers(rows: list[dict[str, str]], col: str) -> list[float]:
+    """The non-empty values of column ``col`` as floats."""
     return [float(r[col]) for r in rows if r.get(col, "") not in ("", None)]
 
 
 def _label(method: str, est: str, budget: str) -> str:
+    """A table row's name: "nfc", "nfc (mean of 4)", with " @budget" for diffusion methods."""
     lab = method if est in ("sample", "deterministic") else f"{method} ({est.replace('mean', 'mean of ')})"
     return lab if budget in ("0", "") else f"{lab} @{budget}"
 
