@@ -67,7 +67,7 @@ def _unit_float(y: Tensor) -> Tensor:
                     f"(divided by 255) / uint16 (divided by 65535) images")
 
 
-def _as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
+def as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
     """Accept (B,C,h,w)/(C,h,w) tensors or (h,w)/(h,w,C) numpy arrays; return a float32 [0, 1]
     batch (B, C, h, w) and the inverse layout map (float32 results in the input's container)."""
     if isinstance(y, np.ndarray):
@@ -216,7 +216,7 @@ def restore(
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma_y must be finite and >= 0 ([0, 1] pixel units), got {sigma_y}")
     sigma_y = sigma
-    batch, back = _as_batch(y)
+    batch, back = as_batch(y)
     _check_range(batch, sigma_y)
     b, c = batch.shape[:2]
     seeds = _seed_list(seed, b)
