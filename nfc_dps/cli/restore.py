@@ -308,7 +308,7 @@ class RestoreRun:
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
                        size=entry.get("size"), alpha=entry.get("alpha", ""))
-            self._add_metrics(row, item)
+            add_ground_truth_metrics(row, item, self.gt_dir, self.out)
             return row
         try:
             y, info = nio.read_image(item.path)
@@ -350,7 +350,8 @@ class RestoreRun:
             return
         for i, job in enumerate(jobs):
             try:
-                entry = self._write_outputs(job, res, i, len(jobs))
+                entry = write_outputs(self.out, job, res, i, len(jobs), self.args.bit_depth, self.samples,
+                                      self.args.save_samples)
             except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
                 if isinstance(e, OSError) and e.errno in DISK_FULL:
                     raise OutputError(e) from e
@@ -359,7 +360,7 @@ class RestoreRun:
             entry["key"] = job.key
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
-            self._add_metrics(job.row, job.item)
+            add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out)
             self._record(job.row)
 
     def _failed(self, job: Job, error: Exception) -> dict[str, Any]:
@@ -367,62 +368,69 @@ class RestoreRun:
         self.records.images.pop(job.item.name, None)
         return job.row
 
-    def _write_outputs(self, job: Job, res: Any, i: int, batch: int) -> dict[str, Any]:
-        """Write image ``i`` of the restore() result ``res`` of ``batch`` images; its manifest entry."""
-        item, row, info = job.item, job.row, job.info
-        h, w = job.y.shape[:2]
-        image = to_numpy(res.image[i:i + 1])
-        if not np.isfinite(image).all():
-            raise FloatingPointError("restoration contains NaN/Inf; not saved")
-        bit_depth = self.args.bit_depth or info.output_bit_depth
-        same_size = image.shape[:2] == (h, w)
-        alpha = info.alpha if (info.has_alpha and same_size) else None
-        row["alpha"] = "" if not info.has_alpha else ("re-attached" if same_size else
-                                                      "dropped (output size differs from the input)")
-        outputs = [f"{item.out_stem}.png"]
-        extra: list[tuple[str, Callable[[Path], Any]]] = []
-        if res.std is not None:
-            std = to_numpy(res.std[i:i + 1])
-            if not np.isfinite(std).all():
-                raise FloatingPointError("posterior std contains NaN/Inf; not saved")
-            std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
-            extra.append((f"std/{item.out_stem}.png", lambda p, m=std_map: nio.write_image(p, m * STD_PNG_SCALE, 16)))
-            extra.append((f"std/{item.out_stem}.npy",
-                          lambda p, s=std: nio.atomic_write_bytes(p, npy_bytes(s.astype(np.float32)))))
-            if self.args.save_samples:
-                for j in range(self.samples):
-                    a = to_numpy(res.samples[j, i:i + 1])
-                    extra.append((f"samples/{item.out_stem}_{j}.png",
-                                  lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
-        # write the extras first: the main image appearing last marks a complete set
-        for rel, write in extra:
-            write(self.out / rel)
-            outputs.append(rel)
-        nio.write_image(self.out / f"{item.out_stem}.png", image, bit_depth, alpha)
-        row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
-        return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
-                "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
-                "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
-    def _add_metrics(self, row: dict[str, Any], item: Item) -> None:
-        if self.gt_dir is None:
-            return
-        gt_path = match_file(self.gt_dir, item.name, nio.IMAGE_EXTENSIONS)
-        if gt_path is None:
-            row["error"] = f"no ground truth for {item.name} in {self.gt_dir}"
-            return
-        try:
-            gt, _ = nio.read_image(gt_path)
-            x, _ = nio.read_image(self.out / row["output"])
-        except nio.ImageReadError as e:
-            row["error"] = f"ground truth: {e}"
-            return
-        if gt.ndim == 3 and x.ndim == 2:
-            gt = gt.mean(-1)
-        if gt.shape != x.shape:
-            row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
-            return
-        row["psnr"], row["ssim"] = image_metrics(x, gt)
+def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: int | None, samples: int,
+                  save_samples: bool) -> dict[str, Any]:
+    """Write image ``i`` of the restore() result ``res`` of ``batch`` images into ``out`` (at
+    ``bit_depth``, None: the input's; std map when ``samples`` > 1, and each sample with
+    ``save_samples``), fill the job's row; its manifest entry."""
+    item, row, info = job.item, job.row, job.info
+    h, w = job.y.shape[:2]
+    image = to_numpy(res.image[i:i + 1])
+    if not np.isfinite(image).all():
+        raise FloatingPointError("restoration contains NaN/Inf; not saved")
+    bit_depth = bit_depth or info.output_bit_depth
+    same_size = image.shape[:2] == (h, w)
+    alpha = info.alpha if (info.has_alpha and same_size) else None
+    row["alpha"] = "" if not info.has_alpha else ("re-attached" if same_size else
+                                                  "dropped (output size differs from the input)")
+    outputs = [f"{item.out_stem}.png"]
+    extra: list[tuple[str, Callable[[Path], Any]]] = []
+    if res.std is not None:
+        std = to_numpy(res.std[i:i + 1])
+        if not np.isfinite(std).all():
+            raise FloatingPointError("posterior std contains NaN/Inf; not saved")
+        std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
+        extra.append((f"std/{item.out_stem}.png", lambda p, m=std_map: nio.write_image(p, m * STD_PNG_SCALE, 16)))
+        extra.append((f"std/{item.out_stem}.npy",
+                      lambda p, s=std: nio.atomic_write_bytes(p, npy_bytes(s.astype(np.float32)))))
+        if save_samples:
+            for j in range(samples):
+                a = to_numpy(res.samples[j, i:i + 1])
+                extra.append((f"samples/{item.out_stem}_{j}.png",
+                              lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
+    # write the extras first: the main image appearing last marks a complete set
+    for rel, write in extra:
+        write(out / rel)
+        outputs.append(rel)
+    nio.write_image(out / f"{item.out_stem}.png", image, bit_depth, alpha)
+    row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
+    return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
+            "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
+            "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path) -> None:
+    """PSNR / SSIM of the row's output in ``out`` against the ground truth of ``item`` in ``gt_dir``
+    (same name, or same stem); a missing, unreadable or differently sized one is the row's error."""
+    if gt_dir is None:
+        return
+    gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
+    if gt_path is None:
+        row["error"] = f"no ground truth for {item.name} in {gt_dir}"
+        return
+    try:
+        gt, _ = nio.read_image(gt_path)
+        x, _ = nio.read_image(out / row["output"])
+    except nio.ImageReadError as e:
+        row["error"] = f"ground truth: {e}"
+        return
+    if gt.ndim == 3 and x.ndim == 2:
+        gt = gt.mean(-1)
+    if gt.shape != x.shape:
+        row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
+        return
+    row["psnr"], row["ssim"] = image_metrics(x, gt)
 
 
 def record_sampler(spec: SamplerSpec, cfg: Any) -> dict[str, Any]:
