@@ -218,6 +218,27 @@ def test_profile_phases_come_from_the_samplers_timer_hook():
                 timer=lambda phase: contextlib.nullcontext(), num_steps=2)
 
 
+def test_prior_identity_lists_files_and_hashes_their_contents_only_on_request(tmp_path):
+    """One description of a prior folder: restore's resume key (sizes and times, no file read) and
+    the benchmark's record (a content hash and the newest file's time)."""
+    from nfc_dps.bench.runner import prior_record
+    from nfc_dps.priors.default import prior_identity
+
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "config.json").write_text("{}")
+    (tmp_path / "w.bin").write_bytes(b"x")
+    info = prior_identity(tmp_path)
+    assert info["path"] == str(tmp_path) and info["resolved"] == str(tmp_path.resolve())
+    assert info["embedded_default"] is False and "sha256" not in info
+    assert list(info["files"]) == ["unet/config.json", "w.bin"] and info["files"]["w.bin"][0] == 1
+    rec = prior_record(str(tmp_path))
+    assert list(rec) == ["path", "embedded_default", "sha256", "modified"] and len(rec["sha256"]) == 16
+    (tmp_path / "w.bin").write_bytes(b"y")
+    assert prior_record(str(tmp_path))["sha256"] != rec["sha256"]
+    assert prior_identity(tmp_path / "missing")["files"] == {} and list(prior_record(str(tmp_path / "missing"))) == [
+        "path", "embedded_default"]
+
+
 def test_torchrun_two_processes_equal_single_process(tiny_prior, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     common = ["--tasks", "deblur_gaussian", "--methods", "nfc,ddnm", "--no-images", "--no-plots"]
