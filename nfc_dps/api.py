@@ -13,6 +13,7 @@ Units: images and measurements in [0, 1] (uint8 / uint16 input is divided by 255
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import zlib
@@ -66,7 +67,7 @@ def _unit_float(y: Tensor) -> Tensor:
                     f"(divided by 255) / uint16 (divided by 65535) images")
 
 
-def _as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
+def as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
     """Accept (B,C,h,w)/(C,h,w) tensors or (h,w)/(h,w,C) numpy arrays; return a float32 [0, 1]
     batch (B, C, h, w) and the inverse layout map (float32 results in the input's container)."""
     if isinstance(y, np.ndarray):
@@ -161,6 +162,7 @@ def restore(
     progress: bool = True,
     config: Any | None = None,
     max_batch: int | None = None,
+    timer: Callable[[str], Any] | None = None,
     **overrides: Any,
 ) -> Restoration:
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
@@ -190,6 +192,8 @@ def restore(
         config: a full sampler config (overrides ``preset``); ``**overrides`` replace fields.
         max_batch: at most this many chains (images x samples) per sampler call, which bounds
             memory; None runs all B * num_samples chains at once.
+        timer: a profiling hook for samplers that offer one (nfc, daps: ``timer(phase)`` returns a
+            context manager entered around each of their building blocks); ValueError for others.
     Gray measurements with an RGB prior are replicated to RGB and averaged back. Images whose
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
     is unmeasured, filled by the prior) and cropped back.
@@ -212,13 +216,18 @@ def restore(
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma_y must be finite and >= 0 ([0, 1] pixel units), got {sigma_y}")
     sigma_y = sigma
-    batch, back = _as_batch(y)
+    batch, back = as_batch(y)
     _check_range(batch, sigma_y)
     b, c = batch.shape[:2]
     seeds = _seed_list(seed, b)
     if prior is None:
         prior = load_prior(device=batch.device)
     m = get_method(method)
+    hook: dict[str, Any] = {}
+    if timer is not None:
+        if "timer" not in inspect.signature(m.sample).parameters:
+            raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
+        hook["timer"] = timer
     cfg = config if config is not None else get_config(method, preset, **overrides)
     if num_samples > 1 and getattr(cfg, "is_deterministic", False):
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
@@ -265,7 +274,7 @@ def restore(
             # chain i restores image i // num_samples: index the measurement, never copy it K times
             y_part = batch[torch.arange(lo, hi, device=batch.device) // num_samples]
             parts.append(m.sample(counted, operator, y_part, sigma_y, (hi - lo, *image_shape[1:]), cfg,
-                                  gens[lo:hi], step_callback))
+                                  gens[lo:hi], step_callback, **hook))
             nfe = counted.nfe - before if nfe is None else nfe
     finally:
         if bar is not None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["psnr", "ssim", "mse", "coverage", "expected_coverage", "sliced_wasserstein"]
+__all__ = ["psnr", "ssim", "mse", "restoration_metrics", "coverage", "expected_coverage", "sliced_wasserstein"]
 
 _WIN = 7
 _K1, _K2 = 0.01, 0.03
@@ -133,3 +133,14 @@ def sliced_wasserstein(a: Tensor, b: Tensor, directions: Tensor) -> float:
     pa = (a2 @ d.T).sort(0).values.repeat_interleave(m // n, 0)
     pb = (b2 @ d.T).sort(0).values
     return float((pa - pb).pow(2).mean().sqrt())
+
+
+def restoration_metrics(x: Tensor, ref: Tensor) -> dict[str, float | None]:
+    """The protocol's numbers for one restoration: PSNR (dB, data_range 1), SSIM and MSE of the
+    first image of ``x`` clipped to [0, 1] against ``ref`` as given; both (B, C, H, W), computed
+    in float64 on the CPU. SSIM is None when a side is under the 7-pixel window."""
+    x = x.detach().cpu().double().clamp(0, 1)
+    ref = ref.detach().cpu().double()
+    out: dict[str, float | None] = {"psnr": float(psnr(x, ref)[0]), "mse": float(mse(x, ref)[0])}
+    out["ssim"] = float(ssim(x, ref)[0]) if min(x.shape[-2:]) >= _WIN else None
+    return out

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import torch
 
-from nfc_dps import benchmark as bench
+from nfc_dps.bench.measurements import load_images, measurement
+from nfc_dps.bench.spec import CLASSICAL_METHODS, BenchSpec, task_specs
 from nfc_dps.api import restore
 from nfc_dps.baselines import restore_classical
+from nfc_dps.metrics import restoration_metrics
 from nfc_dps.priors.default import load_prior
 
 
@@ -33,23 +35,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/probe/bench"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    spec = bench.BenchSpec(protocol="local", out=args.out / str(args.size), size=args.size, zoom=1,
-                           image_names=tuple(args.images.split(",")), save_images=False)
-    tasks = bench.task_specs("local", args.size, "circular")
+    spec = BenchSpec(protocol="local", out=args.out / str(args.size), size=args.size, zoom=1,
+                     image_names=tuple(args.images.split(",")), save_images=False)
+    tasks = task_specs("local", args.size, "circular")
     prior = load_prior()
-    images = bench.load_images(spec)
+    images = load_images(spec)
     for entry in json.loads(args.configs):
         cfg = dict(entry)
         task, method, preset = cfg.pop("task"), cfg.pop("method"), cfg.pop("preset", None)
         t0, values = time.time(), []
         for name, img in images:
-            op, x, y, meta = bench.measurement(spec, tasks[task], name, img)
-            if method in bench.CLASSICAL_METHODS:
+            op, x, y, meta = measurement(spec, tasks[task], name, img)
+            if method in CLASSICAL_METHODS:
                 xr = restore_classical(method, op, y, spec.sigma_y)
             else:
                 xr = restore(y, op, prior=prior, method=method, preset=preset, sigma_y=spec.sigma_y,
                              seed=meta["sampler_seed"], progress=False, **cfg).image
-            values.append(bench._metrics(xr, x)["psnr"])
+            values.append(restoration_metrics(xr, x)["psnr"])
         print(json.dumps(entry), f"{sum(values) / len(values):.3f} dB", f"{time.time() - t0:.0f} s", flush=True)
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from nfc_dps import benchmark as bench
 from nfc_dps.bench import mixture
+from nfc_dps.bench.cli import main
 from nfc_dps.operators import BlurOperator, gaussian_kernel
 from nfc_dps.priors import GaussianMixturePrior
 from nfc_dps.samplers import METHODS, Method, NFCConfig
@@ -23,7 +23,7 @@ def read_rows(path):
 
 def test_mixture_protocol_end_to_end(tmp_path):
     out = tmp_path / "mix"
-    assert bench.main(["--protocol", "mixture", "--out", str(out), "--size", "16", "--num-images", "1",
+    assert main(["--protocol", "mixture", "--out", str(out), "--size", "16", "--num-images", "1",
                        "--samples", "4", "--budgets", "4", "--tasks", "well-mild-lo,poor-strong-hi",
                        "--threads", "1", "--device", "cpu"]) == 0
     rows = read_rows(out / "results.csv")
@@ -82,5 +82,5 @@ def test_exact_draws_sit_at_the_metric_floor_and_a_wrong_sampler_does_not():
 
 
 def test_unknown_setting_is_a_clear_error(tmp_path, capsys):
-    assert bench.main(["--protocol", "mixture", "--out", str(tmp_path), "--tasks", "medium", "--device", "cpu"]) == 2
+    assert main(["--protocol", "mixture", "--out", str(tmp_path), "--tasks", "medium", "--device", "cpu"]) == 2
     assert "unknown mixture setting" in capsys.readouterr().err

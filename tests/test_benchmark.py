@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from nfc_dps import benchmark as bench
+from nfc_dps.api import stable_seed
+from nfc_dps.bench.cli import main
+from nfc_dps.bench.measurements import load_images, measurement
+from nfc_dps.bench.spec import BenchSpec, method_config, method_runs, task_specs
+from nfc_dps.bench.tables import COLUMNS, VOLATILE
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,16 +51,16 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def stable_part(rows):
-    return [{k: v for k, v in r.items() if k not in bench.VOLATILE} for r in rows]
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
 
 
 def test_local_run_end_to_end_and_resume(tiny_prior, tmp_path, capsys):
     out = tmp_path / "run"
     args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian,inpaint_random", "--methods", "nfc,tv")
-    assert bench.main(args) == 0
+    assert main(args) == 0
     rows = read_rows(out / "results.csv")
     assert len(rows) == 2 * 2 * 2  # tasks x methods x images
-    assert set(rows[0]) == set(bench.COLUMNS)
+    assert set(rows[0]) == set(COLUMNS)
     assert {(r["method"], r["budget"], r["nfe"]) for r in rows} == {("nfc", "2", "2"), ("tv", "0", "0")}
     for r in rows:
         assert r["note"] == ""
@@ -69,62 +73,62 @@ def test_local_run_end_to_end_and_resume(tiny_prior, tmp_path, capsys):
     before = (out / "results.csv").read_text()
     capsys.readouterr()
     # rerun: every row is done, nothing is recomputed (timings unchanged), same file
-    assert bench.main(args) == 0
+    assert main(args) == 0
     assert "] psnr " not in capsys.readouterr().out
     assert (out / "results.csv").read_text() == before
     # adding a method only adds its rows
-    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian,inpaint_random",
+    assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian,inpaint_random",
                                 "--methods", "nfc,tv,wiener")) == 0
     rows2 = read_rows(out / "results.csv")
     assert len(rows2) == 8 + 2  # wiener applies to the blur only
     assert [r for r in rows2 if r["method"] != "wiener"] == rows
     assert "inpaint_random / wiener: skipped" in (out / "summary.md").read_text()
     # another noise level in the same folder is refused, not silently mixed
-    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "tv",
+    assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "tv",
                                 "--sigma-y", "0.05")) == 2
 
 
 def test_measurements_generated_once_and_reused(tmp_path):
-    spec = bench.BenchSpec(out=tmp_path / "a", size=16, zoom=1, image_names=("chelsea",), save_images=False)
-    task = bench.task_specs("local", 16, "circular")["deblur_motion"]
-    img = bench.load_images(spec)[0][1]
-    op1, x1, y1, meta1 = bench.measurement(spec, task, "chelsea", img)
+    spec = BenchSpec(out=tmp_path / "a", size=16, zoom=1, image_names=("chelsea",), save_images=False)
+    task = task_specs("local", 16, "circular")["deblur_motion"]
+    img = load_images(spec)[0][1]
+    op1, x1, y1, meta1 = measurement(spec, task, "chelsea", img)
     npz = tmp_path / "a" / "measurements" / "deblur_motion" / "chelsea.npz"
     assert npz.is_file() and npz.with_suffix(".json").is_file()
     stamp = npz.stat().st_mtime_ns
-    op2, x2, y2, meta2 = bench.measurement(spec, task, "chelsea", img)  # loaded, not regenerated
+    op2, x2, y2, meta2 = measurement(spec, task, "chelsea", img)  # loaded, not regenerated
     assert npz.stat().st_mtime_ns == stamp
     assert torch.equal(y1, y2) and torch.equal(x1, x2) and torch.equal(op1.kernel, op2.kernel)
     # an independent folder regenerates the identical measurement from the derived seeds
-    _, _, y3, _ = bench.measurement(bench.BenchSpec(out=tmp_path / "b", size=16, zoom=1, save_images=False),
+    _, _, y3, _ = measurement(BenchSpec(out=tmp_path / "b", size=16, zoom=1, save_images=False),
                                     task, "chelsea", img)
     assert torch.equal(y1, y3)
     # a different specification for the same file is an error
     with pytest.raises(ValueError, match="differs"):
-        bench.measurement(bench.BenchSpec(out=tmp_path / "a", size=16, zoom=1, sigma_y=0.1, save_images=False),
+        measurement(BenchSpec(out=tmp_path / "a", size=16, zoom=1, sigma_y=0.1, save_images=False),
                           task, "chelsea", img)
 
 
 def test_budget_configs_hit_the_budget_exactly():
-    c = bench.method_config("nfc", "fast", 20, {"ode_steps": 5})
+    c = method_config("nfc", "fast", 20, {"ode_steps": 5})
     assert (c.num_levels, c.ode_steps, c.nfe) == (4, 5, 20)
-    c = bench.method_config("nfc", "fast", 50, {"ode_steps": 2})
+    c = method_config("nfc", "fast", 50, {"ode_steps": 2})
     assert (c.num_levels, c.ode_steps, c.nfe) == (25, 2, 50)
-    c = bench.method_config("daps", "fast", 2, {"ode_steps": 5})
+    c = method_config("daps", "fast", 2, {"ode_steps": 5})
     assert (c.num_levels, c.ode_steps, c.nfe) == (1, 2, 2)
-    assert bench.method_config("nfc", "fast", 7).nfe == 7
-    assert bench.method_config("dps", "fast", 50).num_steps == 50
-    c = bench.method_config("nfc", "fast", 10, {"inner": "langevin", "band.blend_start": 0.1})
+    assert method_config("nfc", "fast", 7).nfe == 7
+    assert method_config("dps", "fast", 50).num_steps == 50
+    c = method_config("nfc", "fast", 10, {"inner": "langevin", "band.blend_start": 0.1})
     assert c.inner == "langevin" and c.band.blend_start == 0.1
     with pytest.raises(ValueError, match="unknown nfc config keys"):
-        bench.method_config("nfc", "fast", 10, {"nope": 1})
-    assert bench.method_config("dpir", "fast", 12).num_steps == 12  # a deterministic peer takes budgets too
-    assert bench.stable_seed(0, "a", "b") == bench.stable_seed(0, "a", "b") != bench.stable_seed(0, "b", "a")
+        method_config("nfc", "fast", 10, {"nope": 1})
+    assert method_config("dpir", "fast", 12).num_steps == 12  # a deterministic peer takes budgets too
+    assert stable_seed(0, "a", "b") == stable_seed(0, "a", "b") != stable_seed(0, "b", "a")
 
 
 def test_samples_add_mean_rows(tiny_prior, tmp_path):
     out = tmp_path / "k"
-    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc",
+    assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc",
                                 "--samples", "2", "--image-names", "coffee", "--no-images")) == 0
     rows = read_rows(out / "results.csv")
     assert [r["estimator"] for r in rows] == ["sample", "mean2"]
@@ -135,7 +139,7 @@ def test_method_entries_name_their_preset_and_deterministic_rows_come_once(tiny_
     """--methods nfc,nfc:deterministic,dpir: two NFC columns; deterministic ones give one
     'deterministic' row even with --samples 2 (K copies would be identical)."""
     out = tmp_path / "m"
-    assert bench.main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc,nfc:deterministic,dpir",
+    assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc,nfc:deterministic,dpir",
                                 "--samples", "2", "--image-names", "coffee", "--no-images",
                                 "--set", "nfc:deterministic.detail.levels=1")) == 0
     rows = read_rows(out / "results.csv")
@@ -144,12 +148,12 @@ def test_method_entries_name_their_preset_and_deterministic_rows_come_once(tiny_
     assert all(r["nfe"] == "2" and not r["note"] for r in rows)
     assert "nfc:deterministic @2" in (out / "summary.md").read_text()
     with pytest.raises(ValueError, match="unknown method"):
-        bench.method_runs(bench.BenchSpec(methods=("tv:fast",)))
+        method_runs(BenchSpec(methods=("tv:fast",)))
 
 
 def test_oracle_table_reports_bounds(tmp_path):
     out = tmp_path / "oracle"
-    assert bench.main(["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3",
+    assert main(["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3",
                        "--budgets", "4", "--methods", "nfc,daps,ddrm,wiener", "--threads", "1", "--device", "cpu"]) == 0
     rows = read_rows(out / "results.csv")
     methods = {r["method"] for r in rows}
@@ -163,13 +167,76 @@ def test_oracle_table_reports_bounds(tmp_path):
 
 def test_profile_reports_ratio(tiny_prior, tmp_path):
     out = tmp_path / "profile"
-    assert bench.main(["--profile", "--prior", str(tiny_prior), "--out", str(out), "--size", "16", "--zoom", "1",
+    assert main(["--profile", "--prior", str(tiny_prior), "--out", str(out), "--size", "16", "--zoom", "1",
                        "--image-names", "camera", "--budgets", "4", "--methods", "nfc", "--threads", "1",
                        "--device", "cpu"]) == 0
     res = json.loads((out / "profile.json").read_text())
     r = res["methods"]["nfc"]
     assert r["nfe"] == 4 and r["ratio"] > 0 and "network" in r["phases_s"] and "inner (exact)" in r["phases_s"]
     assert "total / network" in (out / "profile.md").read_text() and r["overhead_ratio"] >= 1.0
+
+
+def test_profile_phases_come_from_the_samplers_timer_hook():
+    """The profile's breakdown comes from sample_nfc's ``timer`` hook: every phase the sampler
+    reports has a column, NFC and DAPS together report all of them, timing a run changes no bit
+    of its output, and a sampler without the hook is a clear error."""
+    import contextlib
+
+    from nfc_dps.api import restore
+    from nfc_dps.bench.profiling import PHASE_LABELS, offers_timer
+    from nfc_dps.operators import BlurOperator, gaussian_kernel
+    from nfc_dps.priors import GaussianSpectralPrior
+    from nfc_dps.samplers import get_config, nfc
+
+    assert set(PHASE_LABELS) == set(nfc.PHASES)
+    assert offers_timer("nfc") and offers_timer("daps") and not offers_timer("dps")
+    prior = GaussianSpectralPrior((16, 16), channels=1)
+    op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
+    x = ((prior.sample(1, torch.Generator().manual_seed(0), dtype=torch.float32) + 1) / 2).clamp(0, 1)
+    y = op.measure(x, 0.025, torch.Generator().manual_seed(1))
+    seen: dict[str, list[str]] = {}
+    for method, cfg in (("nfc", get_config("nfc", "fast", num_levels=3, ode_steps=1)),
+                        ("daps", get_config("daps", "fast", num_levels=2, ode_steps=1, langevin_steps=3))):
+        calls: list[str] = []
+
+        @contextlib.contextmanager
+        def timer(phase: str, calls=calls):
+            calls.append(phase)
+            yield
+
+        plain = restore(y, op, prior=prior, method=method, config=cfg, sigma_y=0.025, seed=3, progress=False)
+        timed = restore(y, op, prior=prior, method=method, config=cfg, sigma_y=0.025, seed=3, progress=False,
+                        timer=timer)
+        assert torch.equal(plain.image, timed.image), method
+        seen[method] = calls
+    assert set(seen["nfc"]) == {"spectrum", "renoise", "predictor", "band", "inner_exact", "haar"}
+    assert seen["nfc"].count("predictor") == 3 and seen["nfc"].count("inner_exact") == 3
+    assert set(seen["daps"]) == {"renoise", "predictor", "band", "inner_langevin"}
+    assert set(seen["nfc"]) | set(seen["daps"]) == set(nfc.PHASES)
+    with pytest.raises(ValueError, match="offers no phase timer"):
+        restore(y, op, prior=prior, method="dps", preset="fast", sigma_y=0.025, progress=False,
+                timer=lambda phase: contextlib.nullcontext(), num_steps=2)
+
+
+def test_prior_identity_lists_files_and_hashes_their_contents_only_on_request(tmp_path):
+    """One description of a prior folder: restore's resume key (sizes and times, no file read) and
+    the benchmark's record (a content hash and the newest file's time)."""
+    from nfc_dps.bench.runner import prior_record
+    from nfc_dps.priors.default import prior_identity
+
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "config.json").write_text("{}")
+    (tmp_path / "w.bin").write_bytes(b"x")
+    info = prior_identity(tmp_path)
+    assert info["path"] == str(tmp_path) and info["resolved"] == str(tmp_path.resolve())
+    assert info["embedded_default"] is False and "sha256" not in info
+    assert list(info["files"]) == ["unet/config.json", "w.bin"] and info["files"]["w.bin"][0] == 1
+    rec = prior_record(str(tmp_path))
+    assert list(rec) == ["path", "embedded_default", "sha256", "modified"] and len(rec["sha256"]) == 16
+    (tmp_path / "w.bin").write_bytes(b"y")
+    assert prior_record(str(tmp_path))["sha256"] != rec["sha256"]
+    assert prior_identity(tmp_path / "missing")["files"] == {} and list(prior_record(str(tmp_path / "missing"))) == [
+        "path", "embedded_default"]
 
 
 def test_torchrun_two_processes_equal_single_process(tiny_prior, tmp_path):
@@ -198,7 +265,7 @@ def test_torchrun_two_processes_equal_single_process(tiny_prior, tmp_path):
 def test_without_matplotlib_plots_are_skipped_with_a_message(tiny_prior, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     out = tmp_path / "nompl"
-    assert bench.main(base_args(tiny_prior, out, "--tasks", "sr4", "--methods", "bicubic,tv")) == 0
+    assert main(base_args(tiny_prior, out, "--tasks", "sr4", "--methods", "bicubic,tv")) == 0
     assert "matplotlib not installed" in capsys.readouterr().out
     assert (out / "results.csv").is_file() and (out / "summary.md").is_file() and (out / "grid.png").is_file()
     assert not (out / "bars.png").exists()

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from nfc_dps import cli
 from nfc_dps.cli import main
+from nfc_dps.cli.common import LOCK_FILE, RESOLVED_JSON, image_seed
 from nfc_dps.samplers import get_config
 from nfc_dps.io import TEMP_SUFFIX, image_opens, read_image, write_image
 
@@ -92,7 +92,7 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
         assert (out / name).is_file(), name
     r = rows(out)
     assert [x["status"] for x in r] == ["done"] * 3
-    assert [x["seed"] for x in r] == [str(cli.image_seed(0, f"im{i}.png")) for i in range(3)]
+    assert [x["seed"] for x in r] == [str(image_seed(0, f"im{i}.png")) for i in range(3)]
     ode_steps = get_config("nfc").ode_steps
     assert all(int(x["nfe"]) == 2 * ode_steps for x in r)  # 2 levels (--steps) x the default preset's ODE steps
     resolved = json.loads((out / "resolved_config.json").read_text())
@@ -129,7 +129,7 @@ def test_seed_comes_from_the_file_name(tmp_path, prior_dir):
     assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "all", *fast, "--seed", 5, prior=prior_dir) == 0
     assert run("restore", "-i", paths[2], "-o", tmp_path / "one", *fast, "--seed", 5, prior=prior_dir) == 0
     assert (tmp_path / "all/im2.png").read_bytes() == (tmp_path / "one/im2.png").read_bytes()
-    assert rows(tmp_path / "all")[2]["seed"] == rows(tmp_path / "one")[0]["seed"] == str(cli.image_seed(5, "im2.png"))
+    assert rows(tmp_path / "all")[2]["seed"] == rows(tmp_path / "one")[0]["seed"] == str(image_seed(5, "im2.png"))
     assert run("restore", "-i", paths[2], "-o", tmp_path / "other", *fast, "--seed", 6, prior=prior_dir) == 0
     assert (tmp_path / "other/im2.png").read_bytes() != (tmp_path / "one/im2.png").read_bytes()
     resolved = json.loads((tmp_path / "all/resolved_config.json").read_text())
@@ -205,10 +205,10 @@ def test_nan_is_caught_and_never_saved(tmp_path, prior_dir, monkeypatch, capsys)
     real = api.restore
 
     def flaky(y, operator, **kw):
-        if cli.image_seed(0, "im1.png") in kw["seed"]:
+        if image_seed(0, "im1.png") in kw["seed"]:
             raise FloatingPointError("nfc produced NaN/Inf")
         res = real(y, operator, **kw)
-        if cli.image_seed(0, "im2.png") in kw["seed"]:
+        if image_seed(0, "im2.png") in kw["seed"]:
             res.image = res.image * float("nan")
         return res
 
@@ -263,7 +263,7 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, prior_dir, capsys):
         assert not (tmp_path / "out" / "results.csv").exists(), label
     assert main([]) == 2
     assert main(["--help"]) == 0
-    assert main(["bench", "--help"]) == 0  # wired to nfc_dps.benchmark
+    assert main(["bench", "--help"]) == 0  # wired to nfc_dps.bench
     capsys.readouterr()
 
 
@@ -365,15 +365,15 @@ def test_full_disk_is_a_clear_error_that_keeps_finished_work(tmp_path, prior_dir
         m.setattr(os, "write", os_write)
         assert run(*argv, prior=prior_dir) == 2
     err = capsys.readouterr().err
-    assert f"cannot write the lock file {out / cli.LOCK_FILE}: No space left on device" in err
-    assert "Traceback" not in err and not (out / cli.LOCK_FILE).exists()
+    assert f"cannot write the lock file {out / LOCK_FILE}: No space left on device" in err
+    assert "Traceback" not in err and not (out / LOCK_FILE).exists()
 
     with monkeypatch.context() as m:
-        _full_disk(m, cli.RESOLVED_JSON)
+        _full_disk(m, RESOLVED_JSON)
         assert run(*argv, prior=prior_dir) == 2
     err = capsys.readouterr().err
-    assert f"{out / cli.RESOLVED_JSON}: No space left on device" in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1 and not (out / cli.LOCK_FILE).exists()
+    assert f"{out / RESOLVED_JSON}: No space left on device" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (out / LOCK_FILE).exists()
 
     with monkeypatch.context() as m:  # full while writing the second image
         _full_disk(m, "im1.png")
@@ -426,7 +426,7 @@ def test_busy_output_folder_is_refused(tmp_path, prior_dir, capsys):
     out.mkdir()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        (out / cli.LOCK_FILE).write_text(str(other.pid))
+        (out / LOCK_FILE).write_text(str(other.pid))
         assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 2
         assert "another nfc-dps run" in capsys.readouterr().err
     finally:
@@ -564,7 +564,7 @@ def test_a_failing_image_fails_alone_in_its_batch(tmp_path, prior_dir, monkeypat
     import nfc_dps.api as api
 
     real = api.restore
-    bad = cli.image_seed(0, "im1.png")
+    bad = image_seed(0, "im1.png")
     batches = []
 
     def flaky(y, operator, **kw):
@@ -572,8 +572,8 @@ def test_a_failing_image_fails_alone_in_its_batch(tmp_path, prior_dir, monkeypat
         if bad in kw["seed"]:
             raise FloatingPointError("nfc produced NaN/Inf")
         res = real(y, operator, **kw)
-        if cli.image_seed(0, "im3.png") in kw["seed"]:  # NaN in one image of a batch that ran
-            res.image[kw["seed"].index(cli.image_seed(0, "im3.png"))] = float("nan")
+        if image_seed(0, "im3.png") in kw["seed"]:  # NaN in one image of a batch that ran
+            res.image[kw["seed"].index(image_seed(0, "im3.png"))] = float("nan")
         return res
 
     monkeypatch.setattr(api, "restore", flaky)
@@ -736,7 +736,7 @@ def test_sigkill_mid_folder_then_resume(tmp_path, prior_dir):
     for n, entry in done.items():
         assert manifest[n] == entry and (out / n).stat().st_mtime_ns == stamps[n]  # not recomputed
     assert all(image_opens(out / f"im{i}.png") for i in range(5))
-    assert not list(out.glob(f".*{TEMP_SUFFIX}")) and not (out / cli.LOCK_FILE).exists()
+    assert not list(out.glob(f".*{TEMP_SUFFIX}")) and not (out / LOCK_FILE).exists()
     statuses = {r["name"]: r["status"] for r in rows(out)}
     assert all(statuses[n] == "skipped" for n in done)
 

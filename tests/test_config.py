@@ -192,7 +192,7 @@ def test_nested_override_keeps_daps_band_off_on_every_path():
     import torch
 
     from nfc_dps import restore
-    from nfc_dps.benchmark import method_config
+    from nfc_dps.bench.spec import method_config
     from nfc_dps.operators import Denoising
     from nfc_dps.priors.gaussian import GaussianSpectralPrior
     from nfc_dps.samplers import get_config

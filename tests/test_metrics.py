@@ -9,7 +9,7 @@ import torch
 from skimage import data
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from nfc_dps.metrics import coverage, expected_coverage, mse, psnr, sliced_wasserstein, ssim
+from nfc_dps.metrics import coverage, expected_coverage, mse, psnr, restoration_metrics, sliced_wasserstein, ssim
 
 
 def _crop(name):
@@ -150,3 +150,18 @@ def test_sliced_wasserstein():
     assert sliced_wasserstein(pts(0, 1), pts(0, 0, 0, 1), one) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="multiple"):
         sliced_wasserstein(a, a[:5], dirs)
+
+
+def test_restoration_metrics_clip_the_estimate_not_the_reference():
+    """The protocol's numbers: the estimate clipped to [0, 1], the reference as given; SSIM only
+    where the 7 x 7 window fits."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.rand(1, 3, 12, 9, generator=g, dtype=torch.float64) * 1.2 - 0.1
+    x = ref + 0.3 * torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    m = restoration_metrics(x, ref)
+    xc = x.clamp(0, 1)
+    assert m["psnr"] == float(psnr(xc, ref)[0]) and m["mse"] == float(mse(xc, ref)[0])
+    assert m["ssim"] == float(ssim(xc, ref)[0])
+    assert m["psnr"] != float(psnr(xc, ref.clamp(0, 1))[0])
+    assert restoration_metrics(x[..., :6, :], ref[..., :6, :])["ssim"] is None
+

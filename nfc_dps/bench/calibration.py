@@ -90,7 +90,7 @@ def calibration_rows(setting: str, method: str, budget: int, samples: Tensor, tr
 
 def _stochastic_runs(budget: int, methods: Sequence[str]) -> list[tuple[str, Any]]:
     """(method, config) of every registered sampler whose fast preset at ``budget`` draws samples."""
-    from ..benchmark import method_config
+    from .spec import method_config
     from ..samplers import METHODS
 
     out = []
@@ -161,7 +161,8 @@ def _oracle_problems(names: Sequence[str], seed: int, device: torch.device) -> I
 def _embedded_problems(names: Sequence[str], prior_path: str | None, seed: int, device: torch.device, out: Path):
     """Per task: (name, prior, operators, truths, measurements), one entry per image, the local
     protocol's measurements (cached under ``out``, as the harness caches them)."""
-    from ..benchmark import BenchSpec, load_images, measurement, task_specs
+    from .measurements import load_images, measurement
+    from .spec import BenchSpec, task_specs
     from ..priors.default import load_prior
 
     spec = BenchSpec(protocol="local", size=64, sigma_y=SIGMA_Y, seed=seed, out=out,
@@ -186,7 +187,8 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
                     ) -> list[dict[str, Any]]:
     """Run the protocol (module doc); write OUT/calibration.csv, summary.md, reliability.png; return the rows."""
     from ..api import stable_seed
-    from ..benchmark import MethodRun, machine_description, not_applicable
+    from .instruments import machine_description
+    from .spec import MethodRun, not_applicable
     from ..io import atomic_write_text
 
     t_start = time.perf_counter()

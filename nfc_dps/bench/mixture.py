@@ -10,7 +10,7 @@ draw; ``--samples`` K chains per measurement (default 16); ``--budgets`` (defaul
 ``--methods`` (labels or registry names) and ``--set METHOD.KEY=VALUE`` as in the other protocols.
 
 Every sampler of :data:`nfc_dps.samplers.METHODS` runs at its ``fast`` preset at each NFE budget
-(:func:`nfc_dps.benchmark.method_config`); a config with NFC's modules active also runs with the
+(:func:`nfc_dps.bench.spec.method_config`); a config with NFC's modules active also runs with the
 band off (``band.blend_start`` 0), the Haar commitment off (``detail.levels`` 0) and both off.
 Two exact rows: the posterior mean (``exact-mmse``) and K exact posterior draws
 (``exact-sample``, the floor of every sampling metric below at this K).
@@ -106,7 +106,7 @@ def mixture_runs(budget: int, methods: Sequence[str] = (), overrides: dict[str, 
     for a config with NFC's modules active the band-off, Haar-off and both-off variants.
     ``methods`` (labels or registry names) filters; empty keeps all. ``overrides``: per registry
     name, config fields to replace (``--set``), applied before the variants are derived."""
-    from ..benchmark import method_config
+    from .spec import method_config
     from ..samplers import METHODS
 
     out = []
@@ -186,9 +186,10 @@ def _csv(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Run the protocol for a :class:`nfc_dps.benchmark.BenchSpec` (module doc); returns the rows."""
-    from ..api import image_generators
-    from ..benchmark import _atomic_write_text, machine_description, stable_seed
+    """Run the protocol for a :class:`nfc_dps.bench.spec.BenchSpec` (module doc); returns the rows."""
+    from ..api import image_generators, stable_seed
+    from ..io import atomic_write_text
+    from .instruments import machine_description
     from ..operators import BlurOperator, gaussian_kernel
     from ..priors import GaussianMixturePrior
     from ..samplers import counting, get_method
@@ -286,10 +287,10 @@ def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]
         "wall time of this invocation": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     })
     out = Path(spec.out)
-    _atomic_write_text(out / "results.csv", _csv(rows, COLUMNS))
-    _atomic_write_text(out / "drift.csv", _csv(drift_rows, DRIFT_COLUMNS))
-    _atomic_write_text(out / "summary.md", mixture_markdown(rows, header, bounds, k))
-    _atomic_write_text(out / "config.json", json.dumps({
+    atomic_write_text(out / "results.csv", _csv(rows, COLUMNS))
+    atomic_write_text(out / "drift.csv", _csv(drift_rows, DRIFT_COLUMNS))
+    atomic_write_text(out / "summary.md", mixture_markdown(rows, header, bounds, k))
+    atomic_write_text(out / "config.json", json.dumps({
         "settings": {n: dataclasses.asdict(SETTINGS[n]) for n in names}, "prestated_setting": PRESTATED_SETTING,
         "header": header, "bounds_db": bounds}, indent=1, default=str))
     log(f"wrote {out / 'results.csv'}, {out / 'drift.csv'} and {out / 'summary.md'}")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,3 +38,30 @@ def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu
                 f"(pip install -e .) or set {ENV_VAR} to a prior folder"
             )
     return load_diffusers_prior(path, device=device, precision=precision)
+
+
+def prior_identity(path: str | Path | None, contents: bool = False) -> dict[str, Any]:
+    """What identifies the prior folder ``path`` (None or "": the embedded default), without loading it.
+
+    Keys: "path" (the folder as given, or the default's), "resolved" (absolute), "embedded_default"
+    (``path is None``), "files" ({path relative to the folder: [size in bytes, mtime in ns]},
+    sorted; empty when the folder is missing). With ``contents`` and at least one file, also
+    "sha256" (16 hex digits over the names and bytes of its .safetensors / .bin / .json files,
+    which reads them all) and "modified" (the newest file's local time, ISO 8601 to the second).
+    """
+    folder = Path(path) if path else default_prior_path()
+    files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    stats = [p.stat() for p in files]
+    info: dict[str, Any] = {"path": str(folder), "resolved": str(folder.resolve()), "embedded_default": path is None,
+                            "files": {str(p.relative_to(folder)): [st.st_size, st.st_mtime_ns]
+                                      for p, st in zip(files, stats)}}
+    if contents and files:
+        h = hashlib.sha256()
+        for p in files:
+            if p.suffix in (".safetensors", ".bin", ".json"):
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
+        info["sha256"] = h.hexdigest()[:16]
+        newest = max(st.st_mtime for st in stats)
+        info["modified"] = datetime.datetime.fromtimestamp(newest).isoformat(timespec="seconds")
+    return info

@@ -26,8 +26,10 @@ With ``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import Tensor
@@ -61,6 +63,10 @@ SPECTRUM_SOURCES = ("auto", "measurement", "prior")
 FINAL_STEPS = ("sample", "mean")
 STARTS = ("noise", *START_ESTIMATES)
 RENOISE = ("fresh", "none")
+#: the building blocks :func:`sample_nfc` enters ``timer(phase)`` around (a profiling hook)
+PHASES = ("spectrum", "predictor", "inner_exact", "inner_langevin", "band", "haar", "renoise")
+#: ``timer(phase)`` returns a context manager entered around each call of that building block
+PhaseTimer = Callable[[str], ContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -216,10 +222,14 @@ def sample_nfc(
     config: NFCConfig = NFCConfig(),
     generators: Generators = None,
     callback: Callback = None,
+    *,
+    timer: PhaseTimer | None = None,
 ) -> Tensor:
     """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
     image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped).
+    timer: optional profiling hook, entered around each building block (:data:`PHASES`).
     """
+    phase = timer or _untimed
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
@@ -231,7 +241,8 @@ def sample_nfc(
                       or cfg.start == "wiener")
     spectrum = None
     if needs_spectrum:
-        spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
+        with phase("spectrum"):
+            spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
     # the band lives on the measurement grid: an image-grid radius r is r * H / h there (SR)
     grid_ratio = image_shape[-1] / prob.y.shape[-1]
     # the CG preconditioner's view of the operator, which no level changes
@@ -240,12 +251,14 @@ def sample_nfc(
         coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
 
     if cfg.start == "noise":
-        x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
+        with phase("renoise"):
+            x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     else:
         x = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start, spectrum)
     for k in range(n):
         sigma, sigma_next = sigmas[k], sigmas[k + 1]
-        x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
+        with phase("predictor"):
+            x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
         prior_var: float | Tensor = sigma**2
         if cfg.prior_covariance == "spectral":
             prior_var = spectral_prior_variance(spectrum, sigma)
@@ -255,26 +268,36 @@ def sample_nfc(
             cutoff = cfg.band.spectral_cutoff(spectral_crossing(spectrum, cfg.band.kappa * sigma**2) * grid_ratio, k, n)
         else:
             cutoff = cfg.band.linear_cutoff(k, n)
-        band = band_weight(cfg.band, k, n, prob.y.shape, cutoff, y.device, y.dtype)
+        with phase("band"):
+            band = band_weight(cfg.band, k, n, prob.y.shape, cutoff, y.device, y.dtype)
         last_mean = k == n - 1 and cfg.final_step == "mean"
         if cfg.inner == "exact" or last_mean:
-            x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
-                                      sample=not last_mean, cg_iters=cfg.cg_iterations,
-                                      temperature=cfg.inner_temperature, coverage=coverage)
+            with phase("inner_exact"):
+                x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
+                                          sample=not last_mean, cg_iters=cfg.cg_iterations,
+                                          temperature=cfg.inner_temperature, coverage=coverage)
         else:
             step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
-            x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step,
-                                 generators, cfg.inner_temperature)
+            with phase("inner_langevin"):
+                x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step,
+                                     generators, cfg.inner_temperature)
         if cfg.detail.active:
             w_low, w_high = cfg.detail.weights(k, n)
-            x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
+            with phase("haar"):
+                x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
         if sigma_next > 0 and cfg.renoise == "fresh":
-            x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
+            with phase("renoise"):
+                x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         else:
             x = x0
         if callback is not None:
             callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
     return to_image_units(x)
+
+
+def _untimed(phase: str) -> contextlib.nullcontext:
+    """The default ``timer``: times nothing."""
+    return contextlib.nullcontext()
 
 
 def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape,
@@ -300,6 +323,7 @@ def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, 
 
 
 def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],
-                config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None) -> Tensor:
+                config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None, *,
+                timer: PhaseTimer | None = None) -> Tensor:
     """DAPS (Zhang et al. 2025): :func:`sample_nfc` with the band and the Haar commitment off."""
-    return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback)
+    return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback, timer=timer)

@@ -1,6 +1,6 @@
 """Training EDM diffusion priors on the package photos or on a folder of one's own images.
 
-``nfc-dps train-prior`` (nfc_dps/cli.py) and scripts/train_prior.py call :func:`train_prior`:
+``nfc-dps train-prior`` (nfc_dps/cli/train_prior.py) and scripts/train_prior.py call :func:`train_prior`:
 
 * :mod:`.data` - image pools, the held-out split, device-side crops (:class:`CropSampler`);
 * :mod:`.loop` - :class:`TrainConfig`, :func:`train_prior` (EDM loss, EMA, budgets, progress);

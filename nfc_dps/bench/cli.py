@@ -1,0 +1,145 @@
+"""The benchmark's command line (``scripts/benchmark.py`` and ``nfc-dps bench``): the arguments
+(:func:`build_parser`), the :class:`BenchSpec` they make, and the dispatch to the grid, the
+oracle, the mixture protocol or the profile (:func:`run_from_args`).
+
+    python scripts/benchmark.py --protocol local --budgets 20,50,100 --out runs/bench/local
+    python scripts/benchmark.py --protocol oracle --out runs/bench/oracle
+    python scripts/benchmark.py --profile --size 256 --out runs/bench/profile
+    python scripts/benchmark.py --protocol paper --images DIR --prior DIR --out runs/bench/paper
+    torchrun --nproc_per_node=K scripts/benchmark.py ...          # shards (task, image) jobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from .oracle import run_oracle
+from .profiling import run_profile
+from .runner import run
+from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec
+
+
+def _int_list(s: str) -> tuple[int, ...]:
+    """"1,2" -> (1, 2); empty -> ()."""
+    return tuple(int(v) for v in s.split(",") if v.strip()) if s else ()
+
+
+def _str_list(s: str) -> tuple[str, ...]:
+    """"a, b" -> ("a", "b"); empty -> ()."""
+    return tuple(v.strip() for v in s.split(",") if v.strip()) if s else ()
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The benchmark's arguments (added to ``parser`` when given, e.g. an `nfc-dps bench` subparser)."""
+    from ..priors.diffusers_prior import PRECISIONS
+
+    p = parser or argparse.ArgumentParser(
+        prog="benchmark", description="PSNR/SSIM tables against the peers and classical baselines, NFE curves, "
+                                      "timing, the Gaussian oracle and a per-NFE profile (see docs/benchmarks.md).")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="local",
+                   help="local: embedded prior, 4 held-out scikit-image crops; paper: 256 px, --images and --prior "
+                        "(DPS/DAPS operators); oracle: Gaussian prior with exact bounds; mixture: Gaussian-mixture "
+                        "prior, exact multimodal posterior (nfc_dps.bench.mixture; --tasks picks its settings)")
+    p.add_argument("--profile", action="store_true", help="time per NFE vs the bare network forward, with a breakdown")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
+    p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    p.add_argument("--images", default=None, help="folder of images (paper protocol; optional for local)")
+    p.add_argument("--image-names", default="", help="comma list of scikit-image names (local; default held-out four)")
+    p.add_argument("--num-images", type=int, default=None, help="use the first N images (oracle: N images, default 30)")
+    p.add_argument("--size", type=int, default=None, help="image size (local 64, paper 256, oracle 64, profile 256)")
+    p.add_argument("--zoom", type=int, default=2, help="local: centre crop of size*zoom px area-averaged by zoom")
+    p.add_argument("--tasks", default="", help=f"comma list (default {','.join(DEFAULT_TASKS)}; also: denoise)")
+    p.add_argument("--methods", default="", help=f"comma list (default {','.join(DEFAULT_METHODS)})")
+    p.add_argument("--budgets", default="", help="comma list of NFE budgets, e.g. 20,50,100 (default: preset NFE)")
+    p.add_argument("--preset", default=None, help="sampler preset (local/oracle/profile: fast; paper: paper)")
+    p.add_argument("--samples", type=int, default=1, help="K posterior samples per image; K > 1 adds a 'mean of K' row")
+    p.add_argument("--sigma-y", type=float, default=0.025, help="noise std in [0, 1] units (0.025 = DPS's 0.05)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--boundary", choices=("circular", "reflect"), default=None,
+                   help="blur boundary (local: circular; paper: reflect, as DPS)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="prior network compute precision (auto: bfloat16 where the hardware has it natively)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                   help="config override, e.g. nfc.inner=langevin or nfc.band.blend_start=0.2 (repeatable)")
+    p.add_argument("--oracle-alpha", type=float, default=2.0, help="oracle: power-law exponent of the Gaussian prior")
+    p.add_argument("--oracle-pixel-std", type=float, default=0.5, help="oracle: per-pixel std of the prior (model units)")
+    p.add_argument("--label", default="", help="free text recorded in the summary (e.g. the checkpoint step)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+    p.add_argument("--no-images", action="store_true", help="do not save restored images (and no grid.png)")
+    return p
+
+
+def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """--set METHOD.KEY=VALUE items -> {method: {key: YAML-parsed value}}."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        method, dot, field_ = key.strip().partition(".")
+        if not eq or not dot or not field_:
+            raise ValueError(f"--set expects METHOD.KEY=VALUE, got {item!r}")
+        out.setdefault(method, {})[field_] = yaml.safe_load(val)
+    return out
+
+
+def spec_from_args(args: argparse.Namespace) -> BenchSpec:
+    """The :class:`BenchSpec` of parsed arguments, with the protocol's defaults (size, tasks, methods, preset)."""
+    protocol = args.protocol
+    default_size = 256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture" else 64
+    if args.profile and not (args.out):
+        args.out = Path("runs/bench/profile")
+    tasks = _str_list(args.tasks) or (("deblur_gaussian",) if args.profile else DEFAULT_TASKS)
+    methods = _str_list(args.methods) or (("nfc", "daps") if args.profile else DEFAULT_METHODS)
+    if protocol == "oracle" and not _str_list(args.methods):
+        methods = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "wiener", "tv")
+    if protocol == "mixture":  # empty: every setting and every registered sampler (nfc_dps.bench.mixture)
+        tasks, methods = _str_list(args.tasks), _str_list(args.methods)
+    return BenchSpec(
+        protocol=protocol, out=Path(args.out or f"runs/bench/{protocol}"), prior=args.prior, images=args.images,
+        image_names=_str_list(args.image_names), num_images=args.num_images, size=args.size or default_size,
+        zoom=max(1, args.zoom), tasks=tasks, methods=methods, budgets=_int_list(args.budgets),
+        preset=args.preset or ("paper" if protocol == "paper" else "fast"), samples=max(1, args.samples),
+        sigma_y=args.sigma_y, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
+        device=args.device, precision=args.precision, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
+        save_images=not args.no_images, label=args.label, oracle_alpha=args.oracle_alpha,
+        oracle_pixel_std=args.oracle_pixel_std)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return run_from_args(args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the profile, the oracle, the mixture protocol or the grid; 0, or 2 with a one-line error."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        spec = spec_from_args(args)
+        if args.profile:
+            run_profile(spec)
+        elif spec.protocol == "oracle":
+            run_oracle(spec)
+        elif spec.protocol == "mixture":
+            from .mixture import run_mixture
+
+            run_mixture(spec)
+        else:
+            run(spec)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"benchmark: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

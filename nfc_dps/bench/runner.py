@@ -1,0 +1,280 @@
+"""Running the grid (:func:`run`): sharding the (task, image) jobs round-robin over torchrun
+ranks (:class:`Dist`, gloo on CPU, NCCL on GPUs), every missing row of one job
+(:func:`run_job`), the merge on rank 0, and config.json with its fingerprint check."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..io import atomic_write_text
+from ..priors.default import prior_identity
+from .instruments import PeakMemory, lpips_status, machine_description, row_metrics, save_png
+from .measurements import load_images, measurement
+from .plots import make_plots
+from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
+                   method_runs, not_applicable, task_specs)
+from .tables import PartWriter, all_rows, merge_results, result_row, row_key, summary_markdown
+
+
+def prior_record(path: str | None) -> dict[str, Any]:
+    """The prior as summary.md and profile.json record it: its folder, whether it is the embedded
+    default, and (when it has files) a hash of their contents and the newest file's time."""
+    info = prior_identity(path, contents=True)
+    return {k: info[k] for k in ("path", "embedded_default", "sha256", "modified") if k in info}
+
+
+def load_bench_prior(spec: BenchSpec, device: torch.device):
+    """The run's prior (--prior, else the embedded default); FileNotFoundError says how to pass one."""
+    from ..priors.default import load_prior
+
+    try:
+        return load_prior(spec.prior, device=device, precision=spec.precision)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}\nPass --prior DIR (e.g. runs/prior/export, the training job's export).") from e
+
+
+def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: list[MethodRun], prior, device,
+            done: set[tuple], writer: PartWriter, notes: list[str], log: Callable[[str], None]) -> None:
+    """All methods of one (task, image): measurement once, then every missing row."""
+    from ..api import restore
+    from ..baselines import restore_classical
+
+    op, x, y, meta = measurement(spec, task, image, img)
+    seed = meta["sampler_seed"]
+    dev_op = None
+    for run in runs:
+        ests = estimators(run, spec.samples)
+        keys = [(task.name, image, run.label, e, budget_str(run)) for e in ests]
+        if all(k in done for k in keys):
+            continue
+        reason = not_applicable(run, op)
+        if reason is not None:
+            notes.append(f"{task.name} / {run.label}: skipped, {reason}")
+            continue
+        label = f"{task.name}/{image}/{run.label}" + ("" if run.budget is None else f"@{run.budget}")
+        try:
+            if run.method in CLASSICAL_METHODS:
+                with PeakMemory(torch.device("cpu")) as mem:
+                    t0 = time.perf_counter()
+                    xr = restore_classical(run.method, op, y, spec.sigma_y)
+                    secs = time.perf_counter() - t0
+                outs = {"deterministic": (xr, 0)}
+            else:
+                if dev_op is None:
+                    dev_op = op if device.type == "cpu" else copy.deepcopy(op).to(device)
+                with PeakMemory(device) as mem:
+                    t0 = time.perf_counter()
+                    res = restore(y.to(device), dev_op, prior=prior, method=run.method, config=run.config,
+                                  sigma_y=spec.sigma_y, seed=seed, progress=False,
+                                  num_samples=1 if ests == ["deterministic"] else spec.samples)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    secs = time.perf_counter() - t0
+                if ests == ["deterministic"]:
+                    outs = {"deterministic": (res.image, res.nfe)}
+                elif spec.samples > 1:
+                    outs = {"sample": (res.samples[0], res.nfe), f"mean{spec.samples}": (res.image, res.nfe)}
+                else:
+                    outs = {"sample": (res.image, res.nfe)}
+            for est, (xr, nfe) in outs.items():
+                if (task.name, image, run.label, est, budget_str(run)) in done:
+                    continue
+                met = row_metrics(xr, x)
+                writer.write(result_row(spec, task.name, image, run, est, nfe=nfe, seconds=secs, peak_mem_mb=mem.mb,
+                                  seed=seed if run.method not in CLASSICAL_METHODS else "", **met))
+                if spec.save_images:
+                    save_png(spec.out / "images" / task.name / image / f"{run.label.replace(':', '-')}-{est}-{budget_str(run)}.png",
+                              xr[0].detach().cpu().clamp(0, 1))
+                log(f"{label} [{est}] psnr {met['psnr']:.2f} ssim {met['ssim'] if met['ssim'] is not None else float('nan'):.3f} "
+                    f"{secs:.1f}s")
+        except Exception as e:  # noqa: BLE001 - a failing method is a row with a note, not a crashed benchmark
+            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+            for est in ests:
+                writer.write(result_row(spec, task.name, image, run, est, nfe=getattr(run.config, "nfe", 0), note=msg))
+            log(f"{label}: FAILED {msg}")
+
+
+@dataclass
+class Dist:
+    """This process's place under torchrun: rank, world size, local rank, and whether a process group is up."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    initialised: bool = False
+
+    def barrier(self) -> None:
+        if self.initialised:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def init_distributed(device: str) -> Dist:
+    """Read RANK / WORLD_SIZE / LOCAL_RANK (torchrun); init gloo (CPU) or NCCL (CUDA) if WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    d = Dist(rank, world, local)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if device.startswith("cuda") else "gloo"
+            kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(hours=48)}
+            if backend == "nccl":
+                torch.cuda.set_device(local)
+                kwargs["device_id"] = torch.device("cuda", local)
+            try:
+                dist.init_process_group(**kwargs)
+            except TypeError:  # older torch without device_id
+                kwargs.pop("device_id", None)
+                dist.init_process_group(**kwargs)
+        d.initialised = True
+    return d
+
+
+def resolve_device(name: str, d: Dist) -> torch.device:
+    """The device of --device for this rank (auto: CUDA when available; a rank's GPU is local_rank mod count)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda but CUDA is not available")
+        return torch.device("cuda", d.local_rank % max(1, torch.cuda.device_count()))
+    return torch.device(name)
+
+
+def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, str]]:
+    """Run (or resume) the grid; returns the merged rows on rank 0 (others: [])."""
+    t_start = time.perf_counter()
+    d = init_distributed(spec.device)
+    device = resolve_device(spec.device, d)
+    out = spec.out
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "config.json"
+    _check_fingerprint(spec, cfg_path)  # every rank: an error on one rank only would leave the others waiting
+    d.barrier()
+    if d.rank == 0 and not cfg_path.is_file():
+        atomic_write_text(cfg_path, json.dumps({"fingerprint": spec.fingerprint(), "spec": spec_json(spec)},
+                                                indent=1, default=str))
+    all_tasks = task_specs(spec.protocol, spec.size, spec.boundary)
+    unknown = [t for t in spec.tasks if t not in all_tasks]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(all_tasks)}")
+    images = load_images(spec)
+    names = [n for n, _ in images]
+    runs = method_runs(spec)
+    done = {row_key(r) for r in all_rows(out)}
+    jobs = [(t, n) for t in spec.tasks for n in names]
+    mine = jobs[d.rank::d.world]
+    needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
+    prior = None
+    notes: list[str] = []
+    prefix = f"[rank {d.rank}] " if d.world > 1 else ""
+    writer = PartWriter(out / "parts" / f"rank{d.rank}.csv")
+    imgs = dict(images)
+    try:
+        for t, n in mine:
+            todo = [r for r in runs for e in estimators(r, spec.samples)
+                    if (t, n, r.label, e, budget_str(r)) not in done]
+            if not todo:
+                continue
+            if needs_prior and prior is None:
+                prior = load_bench_prior(spec, device)
+                with torch.no_grad():  # warm-up call, so that the first timed method pays no set-up cost
+                    prior.denoise(torch.zeros(1, prior.channels, spec.size, spec.size, device=device),
+                                  torch.ones(1, device=device))
+            run_job(spec, all_tasks[t], n, imgs[n], runs, prior, device, done, writer, notes,
+                    lambda s: log(prefix + s))
+    finally:
+        writer.close()
+    # applicability notes are cheap to recompute for the summary (jobs of every rank)
+    if d.rank == 0:
+        from ..operators import build_operator
+
+        for t in spec.tasks:
+            ts = all_tasks[t]
+            op = build_operator(ts.factory_task, spec.size, 0, **ts.params)
+            for r in runs:
+                why = not_applicable(r, op)
+                if why:
+                    notes.append(f"{t} / {r.label}: skipped, {why}")
+    d.barrier()
+    rows: list[dict[str, str]] = []
+    if d.rank == 0:
+        rows = merge_results(spec, names)
+        header = _header(spec, d, device, time.perf_counter() - t_start, names)
+        atomic_write_text(cfg_path, json.dumps({"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
+                                                 "header": header}, indent=1, default=str))
+        plots = make_plots(spec, rows, names, log) if spec.plots else []
+        atomic_write_text(out / "summary.md", summary_markdown(spec, rows, header, notes, plots))
+        log(f"wrote {out / 'results.csv'} ({len(rows)} rows) and {out / 'summary.md'}")
+    d.barrier()
+    if d.initialised:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return rows
+
+
+def _check_fingerprint(spec: BenchSpec, cfg_path: Path) -> None:
+    """Refuse to mix rows of another configuration into an existing output folder."""
+    if not cfg_path.is_file():
+        return
+    old = json.loads(cfg_path.read_text()).get("fingerprint")
+    new = json.loads(json.dumps(spec.fingerprint()))
+    if old is not None and old != new:
+        diff = sorted(k for k in new if old.get(k) != new[k])
+        raise ValueError(f"{spec.out} holds results of another configuration ({cfg_path}: "
+                         f"{ {k: old.get(k) for k in diff} } != { {k: new[k] for k in diff} }); use another --out")
+
+
+def spec_json(spec: BenchSpec) -> dict[str, Any]:
+    """The spec as JSON-ready values (paths as strings), for config.json."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(spec).items()}
+
+
+def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, names: Sequence[str]) -> dict[str, Any]:
+    """The settings list at the top of summary.md (prior, images, noise, machine, ...)."""
+    mach = machine_description()
+    h: dict[str, Any] = {}
+    if spec.label:
+        h["label"] = spec.label
+    if spec.protocol != "oracle":
+        from ..priors.diffusers_prior import resolve_precision
+
+        h["prior"] = prior_record(spec.prior)
+        h["network precision"] = resolve_precision(spec.precision, device)
+    h.update({
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
+                  + (f", centre crop {spec.size * spec.zoom} px area-averaged by {spec.zoom}"
+                     if spec.protocol == "local" and not spec.images and spec.zoom > 1 else ""),
+        "sigma_y": f"{spec.sigma_y} in [0, 1] units (= {2 * spec.sigma_y:g} in [-1, 1])",
+        "preset / budgets": f"{spec.preset} / {', '.join(map(str, spec.budgets)) or 'preset NFE'}",
+        "samples per image": spec.samples,
+        "seed": spec.seed,
+        "blur boundary": spec.boundary,
+        "machine": f"{mach.get('cpu', platform.processor())}, nproc {mach['nproc']}, RAM {mach.get('ram_gib', '?')} GiB"
+                   + (f", GPU {mach['gpu']}" if "gpu" in mach else ""),
+        "device / processes": f"{device} / {d.world}",
+        "torch": mach["torch"],
+        "wall time of this invocation": f"{seconds / 60:.1f} min",
+        "LPIPS": lpips_status()[1],
+    })
+    if spec.overrides:
+        h["overrides"] = spec.overrides
+    return h

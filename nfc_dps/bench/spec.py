@@ -1,0 +1,185 @@
+"""What a benchmark run is: the method lists, the protocols' tasks (:func:`task_specs`), the run's
+settings (:class:`BenchSpec`), and the grid's columns: each method at each NFE budget
+(:class:`MethodRun`, :func:`method_config`, :func:`method_runs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DIFFUSION_METHODS = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "dpir")
+CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
+DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
+PROTOCOLS = ("local", "paper", "oracle", "mixture")
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A benchmark task: a short name and the operator factory's task and parameters."""
+
+    name: str
+    factory_task: str
+    params: dict[str, Any]
+
+
+def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
+    """The tasks of a protocol at image size ``size`` (see module doc and docs/benchmarks.md).
+
+    local: SR x4 bicubic; box inpainting, box size/2 with margin size/16; random inpainting 70%;
+    Gaussian blur 25x25 std 2; motion blur 25x25 intensity 0.5 (seeded per image); denoising.
+    paper (DPS/DAPS at 256): SR x4 bicubic; 128x128 box (size/2) with margin 16 (size/16);
+    70% random; Gaussian 61/3.0; motion 61/0.5.
+    """
+    blur = {"boundary": boundary}
+    box = {"box_size": max(1, size // 2), "margin": max(0, size // 16)}
+    if protocol == "paper":
+        gk, mk = {"kernel_size": 61, "kernel_std": 3.0}, {"kernel_size": 61, "intensity": 0.5}
+    else:
+        gk, mk = {"kernel_size": 25, "kernel_std": 2.0}, {"kernel_size": 25, "intensity": 0.5}
+    specs = [
+        TaskSpec("sr4", "sr_bicubic", {"factor": 4}),
+        TaskSpec("inpaint_box", "inpaint_box", box),
+        TaskSpec("inpaint_random", "inpaint_random", {"missing_fraction": 0.7}),
+        TaskSpec("deblur_gaussian", "deblur_gaussian", {**gk, **blur}),
+        TaskSpec("deblur_motion", "deblur_motion", {**mk, **blur}),
+        TaskSpec("denoise", "denoise", {}),
+    ]
+    return {s.name: s for s in specs}
+
+
+DEFAULT_TASKS = ("sr4", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
+
+
+@dataclass
+class BenchSpec:
+    """Everything a benchmark run needs (built from the command line by :func:`spec_from_args`)."""
+
+    protocol: str = "local"
+    out: Path = Path("runs/bench/local")
+    prior: str | None = None
+    images: str | None = None
+    image_names: tuple[str, ...] = ()
+    num_images: int | None = None
+    size: int = 64
+    zoom: int = 2
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    budgets: tuple[int, ...] = ()
+    preset: str = "fast"
+    samples: int = 1
+    sigma_y: float = 0.025
+    seed: int = 0
+    boundary: str = "circular"
+    device: str = "cpu"
+    precision: str = "auto"
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    plots: bool = True
+    save_images: bool = True
+    label: str = ""
+    oracle_alpha: float = 2.0
+    oracle_pixel_std: float = 0.5
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings that change a row's numbers (an existing OUT must agree on them)."""
+        return {"protocol": self.protocol, "size": self.size, "zoom": self.zoom, "preset": self.preset,
+                "samples": self.samples, "sigma_y": self.sigma_y, "seed": self.seed, "boundary": self.boundary,
+                "overrides": self.overrides, "format": FORMAT_VERSION}
+
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """One column of the grid: a method (at a preset other than the run's, when ``preset`` is
+    set: ``--methods nfc:deterministic``) at a budget (None = classical)."""
+
+    method: str
+    budget: int | None
+    config: Any = None
+    preset: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The ``method`` column of the results: ``nfc`` or ``nfc:deterministic``."""
+        return self.method if self.preset is None else f"{self.method}:{self.preset}"
+
+
+def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{'band.blend_start': 0.2, 'inner': 'exact'} -> {'band': {'blend_start': 0.2}, 'inner': 'exact'}."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            out.setdefault(head, {})
+            if not isinstance(out[head], dict):
+                raise ValueError(f"config key {head!r} set both as a value and as {key!r}")
+            out[head].update(_nested({rest: value}))
+        else:
+            out[key] = value
+    return out
+
+
+def method_config(method: str, preset: str, budget: int | None, overrides: dict[str, Any] | None = None) -> Any:
+    """The sampler config of ``method`` at ``preset`` with NFE ``budget``.
+
+    NFC/DAPS: ode_steps = the largest divisor of the budget not above the preset's ode_steps,
+    num_levels = budget / ode_steps (so NFE = budget exactly: 20 -> 4 x 5, 2 -> 1 x 2).
+    Peers: num_steps = budget. ``budget=None`` keeps the preset.
+    """
+    from ..samplers import get_config
+
+    cfg = get_config(method, preset, **_nested(overrides or {}))
+    if budget is None:
+        return cfg
+    if budget < 1:
+        raise ValueError(f"NFE budgets must be >= 1, got {budget}")
+    if hasattr(cfg, "ode_steps"):
+        steps = max(d for d in range(1, min(cfg.ode_steps, budget) + 1) if budget % d == 0)
+        return dataclasses.replace(cfg, ode_steps=steps, num_levels=budget // steps)
+    return dataclasses.replace(cfg, num_steps=budget)
+
+
+def method_runs(spec: BenchSpec) -> list[MethodRun]:
+    """The grid's columns: each classical method once, each diffusion method at every budget."""
+    runs = []
+    for entry in spec.methods:
+        m, _, preset = entry.partition(":")
+        if m in CLASSICAL_METHODS and not preset:
+            runs.append(MethodRun(m, None))
+        elif m in DIFFUSION_METHODS:
+            overrides = {**spec.overrides.get(m, {}), **(spec.overrides.get(entry, {}) if preset else {})}
+            for b in spec.budgets or (None,):
+                cfg = method_config(m, preset or spec.preset, b, overrides)
+                runs.append(MethodRun(m, int(cfg.nfe), cfg, preset or None))
+        else:
+            raise ValueError(f"unknown method {entry!r}; choose from {', '.join(DEFAULT_METHODS)} "
+                             f"(a diffusion method may name its preset: nfc:deterministic)")
+    return runs
+
+
+def not_applicable(run: MethodRun, op) -> str | None:
+    """Why ``run`` cannot restore with ``op`` (a note for the summary), or None."""
+    from ..baselines import applicable
+
+    if run.method in CLASSICAL_METHODS:
+        return applicable(run.method, op)
+    if run.method == "ddrm" and not (getattr(op, "is_circulant", False) or getattr(op, "mask", None) is not None):
+        return f"DDRM needs a diagonalisable operator (circulant blur, inpainting, denoising); {type(op).__name__}" \
+               f"{' (' + op.boundary + ' boundary)' if hasattr(op, 'boundary') else ''} is not"
+    return None
+
+
+def estimators(run: MethodRun, samples: int) -> list[str]:
+    """The estimator rows of a column: deterministic, or a sample plus the mean of ``samples`` when > 1."""
+    if run.method in CLASSICAL_METHODS or getattr(run.config, "is_deterministic", False):
+        return ["deterministic"]
+    return ["sample"] + ([f"mean{samples}"] if samples > 1 else [])
+
+
+def budget_str(run: MethodRun) -> str:
+    """The budget column's value: the NFE budget, 0 for a classical method."""
+    return "0" if run.budget is None else str(run.budget)
+

@@ -1,0 +1,231 @@
+"""The grid's results files and tables: results.csv's columns, the per-rank part files
+(:class:`PartWriter`), their merge into one canonically ordered results.csv
+(:func:`merge_results`), and summary.md (:func:`summary_markdown`)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..io import atomic_write_text
+from .spec import BenchSpec, MethodRun, budget_str
+
+
+COLUMNS = ["protocol", "task", "image", "method", "estimator", "budget", "nfe", "psnr", "ssim", "mse", "lpips",
+           "seconds", "peak_mem_mb", "seed", "note"]
+KEY = ("task", "image", "method", "estimator", "budget")
+#: columns that legitimately differ between runs (wall time and memory)
+VOLATILE = ("seconds", "peak_mem_mb")
+
+
+def fmt(v: float | None, spec: str) -> str:
+    """A number as results.csv writes it: ``spec`` format, None -> empty, NaN / inf as Python spells them."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "" if v is None else str(v)
+    return format(v, spec)
+
+
+def load_results(path: Path) -> list[dict[str, str]]:
+    """Rows of a results CSV (missing file: [])."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return [dict(r) for r in csv.DictReader(f)]
+
+
+def row_key(row: dict[str, str]) -> tuple[str, ...]:
+    """The columns that identify a row (task, image, method, estimator, budget)."""
+    return tuple(str(row[k]) for k in KEY)
+
+
+def _csv_text(rows: list[dict[str, str]]) -> str:
+    """results.csv's text: the header and ``rows`` in COLUMNS order."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: r.get(c, "") for c in COLUMNS})
+    return buf.getvalue()
+
+
+class PartWriter:
+    """Appends rows to OUT/parts/rank{r}.csv, flushed row by row (an interrupted run keeps them)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.is_file() or self.path.stat().st_size == 0
+        self._f = open(self.path, "a", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        if new:
+            self._w.writeheader()
+            self._f.flush()
+
+    def write(self, row: dict[str, str]) -> None:
+        self._w.writerow({c: row.get(c, "") for c in COLUMNS})
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def all_rows(out: Path) -> list[dict[str, str]]:
+    """The rows of OUT/results.csv and of every part file left in OUT/parts."""
+    rows = load_results(out / "results.csv")
+    for part in sorted((out / "parts").glob("rank*.csv")) if (out / "parts").is_dir() else []:
+        rows += load_results(part)
+    return rows
+
+
+def _order(spec: BenchSpec, image_names: Sequence[str]) -> Callable[[dict[str, str]], tuple]:
+    """The canonical sort key of rows: the spec's task, image and method order, then estimator and budget."""
+    tasks = {t: i for i, t in enumerate(spec.tasks)}
+    images = {n: i for i, n in enumerate(image_names)}
+    methods = {m: i for i, m in enumerate(spec.methods)}
+
+    def est_rank(e: str) -> tuple[int, str]:
+        return (0, e) if e in ("sample", "deterministic") else (1, e)
+
+    def key(r: dict[str, str]) -> tuple:
+        return (tasks.get(r["task"], len(tasks)), r["task"], images.get(r["image"], len(images)), r["image"],
+                methods.get(r["method"], len(methods)), r["method"], est_rank(r["estimator"]), int(r["budget"] or 0))
+
+    return key
+
+
+def merge_results(spec: BenchSpec, image_names: Sequence[str]) -> list[dict[str, str]]:
+    """results.csv + part files -> one deduplicated, canonically ordered results.csv; parts removed."""
+    seen: dict[tuple, dict[str, str]] = {}
+    for r in all_rows(spec.out):
+        seen.setdefault(row_key(r), r)
+    rows = sorted(seen.values(), key=_order(spec, image_names))
+    atomic_write_text(spec.out / "results.csv", _csv_text(rows))
+    parts = spec.out / "parts"
+    if parts.is_dir():
+        for p in parts.glob("rank*.csv"):
+            p.unlink()
+        with contextlib.suppress(OSError):
+            parts.rmdir()
+    return rows
+
+
+def result_row(spec: BenchSpec, task: str, image: str, run: MethodRun, estimator: str, **vals: Any) -> dict[str, str]:
+    """A results row of ``run`` at ``estimator``, numbers formatted as results.csv stores them."""
+    return {"protocol": spec.protocol, "task": task, "image": image, "method": run.label, "estimator": estimator,
+            "budget": budget_str(run), "nfe": str(vals.get("nfe", 0)), "psnr": fmt(vals.get("psnr"), ".4f"),
+            "ssim": fmt(vals.get("ssim"), ".5f"), "mse": fmt(vals.get("mse"), ".6e"),
+            "lpips": fmt(vals.get("lpips"), ".4f"), "seconds": fmt(vals.get("seconds"), ".3f"),
+            "peak_mem_mb": fmt(vals.get("peak_mem_mb"), ".1f"), "seed": str(vals.get("seed", "")),
+            "note": str(vals.get("note", ""))}
+
+
+def mean_std(vals: list[float]) -> tuple[float, float]:
+    """Mean and standard deviation (ddof 1; 0 for one value)."""
+    a = np.asarray(vals, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def group_rows(rows: list[dict[str, str]]) -> dict[tuple[str, str, str, str], list[dict[str, str]]]:
+    """Rows grouped by (task, method, estimator, budget)."""
+    groups: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["method"], r["estimator"], r["budget"]), []).append(r)
+    return groups
+
+
+def numbers(rows: list[dict[str, str]], col: str) -> list[float]:
+    """The non-empty values of column ``col`` as floats."""
+    return [float(r[col]) for r in rows if r.get(col, "") not in ("", None)]
+
+
+def _label(method: str, est: str, budget: str) -> str:
+    """A table row's name: "nfc", "nfc (mean of 4)", with " @budget" for diffusion methods."""
+    lab = method if est in ("sample", "deterministic") else f"{method} ({est.replace('mean', 'mean of ')})"
+    return lab if budget in ("0", "") else f"{lab} @{budget}"
+
+
+def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[str, Any], notes: Sequence[str],
+                     plots: Sequence[str]) -> str:
+    """summary.md: settings, PSNR and SSIM tables (mean +- std over images), PSNR vs NFE,
+    timing and memory, notes."""
+    groups = group_rows(rows)
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    order = _order(spec, [])
+    cols = sorted({(g[1], g[2], g[3]) for g in groups},
+                  key=lambda k: order({"task": "", "image": "", "method": k[0], "estimator": k[1], "budget": k[2]}))
+    L = [f"# Benchmark summary ({spec.protocol} protocol)", ""]
+    for k, v in header.items():
+        L.append(f"- **{k}**: {v}")
+    L += ["", "Values: mean ± std over images (std with ddof=1). PSNR in dB and SSIM (scikit-image "
+          "conventions) on outputs clipped to [0, 1], data_range 1. A posterior *sample*'s expected squared "
+          "error is twice the posterior mean's, so compare single samples with `mean of K` rows and with the "
+          "classical (deterministic) baselines accordingly. `@N` = NFE budget; classical rows use no network. "
+          "Peak memory: on CPU the growth of the process's resident memory during the call (memory already held "
+          "from earlier calls is not counted, so small runs often show ~0); on CUDA the allocator's peak above "
+          "its level at entry.", ""]
+
+    for metric, fmt in (("psnr", ".2f"), ("ssim", ".3f")):
+        L += [f"## {metric.upper()} (mean ± std)", "", "| method | " + " | ".join(tasks) + " |",
+              "|---|" + "---|" * len(tasks)]
+        for m, e, b in cols:
+            cells = []
+            for t in tasks:
+                vals = numbers(groups.get((t, m, e, b), []), metric)
+                cells.append(f"{mean_std(vals)[0]:{fmt}} ± {mean_std(vals)[1]:{fmt}}" if vals else "–")
+            L.append(f"| {_label(m, e, b)} | " + " | ".join(cells) + " |")
+        L.append("")
+    if any(r.get("lpips") for r in rows):
+        L += ["## LPIPS (mean)", "", "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for m, e, b in cols:
+            cells = [f"{np.mean(v):.3f}" if (v := numbers(groups.get((t, m, e, b), []), "lpips")) else "–" for t in tasks]
+            L.append(f"| {_label(m, e, b)} | " + " | ".join(cells) + " |")
+        L.append("")
+
+    budgets = sorted({int(b) for (_, _, _, b) in groups if b not in ("0", "")})
+    if len(budgets) > 1:
+        L += ["## PSNR vs NFE (mean over images)", ""]
+        for t in tasks:
+            L += [f"**{t}**", "", "| method | " + " | ".join(str(b) for b in budgets) + " |",
+                  "|---|" + "---|" * len(budgets)]
+            for m, e in dict.fromkeys((m, e) for (m, e, b) in cols if b != "0"):
+                cells = [f"{np.mean(v):.2f}" if (v := numbers(groups.get((t, m, e, str(b)), []), "psnr")) else "–"
+                         for b in budgets]
+                if any(c != "–" for c in cells):
+                    L.append(f"| {_label(m, e, '0')} | " + " | ".join(cells) + " |")
+            classical = [(m, e) for (m, e, b) in cols if b == "0"]
+            for m, e in classical:
+                v = numbers(groups.get((t, m, e, "0"), []), "psnr")
+                if v:
+                    L.append(f"| {m} (no network) | " + " | ".join(f"{np.mean(v):.2f}" for _ in budgets) + " |")
+            L.append("")
+
+    L += ["## Time and memory per image (mean over images and tasks)", "",
+          "| method | NFE | seconds | s / NFE | peak memory MB |", "|---|---|---|---|---|"]
+    for m, e, b in cols:
+        rs = [r for t in tasks for r in groups.get((t, m, e, b), [])]
+        secs, mem, nfe = numbers(rs, "seconds"), numbers(rs, "peak_mem_mb"), numbers(rs, "nfe")
+        if not secs:
+            continue
+        n = np.mean(nfe) if nfe else 0
+        per = f"{np.mean(secs) / n:.3f}" if n else "–"
+        L.append(f"| {_label(m, e, b)} | {n:.0f} | {np.mean(secs):.2f} | {per} | "
+                 f"{f'{np.mean(mem):.0f}' if mem else '–'} |")
+    L.append("")
+    failed = [r for r in rows if r.get("note")]
+    if notes or failed:
+        L += ["## Notes", ""]
+        L += [f"- {n}" for n in dict.fromkeys(notes)]
+        L += [f"- FAILED {r['task']}/{r['image']}/{r['method']}@{r['budget']}: {r['note']}" for r in failed]
+        L.append("")
+    if plots:
+        L += ["## Figures", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    return "\n".join(L)

@@ -1,0 +1,166 @@
+"""What every subcommand shares: exit codes and file names, :class:`UsageError` (exit 2), the
+log, the device / threads / prior set-up, the per-image seeds, array layout and metrics, and the
+one-line reason of a failed image."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import io as nio
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+RESOLVED_JSON = "resolved_config.json"
+SIMULATION_JSON = "simulation.json"
+LOCK_FILE = ".nfc_dps.lock"
+#: gray value 1.0 of a std-map PNG is a posterior std of 1 / STD_PNG_SCALE
+STD_PNG_SCALE = 4.0
+#: OSError numbers that mean the output disk cannot take more data: the run stops (exit 2)
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+#: default of --max-batch: chains per sampler call
+DEFAULT_MAX_BATCH = 4
+
+
+class UsageError(Exception):
+    """A problem with the command line or the setup: exit 2 with a message, no traceback."""
+
+
+class Log:
+    """Messages on stderr through tqdm (so progress bars stay intact); ``quiet`` silences info only."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def info(self, msg: str) -> None:
+        if not self.quiet:
+            from tqdm.auto import tqdm
+
+            tqdm.write(msg, file=sys.stderr)
+
+    def error(self, msg: str) -> None:
+        from tqdm.auto import tqdm
+
+        tqdm.write(msg, file=sys.stderr)
+
+
+def parse_device(name: str | None):
+    """The torch device of ``--device`` (None: CPU); UsageError when it is not available here."""
+    import torch
+
+    if not name:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise UsageError(f"--device {name!r}: not a torch device ({e})") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UsageError(f"--device {name}: MPS is not available on this machine (use --device cpu)")
+    return dev
+
+
+def set_threads(n: int | None) -> None:
+    """``--threads``: torch's CPU threads (None keeps torch's choice)."""
+    if n is not None:
+        import torch
+
+        if n < 1:
+            raise UsageError(f"--threads must be >= 1, got {n}")
+        torch.set_num_threads(n)
+
+
+def open_prior(path: str | None, device, precision: str = "auto") -> Any:
+    """The prior of --prior (None: the embedded default); UsageError naming it when it does not load."""
+    from ..priors.default import load_prior
+
+    try:
+        prior = load_prior(path, device=device, precision=precision)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        where = path or "the embedded default prior"
+        raise UsageError(f"cannot load {where}: {e}") from e
+    return prior  # restore() pads images to the prior's size multiple itself
+
+
+def prior_key(path: str | None) -> dict[str, Any]:
+    """What identifies the prior's weights for resume checks: its resolved folder and each file's
+    size and time (:func:`nfc_dps.priors.default.prior_identity`; no file is read)."""
+    from ..priors.default import prior_identity
+
+    info = prior_identity(path)
+    return {"path": info["resolved"], "files": info["files"]}
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hex SHA-256 of ``obj`` as sorted-key JSON (values JSON cannot hold as str)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def match_file(folder: Path, name: str, extensions: Sequence[str]) -> Path | None:
+    """The file in ``folder`` for input ``name``: the same name, else the same stem with one of
+    ``extensions`` (in that order of preference)."""
+    exact = folder / name
+    if exact.is_file():
+        return exact
+    stem = Path(name).stem
+    for ext in extensions:
+        for cand in (folder / f"{stem}{ext}", folder / f"{stem}{ext.upper()}"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def to_numpy(t) -> np.ndarray:
+    """Image 0 of a (B, C, h, w) tensor as a float32 (h, w) or (h, w, C) array."""
+    a = t.detach().float().cpu()[0].permute(1, 2, 0).numpy()
+    return np.ascontiguousarray(a[..., 0] if a.shape[-1] == 1 else a)
+
+
+def image_metrics(x: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
+    """PSNR (dB) and SSIM (NaN under 7 px) of float32 (h, w[, C]) images in [0, 1], both clipped,
+    with :func:`nfc_dps.metrics.restoration_metrics` (scikit-image conventions)."""
+    from ..api import as_batch
+    from ..metrics import restoration_metrics
+
+    m = restoration_metrics(as_batch(x)[0], as_batch(np.clip(gt, 0, 1))[0])
+    return m["psnr"], (m["ssim"] if m["ssim"] is not None else float("nan"))
+
+
+def image_seed(seed: int, name: str) -> int:
+    """The seed of input image ``name`` (its path relative to the input folder, '/'-separated) in
+    a run with base seed ``seed``: see :data:`nfc_dps.config.PER_IMAGE_SEED`."""
+    from ..api import stable_seed
+
+    return stable_seed(int(seed), name)
+
+
+def noise_seed(seed: int) -> int:
+    """The noise seed of an image whose operator seed is ``seed`` (an independent stream)."""
+    return int(np.random.SeedSequence([int(seed), 0x5EED]).generate_state(1, dtype=np.uint32)[0])
+
+
+def failure_reason(e: BaseException) -> str:
+    """The one-line reason reported for an image that failed with ``e``."""
+    if isinstance(e, nio.ImageReadError):
+        return e.reason
+    if isinstance(e, FloatingPointError):
+        return f"NaN/Inf in the restoration, not saved ({e})"
+    if isinstance(e, (ValueError, OSError)):
+        return str(e)
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,122 @@
+"""The output folder of a run: created and checked writable (not an input folder), locked for one
+run at a time (:func:`folder_lock`), output names that never collide (:func:`output_stems`), and
+the errors of a disk that cannot take more data (:class:`OutputError`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .. import io as nio
+from .common import LOCK_FILE, UsageError
+
+
+def check_output_folder(output: Path, inputs: Sequence[Path]) -> Path:
+    """Create the output folder and check it is writable and not an input folder (exit 2 otherwise)."""
+    out = output.expanduser().resolve()
+    for inp in inputs:
+        folder = inp.resolve() if inp.is_dir() else inp.resolve().parent
+        if out == folder:
+            raise UsageError(f"--output {output} is the input folder {inp}; choose another folder "
+                             f"(outputs would mix with, and could overwrite, the inputs)")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output {output} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = nio.atomic_write_bytes(out / f".write-test-{os.getpid()}", b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--output {output} is not writable: {e.strerror or e}") from e
+    return out
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """One run per output folder: a lock file holding our pid (stale after a crash: taken over)."""
+    lock = folder / LOCK_FILE
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            alive = False
+            if pid > 0 and pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    alive = True
+                except ProcessLookupError:
+                    alive = False
+                except PermissionError:
+                    alive = True
+            if alive:
+                raise UsageError(f"another nfc-dps run (pid {pid}) is writing to {folder}; wait for it or "
+                                 f"remove {lock} if it is gone") from None
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            continue
+        except OSError as e:
+            raise UsageError(f"cannot create the lock file {lock}: {e.strerror or e}") from e
+        try:
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            raise UsageError(f"cannot write the lock file {lock}: {e.strerror or e}") from e
+        break
+    else:
+        raise UsageError(f"cannot lock {folder} (remove {lock})")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+
+
+def cannot_write(e: OSError) -> str:
+    """One line naming the file that could not be written, and why."""
+    return f"cannot write {e.filename or 'an output file'}: {e.strerror or e}"
+
+
+class OutputError(Exception):
+    """An output cannot be written for a reason that will not go away with the next image (full
+    disk, quota, read-only folder): the run stops, keeping what is done."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+        super().__init__(cannot_write(error))
+
+
+def npy_bytes(a: np.ndarray) -> bytes:
+    """``a`` as the bytes of a .npy file (no pickled objects)."""
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def output_stems(paths: Sequence[Path]) -> list[str]:
+    """Output name stem per input: its stem, or stem_ext (extension in lower case) where inputs
+    share a stem (a.png, a.jpg -> a_png, a_jpg). Names are compared ignoring letter case, so an
+    output folder also works on case-insensitive disks; inputs whose output names would still
+    coincide (a.png and a.PNG; a_png.png beside a.png and a.jpg) are a UsageError naming both:
+    no output is ever written twice."""
+    counts = Counter(p.stem.casefold() for p in paths)
+    stems = [f"{p.stem}_{p.suffix.lstrip('.').lower()}" if counts[p.stem.casefold()] > 1 else p.stem for p in paths]
+    owner: dict[str, Path] = {}
+    for p, stem in zip(paths, stems):
+        first = owner.setdefault(stem.casefold(), p)
+        if first is not p:
+            raise UsageError(f"{first} and {p} would both be written as {stem}.png (output names ignore letter "
+                             f"case); rename one of them")
+    return stems

@@ -1,0 +1,60 @@
+"""The ``nfc-dps`` command line (also ``python -m nfc_dps``): the parser of every subcommand and
+:func:`main`, which maps errors to exit statuses.
+
+Exit status: 0 all images done; 1 some image failed (each is reported with its file name and the
+reason; the others are still restored); 2 usage or setup error (bad flag or config, unreadable
+prior, output folder equal to the input or not writable), reported before any work starts, or an
+output disk that fills up (the run stops naming the file; finished images are kept); 130
+interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from ..config import ConfigError
+from . import bench, convert_adm, demo, restore, simulate, train_prior
+from .common import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors exit with EXIT_USAGE (2) and a one-line message."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``nfc-dps`` parser: one subcommand per module of this package."""
+    parser = _Parser(prog="nfc-dps", description="Image restoration with diffusion priors (NFC, DAPS, ...).",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module in (demo, restore, simulate, bench, train_prior, convert_adm):  # the order of --help
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 some image failed, 2 usage error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except (UsageError, ConfigError) as e:
+        print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"nfc-dps {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

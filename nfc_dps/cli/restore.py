@@ -1,0 +1,441 @@
+"""``nfc-dps restore``: every input image is the measurement y of the task (for SR the output is
+``factor`` times larger). Each image's seed is a hash of ``--seed`` and its file name
+(:func:`~nfc_dps.cli.common.image_seed`), never its position in the folder, so adding or removing
+files changes no other result, and a rerun gives identical images and resumes: images recorded as
+done in manifest.json whose outputs still open are skipped (``--overwrite`` redoes them)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import io as nio
+from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
+from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
+                     STD_PNG_SCALE, Log, UsageError, failure_reason, image_metrics, image_seed, match_file,
+                     open_prior, parse_device, prior_key, set_threads, sha256_file, sha256_json, to_numpy)
+from .flags import common_flags, precision_flag, task_flags
+from .outputs import OutputError, cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
+from .records import SUMMARY_JSON, RunRecords, outputs_ok
+from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``restore`` subcommand and its arguments."""
+    from ..samplers import METHODS
+
+    r = sub.add_parser(
+        "restore", help="restore measurement images (a file or a folder)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Each input image is the measurement y of the task (for SR the output is factor x larger).\n"
+                    "Outputs in --output:\n"
+                    "  <name>.png            restoration (mean of the samples with --samples K > 1); input's bit depth;\n"
+                    "                        an input's alpha channel is re-attached when the size is unchanged, dropped for SR\n"
+                    f"  std/<name>.png|.npy   per-pixel posterior std (K > 1); PNG gray 1.0 = std {1 / STD_PNG_SCALE:g}\n"
+                    "  samples/<name>_<j>.png  the K samples (--save-samples)\n"
+                    "  results.csv, summary.json  per-image status, seed, PSNR/SSIM (--gt), NFE, time; failures\n"
+                    "  resolved_config.json  every setting, seeds and versions (reusable with --config)\n"
+                    "  manifest.json         finished images: a rerun skips them (resume); --overwrite redoes them\n"
+                    "Each image's seed is a hash of --seed and its file name: adding or removing files changes no\n"
+                    "other result. <name> is the input's stem, or stem_ext where inputs share a stem (a_png, a_jpg);\n"
+                    "inputs whose output names would coincide (a.png and a.PNG) are refused before any work.")
+    r.add_argument("--input", "-i", default=None,
+                   help="measurement image or folder (default with a simulation.json config: its measurements)")
+    r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
+    task_flags(r, "base seed (default 0); each image's seed is a hash of it and the image's file name")
+    r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc)")
+    r.add_argument("--preset", default=None,
+                   help="sampler preset. nfc: deterministic (default: the best estimate per network call, 16 NFE, "
+                        "no random draw), fast (posterior samples, 100 NFE: use it with --samples K for a std map "
+                        "that measures the posterior spread), fast_psnr, paper (as published, 1000 NFE); "
+                        "other methods: fast (default), paper")
+    r.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="sampler field, e.g. --set inner=langevin --set band.cutoff_start=0.5 (repeatable)")
+    r.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    precision_flag(r)
+    r.add_argument("--kernel", default=None, metavar="FILE|DIR",
+                   help="blur kernel (.npy or image) for all inputs, or a folder of kernels matched by file name")
+    r.add_argument("--mask", default=None, metavar="FILE|DIR",
+                   help="inpainting mask (white = observed) for all inputs, or a folder of masks matched by file name")
+    r.add_argument("--samples", type=int, default=None, metavar="K",
+                   help="posterior samples per image: writes their mean and a std map (default 1); needs a "
+                        "sampling preset, e.g. --preset fast")
+    r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
+    r.add_argument("--batch-size", type=int, default=1, metavar="B",
+                   help="restore up to B images of the same size (and operator) per sampler call: faster on a GPU; "
+                        "each image keeps its own seed, so the results are those of B = 1 (default 1)")
+    r.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help=f"at most N sampler chains (images x samples) at once: bounds memory with --samples K "
+                        f"(default {DEFAULT_MAX_BATCH}, or B if larger). Results with --batch-size and --max-batch "
+                        f"equal those of one image at a time up to float rounding of batched network layers")
+    r.add_argument("--gt", default=None, metavar="DIR", help="ground-truth folder (same file names): PSNR/SSIM per image")
+    r.add_argument("--bit-depth", type=int, choices=(8, 16), default=None, help="output bit depth (default: the input's)")
+    r.add_argument("--overwrite", action="store_true", help="redo images already done in the output folder")
+    common_flags(r)
+    r.set_defaults(func=cmd_restore)
+
+
+@dataclass
+class Item:
+    """An input image: its index in the sorted list, path, name (relative, '/'-separated), output stem and seed."""
+
+    index: int
+    path: Path
+    name: str
+    out_stem: str
+    seed: int
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """An image to restore: its measurement y ((h, w[, C]) in [0, 1]), operator and manifest key.
+    Jobs of one ``group`` (measurement shape, operator file) can share a restore() call."""
+
+    item: Item
+    row: dict[str, Any]
+    key: str
+    y: np.ndarray
+    info: nio.ImageInfo
+    operator: Any
+    group: tuple
+
+
+def cmd_restore(args) -> int:
+    """Run ``restore``: resolve the task, sampler and folders (UsageError before any work), then the loop."""
+    log = Log(args.quiet)
+    configs = list(args.config or [])
+    inp = Path(args.input) if args.input else None
+    if inp is not None and inp.is_dir() and (inp / SIMULATION_JSON).is_file():
+        # the output folder of `nfc-dps simulate`: its record first, its measurements as input
+        configs.insert(0, inp / SIMULATION_JSON)
+        inp = None
+    bundle = load_config(configs)
+    sim = bundle.simulation
+    if sim is not None and bundle.task is not None and isinstance(sim.get("task"), dict):
+        recorded = parse_task(sim["task"], f"{bundle.simulation_dir / SIMULATION_JSON} (task)", bundle.simulation_dir)
+        simulated = (sim.get("simulated_task") or {}).get("task")
+        requested = args.task or bundle.task.task
+        if requested == simulated and requested != recorded.task:  # e.g. deblur_motion -> its kernel files
+            log.info(f"using the operator recorded by the simulation ({recorded.task}, files in "
+                     f"{bundle.simulation_dir}) for task {requested!r}")
+            bundle.task = recorded
+            args.task = None
+    task = resolve_task(args, bundle)
+    gt_dir = Path(args.gt) if args.gt else None
+    if inp is None and sim is not None:
+        inp = bundle.simulation_dir / sim.get("measurements", "measurements")
+        if gt_dir is None and sim.get("ground_truth"):
+            gt_dir = bundle.simulation_dir / sim["ground_truth"]
+    if inp is None:
+        raise UsageError("--input is required (a measurement image or a folder of them)")
+    if not inp.exists():
+        raise UsageError(f"--input {inp}: no such file or folder")
+    if gt_dir is not None and not gt_dir.is_dir():
+        raise UsageError(f"--gt {gt_dir}: not a folder")
+
+    # operator files from the flags replace the random / parametric operator of the task
+    if args.kernel:
+        if not task.task.startswith("deblur_"):
+            raise UsageError(f"--kernel applies to deblurring tasks, not {task.task!r}")
+        if not Path(args.kernel).exists():
+            raise UsageError(f"--kernel {args.kernel}: no such file or folder")
+        task = task.with_params(task="deblur_kernel", kernel_path=str(Path(args.kernel).resolve()))
+    if args.mask:
+        if not task.task.startswith("inpaint_"):
+            raise UsageError(f"--mask applies to inpainting tasks, not {task.task!r}")
+        if not Path(args.mask).exists():
+            raise UsageError(f"--mask {args.mask}: no such file or folder")
+        task = task.with_params(task="inpaint_mask", mask_path=str(Path(args.mask).resolve()))
+    if task.task in RANDOM_TASKS:
+        flag = RANDOM_TASKS[task.task]
+        raise UsageError(f"task {task.task!r} draws its {'mask' if flag == '--mask' else 'kernel'} at random; "
+                         f"restoring needs the one the measurements were taken with: pass {flag} FILE|DIR, "
+                         f"or --config <simulate output>/{SIMULATION_JSON}")
+    for key in ("mask_path", "kernel_path"):
+        if key in task.params and not Path(task.params[key]).exists():
+            raise UsageError(f"{task.source}: {key} {task.params[key]}: no such file or folder")
+    check_operator_file(task, args.mask if task.task == "inpaint_mask" else args.kernel)
+    for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.max_batch is None:
+        args.max_batch = max(DEFAULT_MAX_BATCH, args.batch_size)
+    spec = resolve_sampler(args, bundle)
+    seed = args.seed if args.seed is not None else (bundle.seed or 0)
+    samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
+    if seed < 0 or samples < 1:
+        raise UsageError(f"--seed must be >= 0 and --samples >= 1, got {seed}, {samples}")
+    if samples > 1 and getattr(spec.build(), "is_deterministic", False):
+        raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
+                         f"would be the same); for posterior samples and a std map add --preset fast")
+    out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []))
+    device = parse_device(args.device)
+    set_threads(args.threads)
+
+    with folder_lock(out):
+        nio.remove_stale_temp_files(out)
+        if inp.is_dir():
+            images, others = nio.list_folder(inp)
+        else:
+            images, others = ([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp])
+        if not images and not others:
+            raise UsageError(f"--input {inp}: no files to restore")
+        stems = output_stems(images)
+        prior = open_prior(args.prior, device, args.precision)
+        cfg = spec.build()
+        record = resolved_config(task, spec, seed, samples, prior=prior_key(args.prior)["path"],
+                                 command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
+                                 ground_truth=str(gt_dir.resolve()) if gt_dir else None, batch_size=args.batch_size,
+                                 max_batch=args.max_batch)
+        try:
+            nio.write_json(out / RESOLVED_JSON, record)
+        except OSError as e:
+            raise UsageError(cannot_write(e)) from e
+        run = RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir)
+        names = [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
+        items = [Item(i, p, names[i], stems[i], image_seed(seed, names[i])) for i, p in enumerate(images)]
+        return run.run(items, others)
+
+
+class RestoreRun:
+    """The restore loop: each input's measurement and operator (:meth:`_prepare`), batches of
+    same-sized images through restore() (:meth:`_restore_jobs`), their outputs, and the run's
+    records (:class:`~nfc_dps.cli.records.RunRecords`)."""
+
+    def __init__(self, args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir) -> None:
+        self.args, self.log, self.task, self.spec, self.cfg = args, log, task, spec, cfg
+        self.prior, self.device, self.seed, self.samples = prior, device, seed, samples
+        self.out, self.inp, self.gt_dir = out, inp, gt_dir
+        self.source = OperatorSource(task)
+        self.config_hash = sha256_json({
+            "task": task.as_dict(), "sampler": record_sampler(spec, cfg), "samples": samples,
+            "prior": prior_key(args.prior), "bit_depth": args.bit_depth, "save_samples": args.save_samples,
+        })
+        about = {"input": str(inp.resolve()), "output": str(out),
+                 "task": task.as_dict(), "method": spec.method, "preset": spec.resolved_preset,
+                 "noise_sigma": task.noise_sigma, "seed": seed, "per_image_seed": PER_IMAGE_SEED,
+                 "num_samples": samples}
+        self.records = RunRecords(out, log, about, STD_PNG_SCALE if samples > 1 else None, args.overwrite)
+        self.batch_size, self.max_batch = args.batch_size, args.max_batch
+        self.bar: Any = None
+
+    # -- the loop
+
+    def _record(self, row: dict[str, Any]) -> None:
+        """Add a finished image's row (done, skipped or failed) and report a failure or warning."""
+        self.records.rows.append(row)
+        self.bar.update(1)
+        if row["status"] == "failed":
+            self.log.error(f"FAILED {row['name']}: {row['error']}")
+        elif row.get("error"):
+            self.log.error(f"warning {row['name']}: {row['error']}")
+
+    def run(self, items: list[Item], others: list[Path]) -> int:
+        from tqdm.auto import tqdm
+
+        for p in others:
+            self.records.rows.append({"index": "", "name": p.name, "status": "failed", "seed": "",
+                              "error": nio.unusable_reason(p)})
+            self.log.error(f"FAILED {p.name}: {self.records.rows[-1]['error']}")
+        self.log.info(f"restoring {len(items)} image(s) from {self.inp} -> {self.out} "
+                      f"[{self.task.task}, {self.spec.method}/{self.spec.resolved_preset}, noise_sigma={self.task.noise_sigma}, "
+                      f"seed {self.seed} (per image: a hash of it and the file name)]")
+        self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
+        pending: dict[tuple, list[Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
+        try:
+            for item in items:
+                self.bar.set_postfix_str(item.name, refresh=False)
+                job = self._prepare(item)
+                if isinstance(job, dict):
+                    self._record(job)
+                else:
+                    group = pending.setdefault(job.group, [])
+                    group.append(job)
+                    if len(group) == self.batch_size:
+                        self._restore_jobs(pending.pop(job.group))
+                self.records.save()
+            for group in pending.values():
+                self._restore_jobs(group)
+                self.records.save()
+            self.records.save(final=True)
+        except OutputError as e:
+            with contextlib.suppress(OSError):  # keep the records of what is done, if they still fit
+                self.records.write(final=False)
+            done = sum(r["status"] == "done" for r in self.records.rows)
+            raise UsageError(f"{e}; stopped (the {done} image(s) restored so far are kept): free space and rerun "
+                             f"the same command to resume") from e
+        finally:
+            self.bar.close()
+        failed = [r for r in self.records.rows if r["status"] == "failed"]
+        problems = [r for r in self.records.rows if r["status"] != "failed" and r.get("error")]
+        summary = json.loads((self.out / SUMMARY_JSON).read_text())
+        counts = summary["counts"]
+        msg = (f"{counts['restored']} restored, {counts['skipped_done_before']} already done, "
+               f"{counts['failed']} failed -> {self.out}")
+        if summary["mean_psnr"] is not None:
+            msg += f"; mean PSNR {summary['mean_psnr']:.2f} dB, SSIM {summary['mean_ssim'] or float('nan'):.4f} " \
+                   f"over {summary['metrics_images']} image(s)"
+        self.log.info(msg)
+        return EXIT_FAILED if failed or problems else EXIT_OK
+
+    def _prepare(self, item: Item) -> dict[str, Any] | Job:
+        """The row of an image that needs no restoring (done before, or unusable), else its job:
+        the measurement read and its operator built and checked."""
+        row = {"index": item.index, "name": item.name, "status": "failed", "seed": item.seed,
+               "output": f"{item.out_stem}.png"}
+        try:
+            input_sha = sha256_file(item.path)
+        except OSError as e:
+            row["error"] = f"cannot read: {e.strerror or e}"
+            return row
+        try:
+            op_file = self.source.files_for(item.name)
+        except ValueError as e:
+            row["error"] = str(e)
+            return row
+        key = sha256_json([self.config_hash, input_sha, item.seed,
+                            sha256_file(op_file) if op_file is not None and op_file.is_file() else None])
+        entry = self.records.images.get(item.name)
+        if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
+            row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
+                       size=entry.get("size"), alpha=entry.get("alpha", ""))
+            add_ground_truth_metrics(row, item, self.gt_dir, self.out)
+            return row
+        try:
+            y, info = nio.read_image(item.path)
+            factor = self.source.factor()
+            h, w = y.shape[:2]
+            operator, _ = self.source.build(item.name, (h * factor, w * factor))
+            operator = operator.to(self.device)
+            expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
+            if expected != (h, w):
+                raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
+        except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+            row["error"] = failure_reason(e)
+            self.records.images.pop(item.name, None)
+            return row
+        return Job(item, row, key, y, info, operator, (y.shape, str(op_file) if op_file else None))
+
+    def _restore_jobs(self, jobs: list[Job]) -> None:
+        """Restore same-sized images that share one operator in one restore() call (each image
+        has its own seed, so the results are those of one call per image up to float rounding),
+        write their outputs and record their rows. A failing call is retried image by image, so
+        one bad image fails alone."""
+        import torch
+
+        from ..api import as_batch, restore
+
+        try:
+            res = restore(torch.cat([as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
+                          prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
+                          seed=[j.item.seed for j in jobs], num_samples=self.samples,
+                          progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch)
+        except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                raise OutputError(e) from e
+            if len(jobs) > 1:
+                for job in jobs:
+                    self._restore_jobs([job])
+                return
+            self._record(self._failed(jobs[0], e))
+            return
+        for i, job in enumerate(jobs):
+            try:
+                entry = write_outputs(self.out, job, res, i, len(jobs), self.args.bit_depth, self.samples,
+                                      self.args.save_samples)
+            except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
+                if isinstance(e, OSError) and e.errno in DISK_FULL:
+                    raise OutputError(e) from e
+                self._record(self._failed(job, e))
+                continue
+            entry["key"] = job.key
+            self.records.images[job.item.name] = entry
+            job.row["status"] = "done"
+            add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out)
+            self._record(job.row)
+
+    def _failed(self, job: Job, error: Exception) -> dict[str, Any]:
+        job.row["error"] = failure_reason(error)
+        self.records.images.pop(job.item.name, None)
+        return job.row
+
+
+def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: int | None, samples: int,
+                  save_samples: bool) -> dict[str, Any]:
+    """Write image ``i`` of the restore() result ``res`` of ``batch`` images into ``out`` (at
+    ``bit_depth``, None: the input's; std map when ``samples`` > 1, and each sample with
+    ``save_samples``), fill the job's row; its manifest entry."""
+    item, row, info = job.item, job.row, job.info
+    h, w = job.y.shape[:2]
+    image = to_numpy(res.image[i:i + 1])
+    if not np.isfinite(image).all():
+        raise FloatingPointError("restoration contains NaN/Inf; not saved")
+    bit_depth = bit_depth or info.output_bit_depth
+    same_size = image.shape[:2] == (h, w)
+    alpha = info.alpha if (info.has_alpha and same_size) else None
+    row["alpha"] = "" if not info.has_alpha else ("re-attached" if same_size else
+                                                  "dropped (output size differs from the input)")
+    outputs = [f"{item.out_stem}.png"]
+    extra: list[tuple[str, Callable[[Path], Any]]] = []
+    if res.std is not None:
+        std = to_numpy(res.std[i:i + 1])
+        if not np.isfinite(std).all():
+            raise FloatingPointError("posterior std contains NaN/Inf; not saved")
+        std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
+        extra.append((f"std/{item.out_stem}.png", lambda p, m=std_map: nio.write_image(p, m * STD_PNG_SCALE, 16)))
+        extra.append((f"std/{item.out_stem}.npy",
+                      lambda p, s=std: nio.atomic_write_bytes(p, npy_bytes(s.astype(np.float32)))))
+        if save_samples:
+            for j in range(samples):
+                a = to_numpy(res.samples[j, i:i + 1])
+                extra.append((f"samples/{item.out_stem}_{j}.png",
+                              lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
+    # write the extras first: the main image appearing last marks a complete set
+    for rel, write in extra:
+        write(out / rel)
+        outputs.append(rel)
+    nio.write_image(out / f"{item.out_stem}.png", image, bit_depth, alpha)
+    row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
+    return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
+            "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
+            "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path) -> None:
+    """PSNR / SSIM of the row's output in ``out`` against the ground truth of ``item`` in ``gt_dir``
+    (same name, or same stem); a missing, unreadable or differently sized one is the row's error."""
+    if gt_dir is None:
+        return
+    gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
+    if gt_path is None:
+        row["error"] = f"no ground truth for {item.name} in {gt_dir}"
+        return
+    try:
+        gt, _ = nio.read_image(gt_path)
+        x, _ = nio.read_image(out / row["output"])
+    except nio.ImageReadError as e:
+        row["error"] = f"ground truth: {e}"
+        return
+    if gt.ndim == 3 and x.ndim == 2:
+        gt = gt.mean(-1)
+    if gt.shape != x.shape:
+        row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
+        return
+    row["psnr"], row["ssim"] = image_metrics(x, gt)
+
+
+def record_sampler(spec: SamplerSpec, cfg: Any) -> dict[str, Any]:
+    """The sampler as the resume key records it: method, resolved preset and every config field."""
+    import dataclasses
+
+    body = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+    return {"method": spec.method, "preset": spec.resolved_preset, **body}

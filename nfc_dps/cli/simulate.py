@@ -1,0 +1,134 @@
+"""``nfc-dps simulate``: clean images -> measurements, with the kernels, masks and seeds recorded
+in simulation.json, which ``restore --config OUT/simulation.json`` reads back."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import io as nio
+from ..config import DEFAULT_NOISE_SIGMA, KIND_SIMULATION, TaskConfig, load_config, package_versions
+from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, noise_seed,
+                     to_numpy)
+from .flags import task_flags
+from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
+from .tasks import OperatorSource, check_operator_file, resolve_task
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``simulate`` subcommand and its arguments."""
+    s = sub.add_parser("simulate", help="clean images -> measurements, with kernels, masks and seeds recorded",
+                       description="Writes measurements/, ground_truth/ (cropped to a multiple of the SR factor), "
+                                   "kernels/<name>.npy|.png, masks/<name>.png and simulation.json, which "
+                                   "'restore --config OUT/simulation.json' reads back (operators from the saved files).")
+    s.add_argument("--input", "-i", required=True, help="clean image or folder")
+    s.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
+    task_flags(s, "base seed (default 0); image i of the sorted list is simulated with seed + i")
+    s.add_argument("--bit-depth", type=int, choices=(8, 16), default=16, help="measurement PNG bit depth (default 16)")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages")
+    s.set_defaults(func=cmd_simulate)
+
+
+def _restore_task_for(task: TaskConfig, has_kernel: bool, has_mask: bool) -> dict[str, Any]:
+    """The task config that restores the simulated measurements exactly (kernels / masks from files)."""
+    if has_kernel:
+        return {"task": "deblur_kernel", "kernel_path": "kernels",
+                "boundary": task.params.get("boundary", "circular"), "noise_sigma": task.noise_sigma}
+    if has_mask:
+        return {"task": "inpaint_mask", "mask_path": "masks", "noise_sigma": task.noise_sigma}
+    return task.as_dict()
+
+
+def cmd_simulate(args) -> int:
+    """Run ``simulate``; exit status 1 when some image failed."""
+    import torch
+
+    from ..api import as_batch
+
+    log = Log(args.quiet)
+    bundle = load_config(args.config or [])
+    task = resolve_task(args, bundle)
+    seed = args.seed if args.seed is not None else (bundle.seed or 0)
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    inp = Path(args.input)
+    if not inp.exists():
+        raise UsageError(f"--input {inp}: no such file or folder")
+    check_operator_file(task, None)
+    out = check_output_folder(Path(args.output), [inp])
+    source = OperatorSource(task)
+    factor = source.factor()
+    with folder_lock(out):
+        nio.remove_stale_temp_files(out)
+        images, others = nio.list_folder(inp) if inp.is_dir() else (([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp]))
+        if not images and not others:
+            raise UsageError(f"--input {inp}: no files")
+        stems = output_stems(images)
+        failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
+        records = []
+        from tqdm.auto import tqdm
+
+        any_kernel = any_mask = False
+        for i, path in enumerate(tqdm(images, desc="simulate", unit="img", disable=args.quiet)):
+            stem = stems[i]
+            try:
+                x, info = nio.read_image(path)
+                h, w = x.shape[:2]
+                ch, cw = h - h % factor, w - w % factor
+                crop = None
+                if (ch, cw) != (h, w):
+                    top, left = (h - ch) // 2, (w - cw) // 2
+                    x = x[top:top + ch, left:left + cw]
+                    crop = [top, left, ch, cw]
+                if min(ch, cw) < 1:
+                    raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
+                op, _ = source.build(path.name, (ch, cw), seed=seed + i)
+                nseed = noise_seed(seed + i)
+                y = op.measure(as_batch(x)[0], task.noise_sigma, torch.Generator().manual_seed(nseed))
+                rec = {"index": i, "name": path.name, "measurement": f"measurements/{stem}.png",
+                       "ground_truth": f"ground_truth/{stem}.png", "operator_seed": seed + i,
+                       "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
+                nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
+                nio.write_image(out / rec["measurement"], to_numpy(y), args.bit_depth)
+                kernel = getattr(op, "kernel", None)
+                if kernel is not None:
+                    k = kernel.detach().cpu().double().numpy()
+                    k = k.reshape(k.shape[-2:])
+                    nio.atomic_write_bytes(out / f"kernels/{stem}.npy", npy_bytes(k))
+                    nio.write_image(out / f"kernels/{stem}.png", k / k.max(), 16)  # a picture; the .npy is exact
+                    rec["kernel"] = f"kernels/{stem}.npy"
+                    any_kernel = True
+                mask = getattr(op, "mask", None)
+                if mask is not None:
+                    m = mask.detach().cpu().numpy().reshape(mask.shape[-2:])
+                    nio.write_image(out / f"masks/{stem}.png", m, 8)
+                    rec["mask"] = f"masks/{stem}.png"
+                    any_mask = True
+                records.append(rec)
+            except Exception as e:  # noqa: BLE001 - report, continue with the others
+                failures.append({"name": path.name, "error": failure_reason(e)})
+                log.error(f"FAILED {path.name}: {failures[-1]['error']}")
+        sim = {
+            "kind": KIND_SIMULATION,
+            "task": _restore_task_for(task, any_kernel, any_mask),
+            "simulated_task": task.as_dict(),
+            "simulation_seed": seed,
+            "operator_seed": "simulation_seed + index of the image in the sorted input list",
+            "noise_seed": "nfc_dps.cli.noise_seed(simulation_seed + index): SeedSequence([s, 0x5EED]) -> torch.Generator seed",
+            "measurements": "measurements", "ground_truth": "ground_truth",
+            "units": f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}); measurements are "
+                     f"clipped to [0, 1] and stored as {args.bit_depth}-bit PNG",
+            "images": records,
+            "command": "simulate", "inputs": str(inp.resolve()),
+            "versions": package_versions(),
+        }
+        if failures:
+            sim["note"] = {"failures": failures}
+        try:
+            nio.write_json(out / SIMULATION_JSON, sim)
+        except OSError as e:
+            raise UsageError(cannot_write(e)) from e
+    log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}] -> {out}\n"
+             f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")
+    return EXIT_FAILED if failures else EXIT_OK

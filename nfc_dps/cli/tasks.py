@@ -1,0 +1,122 @@
+"""Task and sampler resolution shared by ``restore`` and ``simulate``: configs, then flags
+(:func:`resolve_task`, :func:`resolve_sampler`), and each image's operator, with per-image mask /
+kernel files (:class:`OperatorSource`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..config import ConfigBundle, SamplerSpec, TaskConfig, parse_scalar, parse_task, steps_field
+from .common import UsageError, match_file
+
+
+#: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel
+RANDOM_TASKS = {"inpaint_box": "--mask", "inpaint_random": "--mask", "deblur_motion": "--kernel"}
+#: tasks whose operator is read from a file: task -> (its parameter, the flag that sets it, what it is)
+FILE_TASKS = {"inpaint_mask": ("mask_path", "--mask", "mask"), "deblur_kernel": ("kernel_path", "--kernel", "kernel")}
+
+
+def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
+    """The task of --config files, then --task, --param and --noise-sigma (UsageError when none)."""
+    task = bundle.task
+    if args.task:
+        task = task.with_params(task=args.task) if task is not None else parse_task({"task": args.task}, "--task")
+    if task is None:
+        raise UsageError("no task: pass --task NAME or --config FILE with 'task: NAME' "
+                         "(see configs/*.yaml)")
+    params = dict(task.params)
+    for item in args.param or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: expected KEY=VALUE")
+        params[key.strip()] = parse_scalar(value)
+    noise = task.noise_sigma if args.noise_sigma is None else args.noise_sigma
+    if not (isinstance(noise, float) and math.isfinite(noise) and noise >= 0):
+        raise UsageError(f"--noise-sigma must be a finite number >= 0 ([0, 1] pixel units), got {noise}")
+    source = "--param" if args.param else task.source
+    return parse_task({"task": task.task, **params, "noise_sigma": float(noise)}, source)
+
+
+def resolve_sampler(args, bundle: ConfigBundle) -> SamplerSpec:
+    """The sampler of --config files, then --method, --preset, --set and --steps, validated."""
+    spec = bundle.sampler
+    if getattr(args, "method", None):
+        if args.method != spec.method:
+            spec = SamplerSpec(method=args.method, preset=spec.preset)
+        spec.provenance["method"] = "--method"
+    if getattr(args, "preset", None):
+        spec.preset = args.preset
+        spec.provenance["preset"] = "--preset"
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE (e.g. --set num_levels=10 or --set band.cutoff_start=0.5)")
+        spec.set(key.strip(), parse_scalar(value), "--set")
+    if getattr(args, "steps", None) is not None:
+        name = steps_field(spec.method)
+        if name is None:
+            raise UsageError(f"--steps is not supported for method {spec.method!r}; use --set FIELD=N")
+        if args.steps < 1:
+            raise UsageError(f"--steps must be >= 1, got {args.steps}")
+        spec.set(name, int(args.steps), "--steps")
+    spec.build()  # validates: ConfigError names the file / flag and the key
+    return spec
+
+
+class OperatorSource:
+    """Builds the operator of each image: per-image mask / kernel files when the task's
+    ``mask_path`` / ``kernel_path`` is a folder, else one file or none."""
+
+    def __init__(self, task: TaskConfig) -> None:
+        self.task = task
+        self.key = next((k for k in ("mask_path", "kernel_path") if k in task.params), None)
+        self.folder = Path(task.params[self.key]) if self.key and Path(task.params[self.key]).is_dir() else None
+
+    def factor(self) -> int:
+        return int(self.task.params.get("factor", 4)) if self.task.task.startswith("sr_") else 1
+
+    def files_for(self, name: str) -> Path | None:
+        if self.key is None:
+            return None
+        if self.folder is None:
+            return Path(self.task.params[self.key])
+        exts = (".npy", ".png", ".tif", ".tiff", ".bmp", ".jpg", ".jpeg")
+        found = match_file(self.folder, name, exts)
+        if found is None:
+            what = "mask" if self.key == "mask_path" else "kernel"
+            raise ValueError(f"no {what} for {name} in {self.folder} (looked for {Path(name).stem}.*)")
+        return found
+
+    def build(self, name: str, image_hw: tuple[int, int], seed: int = 0):
+        path = self.files_for(name)
+        params = dict(self.task.params)
+        if path is not None:
+            params[self.key] = str(path)
+        from ..operators import build_operator
+
+        return build_operator(self.task.task, image_size=image_hw, seed=seed, **params), path
+
+
+def check_operator_file(task: TaskConfig, flag_value: str | None) -> None:
+    """For inpaint_mask / deblur_kernel: the mask / kernel is given and, when it is one file (not
+    a folder of per-image files), loads. UsageError naming the flag (or config key) and the file."""
+    if task.task not in FILE_TASKS:
+        return
+    key, flag, what = FILE_TASKS[task.task]
+    value = task.params.get(key)
+    if not value:
+        raise UsageError(f"task {task.task!r} reads its {what} from a file: pass {flag} FILE|DIR "
+                         f"(or {key} in the task config)")
+    where = flag if flag_value else f"{task.source}: {key}"
+    path = Path(value)
+    if not path.exists():
+        raise UsageError(f"{where} {path}: no such file or folder")
+    if path.is_dir():
+        return  # per-image files: each is checked, and reported by name, with its image
+    from ..operators import load_kernel, load_mask
+
+    try:
+        (load_mask if key == "mask_path" else load_kernel)(path)
+    except (ValueError, TypeError, OSError) as e:
+        raise UsageError(f"{where}: {e}") from e

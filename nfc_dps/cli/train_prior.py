@@ -1,0 +1,38 @@
+"""``nfc-dps train-prior``: the wiring of :mod:`nfc_dps.training`, which owns the options
+(:mod:`nfc_dps.training.args`) and the run."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import EXIT_OK, Log, UsageError, parse_device, set_threads
+from .flags import common_flags
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``train-prior`` subcommand: the training package's arguments plus the common flags."""
+    from ..training.args import EXAMPLES, add_arguments
+
+    t = sub.add_parser("train-prior", help="train a diffusion prior on the package photos or your own images",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+                       description="Train an EDM denoiser (a prior folder for --prior) on CPU or GPU; resumable.")
+    add_arguments(t)
+    common_flags(t)
+    t.set_defaults(func=cmd_train_prior)
+
+
+def cmd_train_prior(args) -> int:
+    """Run ``train-prior``: :func:`nfc_dps.training.train_prior` with the parsed options."""
+    from ..training import TrainingError, train_prior
+    from ..training.args import config_from_args
+
+    set_threads(args.threads)
+    device = parse_device(args.device)
+    log = Log(args.quiet)
+    try:
+        train_prior(config_from_args(args, str(device), progress=not args.quiet), log=log.info, warn=log.error)
+    except TrainingError as e:
+        raise UsageError(str(e)) from e
+    except OSError as e:  # an export or log file that cannot be written (full disk, permissions)
+        raise UsageError(f"cannot write {e.filename or ''}: {e.strerror or e}; the last saved state is kept") from e
+    return EXIT_OK
