@@ -229,7 +229,7 @@ def restore(
             raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
         hook["timer"] = timer
     cfg = config if config is not None else get_config(method, preset, **overrides)
-    if num_samples > 1 and getattr(cfg, "is_deterministic", False):
+    if num_samples > 1 and cfg.is_deterministic:
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
                          f"the same); for posterior samples and a std map use preset='fast'")
 
@@ -252,7 +252,7 @@ def restore(
 
     counted = counting(prior)
     bar = None
-    total = getattr(cfg, "num_levels", None) or getattr(cfg, "num_steps", None)
+    total = cfg.steps
     if progress:
         from tqdm.auto import tqdm
 

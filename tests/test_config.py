@@ -211,3 +211,22 @@ def test_nested_override_keeps_daps_band_off_on_every_path():
     assert cfg.band.blend_start == 0.0 and cfg.band.cutoff_start == 0.5
     with pytest.raises(ValueError, match="band keys"):
         get_config("daps", "fast", band={"cutof_start": 0.5})
+
+
+def test_every_config_knows_its_nfe_steps_and_randomness():
+    """with_nfe / steps / is_deterministic are declared by every registered config (no sniffing)."""
+    from nfc_dps.samplers import METHODS, get_config
+
+    for name, m in METHODS.items():
+        for preset in m.presets:
+            cfg = get_config(name, preset)
+            for budget in (1, 2, 20, 36):
+                c = cfg.with_nfe(budget)
+                assert c.nfe == budget, (name, preset, budget)
+                assert 1 <= c.steps <= budget
+                assert type(c) is type(cfg) and c.is_deterministic == cfg.is_deterministic
+            with pytest.raises(ValueError, match="int >= 1"):
+                cfg.with_nfe(0)
+    assert get_config("nfc", "fast").with_nfe(20).steps == 10  # 10 levels x 2 predictor steps
+    assert get_config("daps", "fast").with_nfe(20).steps == 4  # 4 levels x 5
+    assert get_config("dpir").is_deterministic and not get_config("dps").is_deterministic

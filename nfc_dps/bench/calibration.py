@@ -98,7 +98,7 @@ def _stochastic_runs(budget: int, methods: Sequence[str]) -> list[tuple[str, Any
         if methods and name not in methods:
             continue
         cfg = method_config(name, "fast", budget)
-        if not getattr(cfg, "is_deterministic", False):
+        if not cfg.is_deterministic:
             out.append((name, cfg))
     return out
 

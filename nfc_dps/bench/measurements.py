@@ -112,10 +112,10 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
     x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(img, -1, 0)))[None].float()
     y = op.measure(x, spec.sigma_y, torch.Generator().manual_seed(meta["noise_seed"]))
     arrays = {"x": x[0].numpy(), "y": y[0].numpy()}
-    if getattr(op, "kernel", None) is not None:
-        arrays["kernel"] = op.kernel.numpy()
-    if getattr(op, "mask", None) is not None:
-        arrays["mask"] = op.mask[0, 0].numpy()
+    if op.blur_kernel() is not None:
+        arrays["kernel"] = op.blur_kernel().numpy()
+    if op.pixel_mask() is not None:
+        arrays["mask"] = op.pixel_mask().numpy()
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     atomic_write_bytes(npz, buf.getvalue())
@@ -128,7 +128,7 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
 
 def _measurement_view(op, y: Tensor) -> Tensor:
     """y shown at the image size (nearest upsampling for SR)."""
-    f = getattr(op, "factor", None)
+    f = op.downsampling_factor
     if f:
         return y.repeat_interleave(f, -2).repeat_interleave(f, -1).clamp(0, 1)
     return y.clamp(0, 1)

@@ -102,7 +102,7 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
         except Exception as e:  # noqa: BLE001 - a failing method is a row with a note, not a crashed benchmark
             msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
             for est in ests:
-                writer.write(result_row(spec, task.name, image, run, est, nfe=getattr(run.config, "nfe", 0), note=msg))
+                writer.write(result_row(spec, task.name, image, run, est, nfe=0 if run.config is None else run.config.nfe, note=msg))
             log(f"{label}: FAILED {msg}")
 
 

@@ -4,7 +4,6 @@ settings (:class:`BenchSpec`), and the grid's columns: each method at each NFE b
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,12 +122,9 @@ def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def method_config(method: str, preset: str, budget: int | None, overrides: dict[str, Any] | None = None) -> Any:
-    """The sampler config of ``method`` at ``preset`` with NFE ``budget``.
-
-    NFC/DAPS: ode_steps = the largest divisor of the budget not above the preset's ode_steps,
-    num_levels = budget / ode_steps (so NFE = budget exactly: 20 -> 4 x 5, 2 -> 1 x 2).
-    Peers: num_steps = budget. ``budget=None`` keeps the preset.
-    """
+    """The sampler config of ``method`` at ``preset`` with NFE ``budget`` (the config's own
+    ``with_nfe``: NFC/DAPS split it into levels x predictor steps, the peers take num_steps =
+    budget). ``budget=None`` keeps the preset."""
     from ..samplers import get_config
 
     cfg = get_config(method, preset, **_nested(overrides or {}))
@@ -136,10 +132,7 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
         return cfg
     if budget < 1:
         raise ValueError(f"NFE budgets must be >= 1, got {budget}")
-    if hasattr(cfg, "ode_steps"):
-        steps = max(d for d in range(1, min(cfg.ode_steps, budget) + 1) if budget % d == 0)
-        return dataclasses.replace(cfg, ode_steps=steps, num_levels=budget // steps)
-    return dataclasses.replace(cfg, num_steps=budget)
+    return cfg.with_nfe(budget)
 
 
 def method_runs(spec: BenchSpec) -> list[MethodRun]:
@@ -166,15 +159,16 @@ def not_applicable(run: MethodRun, op) -> str | None:
 
     if run.method in CLASSICAL_METHODS:
         return applicable(run.method, op)
-    if run.method == "ddrm" and not (getattr(op, "is_circulant", False) or getattr(op, "mask", None) is not None):
+    if run.method == "ddrm" and op.diagonal_basis is None:
+        boundary = op.describe().get("boundary")
         return f"DDRM needs a diagonalisable operator (circulant blur, inpainting, denoising); {type(op).__name__}" \
-               f"{' (' + op.boundary + ' boundary)' if hasattr(op, 'boundary') else ''} is not"
+               f"{f' ({boundary} boundary)' if boundary else ''} is not"
     return None
 
 
 def estimators(run: MethodRun, samples: int) -> list[str]:
     """The estimator rows of a column: deterministic, or a sample plus the mean of ``samples`` when > 1."""
-    if run.method in CLASSICAL_METHODS or getattr(run.config, "is_deterministic", False):
+    if run.method in CLASSICAL_METHODS or run.config.is_deterministic:
         return ["deterministic"]
     return ["sample"] + ([f"mean{samples}"] if samples > 1 else [])
 

@@ -174,7 +174,7 @@ def cmd_restore(args) -> int:
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
     if seed < 0 or samples < 1:
         raise UsageError(f"--seed must be >= 0 and --samples >= 1, got {seed}, {samples}")
-    if samples > 1 and getattr(spec.build(), "is_deterministic", False):
+    if samples > 1 and spec.build().is_deterministic:
         raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
                          f"would be the same); for posterior samples and a std map add --preset fast")
     out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []))

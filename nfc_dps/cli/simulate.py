@@ -91,17 +91,16 @@ def cmd_simulate(args) -> int:
                        "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
                 nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
                 nio.write_image(out / rec["measurement"], to_numpy(y), args.bit_depth)
-                kernel = getattr(op, "kernel", None)
+                kernel = op.blur_kernel()
                 if kernel is not None:
                     k = kernel.detach().cpu().double().numpy()
-                    k = k.reshape(k.shape[-2:])
                     nio.atomic_write_bytes(out / f"kernels/{stem}.npy", npy_bytes(k))
                     nio.write_image(out / f"kernels/{stem}.png", k / k.max(), 16)  # a picture; the .npy is exact
                     rec["kernel"] = f"kernels/{stem}.npy"
                     any_kernel = True
-                mask = getattr(op, "mask", None)
+                mask = op.pixel_mask()
                 if mask is not None:
-                    m = mask.detach().cpu().numpy().reshape(mask.shape[-2:])
+                    m = mask.detach().cpu().numpy()
                     nio.write_image(out / f"masks/{stem}.png", m, 8)
                     rec["mask"] = f"masks/{stem}.png"
                     any_mask = True

@@ -27,6 +27,38 @@ Callback = Callable[[dict[str, Any]], None] | None
 MIN_LIKELIHOOD_SIGMA = 1e-3
 
 
+class StepConfig:
+    """What every sampler config tells its callers: its NFE, its number of steps (callback calls,
+    the progress bar's length), whether it draws anything at random, and itself at another NFE
+    budget. This base serves the configs with one network call per ``num_steps`` step; NFC's
+    config overrides all four."""
+
+    num_steps: int
+
+    @property
+    def nfe(self) -> int:
+        """Network evaluations per chain."""
+        return self.num_steps
+
+    @property
+    def steps(self) -> int:
+        """Sampler steps per chain (the callback is called once per step)."""
+        return self.num_steps
+
+    @property
+    def is_deterministic(self) -> bool:
+        """True when the sampler draws no random number: K samples would be K copies."""
+        return False
+
+    def with_nfe(self, budget: int):
+        """This config with NFE = ``budget`` (>= 1)."""
+        from dataclasses import replace
+
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"an NFE budget must be an int >= 1, got {budget!r}")
+        return replace(self, num_steps=budget)
+
+
 class CountingPrior(Prior):
     """Wraps a prior and counts its network evaluations (one batched call = 1 NFE per image)."""
 

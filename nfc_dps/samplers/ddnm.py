@@ -41,14 +41,14 @@ from ..frequency import fourier_filter
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
-from .common import (Callback, Generators, check_step_settings, counting, ddim_step, sigma_vector, to_image_units,
+from .common import (StepConfig, Callback, Generators, check_step_settings, counting, ddim_step, sigma_vector, to_image_units,
                      to_model_units)
 
 CORRECTIONS = ("prox", "scaled")
 
 
 @dataclass(frozen=True)
-class DDNMConfig:
+class DDNMConfig(StepConfig):
     """DDNM+ settings; every field is a YAML key.
 
     num_steps: denoiser calls = NFE (DDNM: 100).
@@ -77,9 +77,6 @@ class DDNMConfig:
         if self.correction not in CORRECTIONS:
             raise ValueError(f"correction must be one of {CORRECTIONS}, got {self.correction!r}")
 
-    @property
-    def nfe(self) -> int:
-        return self.num_steps
 
 
 #: "paper": DDNM+ as published (scalar rule), 100 NFE, eta 0.85, no time-travel.

@@ -26,11 +26,11 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
-from .common import Callback, Generators, check_step_settings, counting, sigma_vector, to_image_units, to_model_units
+from .common import StepConfig, Callback, Generators, check_step_settings, counting, sigma_vector, to_image_units, to_model_units
 
 
 @dataclass(frozen=True)
-class DDRMConfig:
+class DDRMConfig(StepConfig):
     """DDRM settings; every field is a YAML key.
 
     num_steps: denoiser calls = NFE (DDRM: 20).
@@ -55,9 +55,6 @@ class DDRMConfig:
         if not (math.isfinite(self.singular_cutoff) and self.singular_cutoff >= 0):
             raise ValueError(f"singular_cutoff must be finite and >= 0, got {self.singular_cutoff!r}")
 
-    @property
-    def nfe(self) -> int:
-        return self.num_steps
 
 
 #: "paper": DDRM's 20 NFE, eta 0.85, eta_b 1. "fast": 100 NFE.

@@ -35,11 +35,11 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
-from .common import Callback, Generators, counting, ddim_step, sigma_vector, to_image_units, to_model_units
+from .common import StepConfig, Callback, Generators, counting, ddim_step, sigma_vector, to_image_units, to_model_units
 
 
 @dataclass(frozen=True)
-class DiffPIRConfig:
+class DiffPIRConfig(StepConfig):
     """DiffPIR settings; every field is a YAML key.
 
     num_steps: denoiser calls = NFE (paper: 100; 20 for inpainting).
@@ -72,9 +72,6 @@ class DiffPIRConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
 
-    @property
-    def nfe(self) -> int:
-        return self.num_steps
 
 
 #: "paper": the deblur script's setting, 100 NFE (quad skip, lambda 7 -> lam 1.75, zeta 0.3).

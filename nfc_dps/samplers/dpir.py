@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..operators.base import LinearOperator
 from ..priors.base import Prior
-from .common import (START_ESTIMATES, Callback, Generators, counting, initial_estimate, sigma_vector, to_image_units,
+from .common import (StepConfig, START_ESTIMATES, Callback, Generators, counting, initial_estimate, sigma_vector, to_image_units,
                      to_model_units)
 
 #: DPIR's first noise level, 49/255 in [0, 1] units, in model units
@@ -34,7 +34,7 @@ DPIR_SIGMA_MAX = 2 * 49 / 255
 
 
 @dataclass(frozen=True)
-class DPIRConfig:
+class DPIRConfig(StepConfig):
     """DPIR settings; every field is a YAML key (sigmas in [-1, 1] model units).
 
     num_steps: HQS iterations = denoiser calls = NFE (DPIR: 8).
@@ -67,9 +67,6 @@ class DPIRConfig:
         if self.start not in START_ESTIMATES or self.start == "wiener":
             raise ValueError(f"start must be one of {[s for s in START_ESTIMATES if s != 'wiener']}, got {self.start!r}")
 
-    @property
-    def nfe(self) -> int:
-        return self.num_steps
 
     @property
     def is_deterministic(self) -> bool:

@@ -41,7 +41,7 @@ from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
-from .common import Callback, Generators, counting, sigma_vector, to_image_units, to_model_units
+from .common import StepConfig, Callback, Generators, counting, sigma_vector, to_image_units, to_model_units
 
 # ---------------------------------------------------------------------------------------------
 # DPS
@@ -52,7 +52,7 @@ BANDS = ("none", "linear", "exponential")
 
 
 @dataclass(frozen=True)
-class DPSConfig:
+class DPSConfig(StepConfig):
     """DPS settings; every field is a YAML key.
 
     num_steps: ancestral steps = NFE (each with one backprop through the network). Paper: 1000.
@@ -96,9 +96,6 @@ class DPSConfig:
         if not 0 <= self.band_start <= self.band_end:
             raise ValueError(f"need 0 <= band_start <= band_end, got band_start={self.band_start!r}, band_end={self.band_end!r}")
 
-    @property
-    def nfe(self) -> int:
-        return self.num_steps
 
     def band_cutoff(self, t: float) -> float:
         """FGPS disk radius (fraction of the corner frequency) at DDPM timestep t (999 -> 0)."""

@@ -38,7 +38,7 @@ from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
-from .common import (
+from .common import (StepConfig, 
     Callback,
     Generators,
     START_ESTIMATES,
@@ -70,7 +70,7 @@ PhaseTimer = Callable[[str], ContextManager[Any]]
 
 
 @dataclass(frozen=True)
-class NFCConfig:
+class NFCConfig(StepConfig):
     """NFC / DAPS settings; every field is a YAML key (sigmas in [-1, 1] model units).
 
     num_levels: N annealing levels. ode_steps: n Euler steps of the predictor (NFE = N * n).
@@ -162,7 +162,21 @@ class NFCConfig:
 
     @property
     def nfe(self) -> int:
+        """Network evaluations per chain: levels x predictor steps."""
         return self.num_levels * self.ode_steps
+
+    @property
+    def steps(self) -> int:
+        """Levels per chain (the callback is called once per level)."""
+        return self.num_levels
+
+    def with_nfe(self, budget: int) -> "NFCConfig":
+        """This config with NFE = ``budget``: ode_steps = the largest divisor of the budget not above
+        the current ode_steps, num_levels = budget / ode_steps (20 -> 4 x 5, 2 -> 1 x 2)."""
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"an NFE budget must be an int >= 1, got {budget!r}")
+        steps = max(d for d in range(1, min(self.ode_steps, budget) + 1) if budget % d == 0)
+        return replace(self, ode_steps=steps, num_levels=budget // steps)
 
     @property
     def is_deterministic(self) -> bool:
