@@ -744,3 +744,78 @@ def test_sigkill_mid_folder_then_resume(tmp_path, prior_dir):
     assert main([*argv[:4], str(fresh), *argv[5:]]) == 0
     for i in range(5):
         np.testing.assert_array_equal(read_image(out / f"im{i}.png")[0], read_image(fresh / f"im{i}.png")[0])
+
+
+# ---------------------------------------------------------------- torchrun sharding
+
+
+def _torchrun_restore(nproc: int, argv: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           "-m", "nfc_dps", *argv]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_restore_under_torchrun_equals_one_process_and_resumes(tmp_path, prior_dir):
+    """2 gloo processes give byte-identical images and the same records as 1 process; a rerun
+    skips everything; the shards of an interrupted sharded run are merged into the manifest."""
+    inp = tmp_path / "in"
+    make_images(inp, 5)
+    (inp / "broken.png").write_bytes(b"not a png")
+    base = ["restore", "-i", str(inp), "--task", "deblur_gaussian", "--prior", prior_dir, "--steps", "2", "--quiet"]
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    assert main(base + ["-o", str(single), "--threads", "1"]) == 1  # broken.png fails: exit 1
+    p = _torchrun_restore(2, base + ["-o", str(sharded), "--threads", "1"])
+    assert p.returncode != 0 and "broken.png" in p.stderr, p.stderr[-3000:]  # the failure is reported, exit 1
+    for i in range(5):
+        assert (single / f"im{i}.png").read_bytes() == (sharded / f"im{i}.png").read_bytes(), i
+    volatile = ("seconds",)
+    strip = [{k: v for k, v in r.items() if k not in volatile} for r in rows(single)]
+    assert [{k: v for k, v in r.items() if k not in volatile} for r in rows(sharded)] == strip
+    m1 = json.loads((single / "manifest.json").read_text())["images"]
+    m2 = json.loads((sharded / "manifest.json").read_text())["images"]
+    assert sorted(m1) == sorted(m2) == [f"im{i}.png" for i in range(5)]
+    assert all(m1[n]["key"] == m2[n]["key"] for n in m1)
+    summary = json.loads((sharded / "summary.json").read_text())
+    assert summary["complete"] and summary["counts"] == {"images": 6, "restored": 5, "skipped_done_before": 0,
+                                                         "failed": 1}
+    assert not (sharded / ".shards").exists() or not list((sharded / ".shards").iterdir())
+    assert not (sharded / LOCK_FILE).exists()
+
+    # resume under torchrun: every image skipped, nothing rewritten
+    stamps = {n: (sharded / n).stat().st_mtime_ns for n in m2}
+    p = _torchrun_restore(2, base + ["-o", str(sharded), "--threads", "1"])
+    assert {r["name"]: r["status"] for r in rows(sharded)} == {**{n: "skipped" for n in m2}, "broken.png": "failed"}
+    assert {n: (sharded / n).stat().st_mtime_ns for n in m2} == stamps
+
+    # a sharded run killed before its merge leaves shards: the next run (any size) folds them in
+    shards = sharded / ".shards"
+    shards.mkdir(exist_ok=True)
+    names = sorted(m2)
+    for rank in (0, 1):
+        mine = names[rank::2]
+        (shards / f"rank{rank}.json").write_text(json.dumps({"names": mine, "images": {n: m2[n] for n in mine},
+                                                             "rows": []}))
+    (sharded / "manifest.json").unlink()
+    assert main(base + ["-o", str(sharded), "--threads", "1"]) == 1
+    assert {r["name"]: r["status"] for r in rows(sharded)} == {**{n: "skipped" for n in m2}, "broken.png": "failed"}
+    assert {n: (sharded / n).stat().st_mtime_ns for n in m2} == stamps
+    assert not list(shards.glob("rank*.json"))
+
+
+def test_a_second_run_is_refused_on_every_rank(tmp_path, prior_dir):
+    """The folder lock holds for a torchrun group: a live run's lock refuses both ranks (exit 2)."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 2)
+    out.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK_FILE).write_text(str(other.pid))
+        p = _torchrun_restore(2, ["restore", "-i", str(inp), "-o", str(out), "--task", "denoise",
+                                  "--prior", prior_dir, "--steps", "1", "--quiet"])
+    finally:
+        other.kill()
+        other.wait()
+    assert p.returncode != 0
+    assert p.stderr.count(f"pid {other.pid}") >= 2, p.stderr[-3000:]  # both ranks say why
+    assert not list(out.glob("*.png"))

@@ -28,7 +28,7 @@ Modules:
 - ``instruments``: machine description, peak memory, LPIPS, a row's metrics, PNG output;
 - ``tables``: results.csv columns, part files, their merge, summary.md;
 - ``plots``: grid.png, psnr_vs_nfe.png, bars.png;
-- ``runner``: the grid's run, one (task, image) job, torchrun sharding (``Dist``);
+- ``runner``: the grid's run, one (task, image) job, torchrun sharding (``nfc_dps.distributed``);
 - ``oracle``: the Gaussian-oracle protocol; ``mixture``: the Gaussian-mixture protocol;
 - ``profiling``: time per NFE against the bare network, phases from the NFC sampler's timer hook;
 - ``cli``: the command line (``main``, ``build_parser``, ``run_from_args``).

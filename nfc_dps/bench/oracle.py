@@ -17,7 +17,8 @@ from torch import Tensor
 from ..api import stable_seed
 from ..io import atomic_write_text
 from .instruments import machine_description
-from .runner import init_distributed, resolve_device, spec_json
+from ..distributed import init_distributed, resolve_device
+from .runner import spec_json
 from .spec import BenchSpec
 from .tables import PartWriter, all_rows, fmt, group_rows, mean_std, merge_results, numbers, row_key
 

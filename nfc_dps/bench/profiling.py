@@ -18,7 +18,8 @@ from torch import Tensor
 from ..io import atomic_write_text
 from .instruments import machine_description
 from .measurements import load_images, measurement
-from .runner import Dist, init_distributed, load_bench_prior, prior_record, resolve_device
+from ..distributed import Dist, init_distributed, resolve_device
+from .runner import load_bench_prior, prior_record
 from .spec import DIFFUSION_METHODS, BenchSpec, method_config, task_specs
 
 

@@ -8,16 +8,15 @@ import copy
 import dataclasses
 import datetime
 import json
-import os
 import platform
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from ..distributed import Dist, init_distributed, resolve_device
 from ..io import atomic_write_text
 from ..priors.default import prior_identity
 from .instruments import PeakMemory, lpips_status, machine_description, row_metrics, save_png
@@ -104,57 +103,6 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
             for est in ests:
                 writer.write(result_row(spec, task.name, image, run, est, nfe=0 if run.config is None else run.config.nfe, note=msg))
             log(f"{label}: FAILED {msg}")
-
-
-@dataclass
-class Dist:
-    """This process's place under torchrun: rank, world size, local rank, and whether a process group is up."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    initialised: bool = False
-
-    def barrier(self) -> None:
-        if self.initialised:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-
-def init_distributed(device: str) -> Dist:
-    """Read RANK / WORLD_SIZE / LOCAL_RANK (torchrun); init gloo (CPU) or NCCL (CUDA) if WORLD_SIZE > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    d = Dist(rank, world, local)
-    if world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            backend = "nccl" if device.startswith("cuda") else "gloo"
-            kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(hours=48)}
-            if backend == "nccl":
-                torch.cuda.set_device(local)
-                kwargs["device_id"] = torch.device("cuda", local)
-            try:
-                dist.init_process_group(**kwargs)
-            except TypeError:  # older torch without device_id
-                kwargs.pop("device_id", None)
-                dist.init_process_group(**kwargs)
-        d.initialised = True
-    return d
-
-
-def resolve_device(name: str, d: Dist) -> torch.device:
-    """The device of --device for this rank (auto: CUDA when available; a rank's GPU is local_rank mod count)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda but CUDA is not available")
-        return torch.device("cuda", d.local_rank % max(1, torch.cuda.device_count()))
-    return torch.device(name)
 
 
 def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, str]]:

@@ -89,6 +89,28 @@ def cannot_write(e: OSError) -> str:
     return f"cannot write {e.filename or 'an output file'}: {e.strerror or e}"
 
 
+@contextlib.contextmanager
+def run_lock(folder: Path, dist):
+    """:func:`folder_lock` for a whole torchrun group (``dist``: a :class:`~nfc_dps.distributed.Dist`):
+    rank 0 takes the lock and tells the other ranks whether it got it, so a second run is refused
+    on every rank alike. Rank 0 holds it until its block ends (after the ranks' final barrier)."""
+    if dist.world == 1:
+        with folder_lock(folder):
+            yield
+        return
+    with contextlib.ExitStack() as stack:
+        error = None
+        if dist.rank == 0:
+            try:
+                stack.enter_context(folder_lock(folder))
+            except UsageError as e:
+                error = str(e)
+        error = dist.broadcast(error)
+        if error is not None:
+            raise UsageError(error)
+        yield
+
+
 class OutputError(Exception):
     """An output cannot be written for a reason that will not go away with the next image (full
     disk, quota, read-only folder): the run stops, keeping what is done."""

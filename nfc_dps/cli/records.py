@@ -1,6 +1,12 @@
 """The records a ``restore`` run keeps in its output folder: manifest.json (the finished images,
 each with its key and outputs: a rerun skips them), results.csv (one row per image) and
-summary.json (counts, mean metrics, failures, every row), all written atomically."""
+summary.json (counts, mean metrics, failures, every row), all written atomically.
+
+Under ``torchrun`` each rank restores its share of the files and keeps its progress in
+``.shards/rank<r>.json`` (the manifest entries of its files and its rows); at the end rank 0
+merges every shard into the three files and removes the shards. A run killed before that leaves
+its shards: the next run merges them into manifest.json first (:func:`merge_leftover_shards`), so
+what was finished is skipped."""
 
 from __future__ import annotations
 
@@ -14,12 +20,13 @@ import numpy as np
 
 from .. import io as nio
 from ..config import package_versions
-from .common import Log
+from .common import Log, UsageError
 from .outputs import OutputError
 
 MANIFEST = "manifest.json"
 RESULTS_CSV = "results.csv"
 SUMMARY_JSON = "summary.json"
+SHARD_DIR = ".shards"
 RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "nfe", "seconds",
                  "size", "alpha", "error"]
 
@@ -43,17 +50,20 @@ class RunRecords:
     ``about``: the run's settings, in summary.json after "command" and "complete" (input, output,
     task, method, ...); ``std_png_scale``: recorded when std maps are written (else None);
     ``overwrite``: start from an empty manifest. ``images`` maps an input's name to its manifest
-    entry; ``rows`` are the results rows (done, skipped or failed), in any order.
+    entry; ``rows`` are the results rows (done, skipped or failed), in any order. ``shard``: this
+    rank's number under torchrun, its progress then goes to ``.shards/rank<shard>.json`` and
+    :meth:`merge_shards` (rank 0) writes the folder's files; ``shard_names``: the inputs it owns.
     """
 
     def __init__(self, out: Path, log: Log, about: dict[str, Any], std_png_scale: float | None,
-                 overwrite: bool) -> None:
+                 overwrite: bool, shard: int | None = None, shard_names: list[str] | None = None) -> None:
         self.out, self.log, self.about, self.std_png_scale = out, log, about, std_png_scale
         self.t0 = time.perf_counter()
         self.manifest_path = out / MANIFEST
         self.manifest = self._load_manifest(overwrite)
         self.rows: list[dict[str, Any]] = []
         self._next_save = 0.0
+        self.shard, self.shard_names = shard, list(shard_names or [])
 
     @property
     def images(self) -> dict[str, Any]:
@@ -92,7 +102,13 @@ class RunRecords:
         self._next_save = time.perf_counter() + 20 * (time.perf_counter() - now)
 
     def write(self, final: bool) -> None:
-        """manifest.json, results.csv, summary.json; an OSError (full disk) propagates naming the file."""
+        """manifest.json, results.csv, summary.json (or this rank's shard file); an OSError (full
+        disk) propagates naming the file."""
+        if self.shard is not None:
+            mine = {n: self.images[n] for n in self.shard_names if n in self.images}
+            nio.write_json(shard_path(self.out, self.shard), {"names": self.shard_names, "images": mine,
+                                                              "rows": self.rows})
+            return
         nio.write_json(self.manifest_path, self.manifest)
         rows = sorted(self.rows, key=lambda r: (r["index"] if isinstance(r["index"], int) else 1 << 30, r["name"]))
         nio.write_csv(self.out / RESULTS_CSV, rows, RESULT_FIELDS)
@@ -124,3 +140,79 @@ class RunRecords:
             "versions": package_versions(),
             "images": rows,
         }
+
+    def merge_shards(self, world: int) -> None:
+        """Rank 0, after every rank saved its shard: fold the shards' entries and rows into this
+        record, write manifest.json, results.csv and summary.json, and remove the shard files."""
+        self.shard = None
+        self.rows = []
+        for rank in range(world):
+            data = read_shard(self.out, rank)
+            if data is None:
+                raise UsageError(f"{shard_path(self.out, rank)} is missing or unreadable: rank {rank} did not finish; "
+                                 f"rerun the same command to resume")
+            _fold(self.images, data)
+            self.rows += data["rows"]
+        self.save(final=True)
+        for rank in range(world):
+            shard_path(self.out, rank).unlink(missing_ok=True)
+
+
+def shard_path(out: Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its progress."""
+    return out / SHARD_DIR / f"rank{rank}.json"
+
+
+def read_shard(out: Path, rank: int) -> dict[str, Any] | None:
+    """A shard file's content, or None when it is missing or unreadable (a rank killed mid-write
+    leaves the previous, complete version: writes are atomic)."""
+    try:
+        data = json.loads(shard_path(out, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("names"), list) and isinstance(data.get("images"), dict)
+    return data if ok else None
+
+
+def _fold(images: dict[str, Any], shard: dict[str, Any]) -> None:
+    """Apply a shard to manifest entries: its names take the shard's entry, or none if it has none."""
+    for name in shard["names"]:
+        if name in shard["images"]:
+            images[name] = shard["images"][name]
+        else:
+            images.pop(name, None)
+
+
+def merge_leftover_shards(out: Path, log: Log) -> int:
+    """Fold the shards a killed sharded run left in ``out`` into manifest.json and remove them;
+    returns how many were merged (0: nothing to do)."""
+    folder = out / SHARD_DIR
+    files = sorted(folder.glob("rank*.json")) if folder.is_dir() else []
+    if not files:
+        return 0
+    manifest_path = out / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    except (OSError, ValueError):
+        manifest = {}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("images"), dict):
+        manifest = {"kind": "nfc_dps.manifest", "images": {}}
+    merged = 0
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("names"), list) and isinstance(data.get("images"), dict):
+            _fold(manifest["images"], data)
+            merged += 1
+        else:
+            log.error(f"warning: ignoring unreadable {f} (its images are redone)")
+    try:
+        nio.write_json(manifest_path, manifest)
+        for f in files:
+            f.unlink(missing_ok=True)
+    except OSError as e:
+        raise OutputError(e) from e
+    log.info(f"merged the progress of {merged} rank(s) of an interrupted sharded run into {manifest_path}")
+    return merged

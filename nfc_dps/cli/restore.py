@@ -17,13 +17,14 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import io as nio
+from ..distributed import Dist, init_distributed
 from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
                      STD_PNG_SCALE, Log, UsageError, failure_reason, image_metrics, image_seed, match_file,
                      open_prior, parse_device, prior_key, set_threads, sha256_file, sha256_json, to_numpy)
 from .flags import common_flags, precision_flag, task_flags
-from .outputs import OutputError, cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
-from .records import SUMMARY_JSON, RunRecords, outputs_ok
+from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
+from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
 
 
@@ -179,10 +180,20 @@ def cmd_restore(args) -> int:
                          f"would be the same); for posterior samples and a std map add --preset fast")
     out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []))
     device = parse_device(args.device)
+    dist = init_distributed(str(device))
+    if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
+        import torch
+
+        device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+    if dist.rank > 0:  # one voice for the progress and the summary; every rank still reports its failures
+        log = Log(quiet=True)
     set_threads(args.threads)
 
-    with folder_lock(out):
-        nio.remove_stale_temp_files(out)
+    with run_lock(out, dist):
+        if dist.rank == 0:
+            nio.remove_stale_temp_files(out)
+            merge_leftover_shards(out, log)
+        dist.barrier()  # every rank reads the complete manifest
         if inp.is_dir():
             images, others = nio.list_folder(inp)
         else:
@@ -196,14 +207,19 @@ def cmd_restore(args) -> int:
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
                                  ground_truth=str(gt_dir.resolve()) if gt_dir else None, batch_size=args.batch_size,
                                  max_batch=args.max_batch)
-        try:
-            nio.write_json(out / RESOLVED_JSON, record)
-        except OSError as e:
-            raise UsageError(cannot_write(e)) from e
-        run = RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir)
+        if dist.rank == 0:
+            try:
+                nio.write_json(out / RESOLVED_JSON, record)
+            except OSError as e:
+                raise UsageError(cannot_write(e)) from e
         names = [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
         items = [Item(i, p, names[i], stems[i], image_seed(seed, names[i])) for i, p in enumerate(images)]
-        return run.run(items, others)
+        # torchrun: rank r restores the r-th, (r + world)-th, ... file of the sorted list; the
+        # results do not depend on the rank (each image's seed comes from its name)
+        mine = items[dist.rank::dist.world]
+        run = RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir, dist,
+                         [it.name for it in mine])
+        return run.run(mine, others if dist.rank == 0 else [], total=len(items))
 
 
 class RestoreRun:
@@ -211,7 +227,8 @@ class RestoreRun:
     same-sized images through restore() (:meth:`_restore_jobs`), their outputs, and the run's
     records (:class:`~nfc_dps.cli.records.RunRecords`)."""
 
-    def __init__(self, args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir) -> None:
+    def __init__(self, args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir,
+                 dist: Dist | None = None, names: list[str] | None = None) -> None:
         self.args, self.log, self.task, self.spec, self.cfg = args, log, task, spec, cfg
         self.prior, self.device, self.seed, self.samples = prior, device, seed, samples
         self.out, self.inp, self.gt_dir = out, inp, gt_dir
@@ -224,7 +241,10 @@ class RestoreRun:
                  "task": task.as_dict(), "method": spec.method, "preset": spec.resolved_preset,
                  "noise_sigma": task.noise_sigma, "seed": seed, "per_image_seed": PER_IMAGE_SEED,
                  "num_samples": samples}
-        self.records = RunRecords(out, log, about, STD_PNG_SCALE if samples > 1 else None, args.overwrite)
+        self.dist = dist or Dist()
+        sharded = self.dist.world > 1
+        self.records = RunRecords(out, log, about, STD_PNG_SCALE if samples > 1 else None, args.overwrite,
+                                  shard=self.dist.rank if sharded else None, shard_names=names)
         self.batch_size, self.max_batch = args.batch_size, args.max_batch
         self.bar: Any = None
 
@@ -239,17 +259,20 @@ class RestoreRun:
         elif row.get("error"):
             self.log.error(f"warning {row['name']}: {row['error']}")
 
-    def run(self, items: list[Item], others: list[Path]) -> int:
+    def run(self, items: list[Item], others: list[Path], total: int | None = None) -> int:
+        """Restore ``items`` (this rank's share of ``total`` images), record ``others`` (unusable
+        files) as failed; under torchrun merge every rank's records at the end. The exit status."""
         from tqdm.auto import tqdm
 
         for p in others:
             self.records.rows.append({"index": "", "name": p.name, "status": "failed", "seed": "",
                               "error": nio.unusable_reason(p)})
             self.log.error(f"FAILED {p.name}: {self.records.rows[-1]['error']}")
-        self.log.info(f"restoring {len(items)} image(s) from {self.inp} -> {self.out} "
+        shards = f" over {self.dist.world} processes" if self.dist.world > 1 else ""
+        self.log.info(f"restoring {len(items) if total is None else total} image(s){shards} from {self.inp} -> {self.out} "
                       f"[{self.task.task}, {self.spec.method}/{self.spec.resolved_preset}, noise_sigma={self.task.noise_sigma}, "
                       f"seed {self.seed} (per image: a hash of it and the file name)]")
-        self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.args.quiet, dynamic_ncols=True)
+        self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.log.quiet, dynamic_ncols=True)
         pending: dict[tuple, list[Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
         try:
             for item in items:
@@ -275,9 +298,13 @@ class RestoreRun:
                              f"the same command to resume") from e
         finally:
             self.bar.close()
-        failed = [r for r in self.records.rows if r["status"] == "failed"]
-        problems = [r for r in self.records.rows if r["status"] != "failed" and r.get("error")]
+        if self.dist.world > 1:
+            self.dist.barrier()  # every shard saved
+            if self.dist.rank == 0:
+                self.records.merge_shards(self.dist.world)
+            self.dist.barrier()  # summary.json holds every rank's rows
         summary = json.loads((self.out / SUMMARY_JSON).read_text())
+        failed, problems = summary["failures"], summary["problems"]
         counts = summary["counts"]
         msg = (f"{counts['restored']} restored, {counts['skipped_done_before']} already done, "
                f"{counts['failed']} failed -> {self.out}")

@@ -1,0 +1,80 @@
+"""This process's place under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK), shared by the benchmark
+harness and ``nfc-dps restore``: gloo on CPU, NCCL on GPUs; a single process needs no process group.
+
+Work is dealt over ranks by the callers (the harness by (task, image) job, ``restore`` by file);
+this module only starts the group and moves small Python objects between ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Dist", "init_distributed", "resolve_device"]
+
+
+@dataclass
+class Dist:
+    """Rank, world size, local rank, and whether a process group is up (world > 1)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    initialised: bool = False
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op in a single process)."""
+        if self.initialised:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank (a picklable Python object; no-op in a single process)."""
+        if not self.initialised:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+
+def init_distributed(device: str) -> Dist:
+    """Read RANK / WORLD_SIZE / LOCAL_RANK (torchrun); init gloo (CPU) or NCCL (CUDA) if WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    d = Dist(rank, world, local)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if str(device).startswith("cuda") else "gloo"
+            kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(hours=48)}
+            if backend == "nccl":
+                torch.cuda.set_device(local)
+                kwargs["device_id"] = torch.device("cuda", local)
+            try:
+                dist.init_process_group(**kwargs)
+            except TypeError:  # older torch without device_id
+                kwargs.pop("device_id", None)
+                dist.init_process_group(**kwargs)
+        d.initialised = True
+    return d
+
+
+def resolve_device(name: str, d: Dist) -> torch.device:
+    """The device of ``name`` for this rank (auto: CUDA when available; a bare "cuda" is the rank's
+    GPU, local_rank mod the GPU count)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda but CUDA is not available")
+        return torch.device("cuda", d.local_rank % max(1, torch.cuda.device_count()))
+    return torch.device(name)
