@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "run_calibration",
-           "calibration_markdown", "reliability_plot"]
+           "calibration_markdown", "reliability_plot", "read_calibration_csv"]
 
 #: the widths c (in sample stds) of the reliability curve; 1 and 2 are the table's
 WIDTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 31))
@@ -242,6 +242,14 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
     return rows
 
 
+def read_calibration_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of an OUT/calibration.csv (numbers parsed), e.g. to redraw the plot."""
+    with open(path, newline="") as f:
+        return [{"setting": r["setting"], "method": r["method"], "budget": int(r["budget"]), "k": int(r["k"]),
+                 "width": float(r["width"]), "observed": float(r["observed"]), "expected": float(r["expected"])}
+                for r in csv.DictReader(f)]
+
+
 def _mean_rows(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Row-wise mean of ``observed`` over equally laid out row lists (one per image)."""
     return [{**rs[0], "observed": float(np.mean([r["observed"] for r in rs]))} for rs in zip(*parts)]
@@ -287,8 +295,9 @@ def calibration_markdown(rows: list[dict[str, Any]], header: dict[str, Any]) -> 
 
 
 def reliability_plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    """Observed against expected coverage over the widths, one panel per setting, K = all chains.
-    Returns False (and draws nothing) when matplotlib is not installed."""
+    """Observed against expected coverage over the widths, one panel per setting, K = all chains
+    (a colour per method, a line style per NFE budget). Returns False (and draws nothing) when
+    matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
@@ -302,14 +311,20 @@ def reliability_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     ncol = min(3, len(settings))
     nrow = math.ceil(len(settings) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 3.8 * nrow), squeeze=False)
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "exact"]
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    budgets = sorted({r["budget"] for r in rows if r["method"] != "exact"})
+    styles = {b: ("-", ":", "-.", "--")[i % 4] for i, b in enumerate(budgets)}  # NFE budget -> line style
     for ax, s in zip(axes.flat, settings):
         runs = list(dict.fromkeys((r["method"], r["budget"]) for r in rows if r["setting"] == s))
         for method, budget in runs:
             pts = [(r["expected"], r["observed"]) for r in rows
                    if r["setting"] == s and r["method"] == method and r["budget"] == budget and r["k"] == k]
             e, o = zip(*pts)
-            label = method if method == "exact" else f"{method} @{budget}"
-            ax.plot(e, o, "k--" if method == "exact" else "-", lw=1.5 if method == "exact" else 1, label=label)
+            if method == "exact":
+                ax.plot(e, o, "k--", lw=1.5, label="exact")
+            else:
+                ax.plot(e, o, styles[budget], color=colours[method], lw=1.1, label=f"{method} @{budget}")
         ax.plot([0, 1], [0, 1], color="0.7", lw=0.8)
         ax.set_title(s, fontsize=9)
         ax.set_xlim(0, 1)
