@@ -427,6 +427,19 @@ def test_tiled_non_multiple_sizes_exact_for_pointwise(size, tile, overlap):
     assert all(s[-2:] == (tile, tile) for s in inner.shapes[:-1])
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tiled_calls_the_network_on_at_most_max_tiles(overlap):
+    """Chunking the tiles bounds each network call and changes no value (a per-tile network)."""
+    x = torch.randn(2, 3, 50, 70, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    sigma = torch.tensor([0.2, 1.5], dtype=torch.float64)
+    whole = TiledPrior(NonlocalPrior(), 16, overlap=overlap)(x, sigma)
+    chunked = TiledPrior(NonlocalPrior(), 16, overlap=overlap, max_tiles=5)
+    assert torch.equal(chunked(x, sigma), whole)
+    assert max(s[0] for s in chunked.inner.shapes) == 5 and len(chunked.inner.shapes) > 2
+    with pytest.raises(ValueError, match="max_tiles"):
+        TiledPrior(NonlocalPrior(), 16, max_tiles=0)
+
+
 def test_tiled_equals_inner_at_tile_size():
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     sigma = torch.tensor([0.3, 0.9], dtype=torch.float64)
