@@ -192,7 +192,10 @@ def cmd_restore(args) -> int:
     with run_lock(out, dist):
         if dist.rank == 0:
             nio.remove_stale_temp_files(out)
-            merge_leftover_shards(out, log)
+            try:
+                merge_leftover_shards(out, log)
+            except OutputError as e:
+                raise UsageError(f"{e}; free space and rerun the same command") from e
         dist.barrier()  # every rank reads the complete manifest
         if inp.is_dir():
             images, others = nio.list_folder(inp)
