@@ -213,8 +213,8 @@ def x0_to_prediction(x0: Tensor, eps: Tensor, alpha: Tensor, sigma_vp: Tensor, p
 class TiledPrior(Prior):
     """Applies a prior tile by tile at the size it was trained at.
 
-    A network with GroupNorm sees different statistics at another image size (measured for the embedded prior in docs/prior.md: "Why tiles of 48";
-    measured facts": 3-4 dB lost). Each axis of length n is covered by the fewest ``tile``-sized
+    A network with GroupNorm sees different statistics at another image size (docs/prior.md,
+    "Why tiles of 48", measured a 3-4 dB loss for an earlier network). Each axis of length n is covered by the fewest ``tile``-sized
     tiles that leave at least ``tile // 2`` pixels to spare (one tile, when it covers the axis,
     needs no spare: it has no seams). The image is reflect-padded by that spare, split between the
     two sides by an offset that depends on sigma (so seams move from one noise level to the next
