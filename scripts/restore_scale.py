@@ -29,11 +29,6 @@ import time
 from pathlib import Path
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def measure_one(size: int, task: str, levels: int, device: str, threads: int) -> dict:
     """One restoration in this process (run by the child): timings and memory."""
     import numpy as np
@@ -41,6 +36,7 @@ def measure_one(size: int, task: str, levels: int, device: str, threads: int) ->
     from PIL import Image
 
     import nfc_dps
+    from nfc_dps.bench.instruments import PeakMemory
     from nfc_dps.metrics import psnr as psnr_db
     from nfc_dps.priors.training_data import load_skimage_image
 
@@ -53,7 +49,8 @@ def measure_one(size: int, task: str, levels: int, device: str, threads: int) ->
     op = nfc_dps.build_operator(task, image_size=size, seed=0).to(dev)
     y = op.measure(x, 0.025, torch.Generator(device=dev).manual_seed(0))
     prior = nfc_dps.load_prior(device=dev)
-    base_mb = _rss_mb() if dev.type == "cpu" else None
+    rss = PeakMemory.resident_bytes()
+    base_mb = rss / 2**20 if dev.type == "cpu" and rss is not None else None
 
     def sync() -> None:
         if dev.type == "cuda":

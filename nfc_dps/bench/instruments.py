@@ -61,7 +61,8 @@ class PeakMemory:
         self.mb: float | None = None
 
     @staticmethod
-    def _rss() -> int | None:
+    def resident_bytes() -> int | None:
+        """This process's resident set size in bytes (/proc/self/statm; None where it is missing)."""
         try:
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -74,7 +75,7 @@ class PeakMemory:
             self._base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
-        self._base = self._rss()
+        self._base = self.resident_bytes()
         self._peak = self._base or 0
         self._stop = threading.Event()
         if self._base is None:
@@ -85,7 +86,7 @@ class PeakMemory:
 
         def poll() -> None:
             while not self._stop.wait(0.005):
-                r = self._rss()
+                r = self.resident_bytes()
                 if r is not None and r > self._peak:
                     self._peak = r
 
@@ -105,7 +106,7 @@ class PeakMemory:
             return
         self._stop.set()
         self._thread.join()
-        r = self._rss()
+        r = self.resident_bytes()
         if r is not None:
             self._peak = max(self._peak, r)
         self.mb = max(0.0, (self._peak - self._base) / 2**20)

@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DIFFUSION_METHODS = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "dpir")
-CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
+from ..baselines import CLASSICAL_METHODS
+from ..samplers import METHODS
+
+#: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
+DIFFUSION_METHODS = tuple(METHODS)
 DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
 PROTOCOLS = ("local", "paper", "oracle", "mixture")
 
@@ -130,8 +133,6 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
     cfg = get_config(method, preset, **_nested(overrides or {}))
     if budget is None:
         return cfg
-    if budget < 1:
-        raise ValueError(f"NFE budgets must be >= 1, got {budget}")
     return cfg.with_nfe(budget)
 
 

@@ -164,10 +164,15 @@ def shard_path(out: Path, rank: int) -> Path:
 
 
 def read_shard(out: Path, rank: int) -> dict[str, Any] | None:
+    """Rank ``rank``'s shard (see :func:`_read_shard_file`)."""
+    return _read_shard_file(shard_path(out, rank))
+
+
+def _read_shard_file(path: Path) -> dict[str, Any] | None:
     """A shard file's content, or None when it is missing or unreadable (a rank killed mid-write
     leaves the previous, complete version: writes are atomic)."""
     try:
-        data = json.loads(shard_path(out, rank).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     ok = isinstance(data, dict) and isinstance(data.get("names"), list) and isinstance(data.get("images"), dict)
@@ -199,11 +204,8 @@ def merge_leftover_shards(out: Path, log: Log) -> int:
         manifest = {"kind": "nfc_dps.manifest", "images": {}}
     merged = 0
     for f in files:
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("names"), list) and isinstance(data.get("images"), dict):
+        data = _read_shard_file(f)
+        if data is not None:
             _fold(manifest["images"], data)
             merged += 1
         else:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import io as nio
-from ..distributed import Dist, init_distributed
+from ..distributed import Dist, init_distributed, resolve_device
 from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
                      STD_PNG_SCALE, Log, UsageError, failure_reason, image_metrics, image_seed, match_file,
@@ -182,9 +182,7 @@ def cmd_restore(args) -> int:
     device = parse_device(args.device)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
-        import torch
-
-        device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+        device = resolve_device("cuda", dist)
     if dist.rank > 0:  # one voice for the progress and the summary; every rank still reports its failures
         log = Log(quiet=True)
     set_threads(args.threads)

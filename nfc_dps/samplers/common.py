@@ -54,9 +54,14 @@ class StepConfig:
         """This config with NFE = ``budget`` (>= 1)."""
         from dataclasses import replace
 
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"an NFE budget must be an int >= 1, got {budget!r}")
-        return replace(self, num_steps=budget)
+        return replace(self, num_steps=check_budget(budget))
+
+
+def check_budget(budget: int) -> int:
+    """``budget`` if it is an int >= 1 (an NFE budget), else a ValueError naming it."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"an NFE budget must be an int >= 1, got {budget!r}")
+    return budget
 
 
 class CountingPrior(Prior):

@@ -38,7 +38,7 @@ from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
-from .common import (StepConfig, 
+from .common import (StepConfig, check_budget, 
     Callback,
     Generators,
     START_ESTIMATES,
@@ -173,8 +173,7 @@ class NFCConfig(StepConfig):
     def with_nfe(self, budget: int) -> "NFCConfig":
         """This config with NFE = ``budget``: ode_steps = the largest divisor of the budget not above
         the current ode_steps, num_levels = budget / ode_steps (20 -> 4 x 5, 2 -> 1 x 2)."""
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"an NFE budget must be an int >= 1, got {budget!r}")
+        check_budget(budget)
         steps = max(d for d in range(1, min(self.ode_steps, budget) + 1) if budget % d == 0)
         return replace(self, ode_steps=steps, num_levels=budget // steps)
 
