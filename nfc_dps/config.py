@@ -31,6 +31,7 @@ import json
 import math
 import platform
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -303,9 +304,26 @@ def _validate_overrides(method: str, preset: str, overrides: Mapping[str, Any],
                     raise ConfigError(f"{where}: unknown key {k!r} in {key!r}; allowed: {', '.join(sub)}")
                 nested[k] = _coerce(v, sub[k], f"{where}: key '{key}.{k}'")
             out[key] = nested
+        elif _takes_number_or_name(method, key):
+            out[key] = value if isinstance(value, str) and not _is_number(value) else _coerce(value, 0.0, f"{where}: key {key!r}")
         else:
             out[key] = _coerce(value, current, f"{where}: key {key!r}")
     return out
+
+
+def _takes_number_or_name(method: str, key: str) -> bool:
+    """Whether the config field is typed ``float | str`` (a number or a rule's name, e.g. NFC's
+    ``sigma_max: auto``); the config class validates the name."""
+    hint = typing.get_type_hints(_method(method, "sampler config").config_class).get(key)
+    return set(typing.get_args(hint)) == {float, str}
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass

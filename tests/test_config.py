@@ -113,6 +113,18 @@ def test_nested_override_merges_onto_preset(tmp_path):
     assert cfg.detail == preset.detail
 
 
+def test_number_or_auto_field_takes_both(tmp_path):
+    """NFC's sigma_max is a number or "auto": either replaces either, and anything else names the key."""
+    auto = _write(tmp_path, "a.yaml", "method: nfc\npreset: fast\nsigma_max: auto\n")
+    assert load_config([auto]).sampler.build().sigma_max == "auto"
+    number = _write(tmp_path, "n.yaml", "method: nfc\npreset: deterministic\nsigma_max: 0.3\n")
+    assert load_config([number]).sampler.build().sigma_max == 0.3
+    for bad in ("[1, 2]", "high"):
+        path = _write(tmp_path, "b.yaml", f"method: nfc\nsigma_max: {bad}\n")
+        with pytest.raises((ConfigError, ValueError), match="sigma_max"):
+            load_config([path]).sampler.build()
+
+
 def test_later_files_and_flags_win(tmp_path):
     a = _write(tmp_path, "a.yaml", "method: nfc\nnum_levels: 3\nband: {cutoff_start: 0.5}\n")
     b = _write(tmp_path, "b.yaml", "preset: paper\nband: {transition: 0.2}\n")

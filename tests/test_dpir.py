@@ -121,6 +121,27 @@ def test_renoise_none_feeds_the_data_step_to_the_next_level():
     assert not torch.allclose(fresh, out)
 
 
+def test_auto_range_starts_inpainting_lower():
+    """sigma_max "auto": DPIR's 49/255 ([0, 1] units) for blur and SR, 0.1 (model units) for
+    inpainting; a number is used as it is."""
+    from nfc_dps.samplers.nfc import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_INPAINT, top_sigma
+
+    assert AUTO_SIGMA_MAX == pytest.approx(2 * 49 / 255) and AUTO_SIGMA_MAX_INPAINT == pytest.approx(0.1)
+    box, blur = Inpainting(box_mask(SIZE, SIZE, SIZE // 2, 2)), BlurOperator(gaussian_kernel(9, 1.5))
+    assert top_sigma("auto", box) == AUTO_SIGMA_MAX_INPAINT
+    assert top_sigma("auto", blur) == top_sigma("auto", SuperResolution(4)) == AUTO_SIGMA_MAX
+    assert top_sigma(0.3, box) == 0.3
+    cfg = get_config("nfc", num_levels=4)
+    assert cfg.sigma_max == "auto"
+    for op, first in ((box, AUTO_SIGMA_MAX_INPAINT), (blur, AUTO_SIGMA_MAX)):
+        seen = []
+        y = op.measure(torch.rand(1, 1, SIZE, SIZE, generator=torch.Generator().manual_seed(0)), 0.025,
+                       generator=torch.Generator().manual_seed(1))
+        nfc_dps.restore(y, op, prior=oracle_problem(1, seed=1)[0], sigma_y=0.025, num_levels=4, progress=False,
+                        callback=seen.append)
+        assert seen[0]["sigma"] == pytest.approx(first) and seen[-1]["sigma"] == pytest.approx(0.025)
+
+
 def test_deterministic_nfc_near_the_oracle_mmse():
     """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound
     (measured 0.74 dB below: isotropic steps where the exact covariance is spectral)."""
@@ -130,7 +151,8 @@ def test_deterministic_nfc_near_the_oracle_mmse():
 
 
 @pytest.mark.parametrize("bad", [dict(start="zeros"), dict(renoise="ddim"), dict(prior_weight=0.0),
-                                 dict(noise_floor=float("nan"))])
+                                 dict(noise_floor=float("nan")), dict(sigma_max="high"), dict(sigma_max=0.0),
+                                 dict(sigma_max=float("inf"))])
 def test_nfc_rejects_bad_continuation_settings(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         NFCConfig(**bad)
