@@ -108,13 +108,16 @@ def mixture_runs(budget: int, methods: Sequence[str] = (), overrides: dict[str, 
     name, config fields to replace (``--set``), applied before the variants are derived."""
     from .spec import method_config
     from ..samplers import METHODS
+    from ..samplers.nfc import NFCConfig
 
     out = []
     for name in METHODS:
         cfg = method_config(name, "fast", budget, (overrides or {}).get(name))
         out.append((name, name, cfg))
-        band, detail = getattr(cfg, "band", None), getattr(cfg, "detail", None)
-        if band is not None and detail is not None and (band.active or detail.active):
+        if not isinstance(cfg, NFCConfig):  # the two modules are NFCConfig's (DAPS: both off)
+            continue
+        band, detail = cfg.band, cfg.detail
+        if band.active or detail.active:
             no_band = dataclasses.replace(cfg, band=dataclasses.replace(band, blend_start=0.0))
             no_haar = dataclasses.replace(cfg, detail=dataclasses.replace(detail, levels=0))
             if band.active:
