@@ -24,6 +24,7 @@ import nfc_dps.samplers.gaussian_step as gaussian_step
 from nfc_dps.bench.spec import task_specs
 from nfc_dps.operators.factory import build_operator
 from nfc_dps.priors.default import load_prior
+from nfc_dps.samplers.nfc import top_sigma
 from nfc_dps.samplers.nfc import band_weight
 from nfc_dps.samplers.presets import NFC_PRESETS
 from nfc_dps.schedules import karras_sigmas
@@ -44,7 +45,8 @@ def level_errors(task: str, caps: list[int], levels: int, size: int, wide_holes:
     prob = common.to_model_units(op, y, 0.025, x.shape)
     spectrum = prior.spectrum(size, size).to(torch.float32).view(1, 1, size, size)
     cfg = NFC_PRESETS["fast"]
-    sigmas = karras_sigmas(levels, cfg.sigma_min, min(cfg.sigma_max, prior.sigma_max), cfg.rho).tolist()
+    sigmas = karras_sigmas(levels, cfg.sigma_min, min(top_sigma(cfg.sigma_max, op, prob.sigma), prior.sigma_max),
+                           cfg.rho).tolist()
     out = np.zeros((levels, len(caps)))
     hole_size = gaussian_step.WIDE_HOLE_SIZE if wide_holes else 10**9  # no hole is wide: the old form
     with mock.patch.object(gaussian_step, "WIDE_HOLE_SIZE", hole_size):

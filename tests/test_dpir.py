@@ -128,9 +128,10 @@ def test_auto_range_starts_inpainting_lower():
 
     assert AUTO_SIGMA_MAX == pytest.approx(2 * 49 / 255) and AUTO_SIGMA_MAX_INPAINT == pytest.approx(0.1)
     box, blur = Inpainting(box_mask(SIZE, SIZE, SIZE // 2, 2)), BlurOperator(gaussian_kernel(9, 1.5))
-    assert top_sigma("auto", box) == AUTO_SIGMA_MAX_INPAINT
-    assert top_sigma("auto", blur) == top_sigma("auto", SuperResolution(4)) == AUTO_SIGMA_MAX
-    assert top_sigma(0.3, box) == 0.3
+    assert top_sigma("auto", box, 0.05) == AUTO_SIGMA_MAX_INPAINT
+    assert top_sigma("auto", box, 0.3) == 0.3  # never below the measurement noise
+    assert top_sigma("auto", blur, 0.05) == top_sigma("auto", SuperResolution(4), 0.05) == AUTO_SIGMA_MAX
+    assert top_sigma(0.3, box, 0.05) == 0.3
     cfg = get_config("nfc", num_levels=4)
     assert cfg.sigma_max == "auto"
     for op, first in ((box, AUTO_SIGMA_MAX_INPAINT), (blur, AUTO_SIGMA_MAX)):
@@ -152,7 +153,7 @@ def test_deterministic_nfc_near_the_oracle_mmse():
 
 @pytest.mark.parametrize("bad", [dict(start="zeros"), dict(renoise="ddim"), dict(prior_weight=0.0),
                                  dict(noise_floor=float("nan")), dict(sigma_max="high"), dict(sigma_max=0.0),
-                                 dict(sigma_max=float("inf"))])
+                                 dict(sigma_max=float("inf")), dict(sigma_max=True)])
 def test_nfc_rejects_bad_continuation_settings(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         NFCConfig(**bad)

@@ -77,8 +77,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """--set METHOD.KEY=VALUE items -> {method: {key: YAML-parsed value}}."""
-    import yaml
+    """--set METHOD.KEY=VALUE items -> {method: {key: YAML-parsed value}} (``parse_scalar``: 1e-1 is a number)."""
+    from ..config import parse_scalar
 
     out: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -86,7 +86,7 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
         method, dot, field_ = key.strip().partition(".")
         if not eq or not dot or not field_:
             raise ValueError(f"--set expects METHOD.KEY=VALUE, got {item!r}")
-        out.setdefault(method, {})[field_] = yaml.safe_load(val)
+        out.setdefault(method, {})[field_] = parse_scalar(val)
     return out
 
 

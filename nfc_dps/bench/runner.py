@@ -29,8 +29,11 @@ from .tables import PartWriter, all_rows, merge_results, result_row, row_key, su
 
 def prior_record(path: str | None) -> dict[str, Any]:
     """The prior as summary.md and profile.json record it: its folder, whether it is the embedded
-    default, and (when it has files) a hash of their contents and the newest file's time."""
+    default (then its path is the package's "assets/default_prior", not this machine's), and (when
+    it has files) a hash of their contents and the newest file's time."""
     info = prior_identity(path, contents=True)
+    if info["embedded_default"]:
+        info["path"] = "assets/default_prior"
     return {k: info[k] for k in ("path", "embedded_default", "sha256", "modified") if k in info}
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager
 
@@ -67,7 +68,8 @@ RENOISE = ("fresh", "none")
 AUTO_SIGMA_MAX = 2 * 49 / 255
 #: ...except for inpainting: the observed pixels carry only the measurement noise and the Wiener
 #: start already holds the linear-MMSE fill of the holes, which deterministic steps from higher up
-#: replace by the prior's guess (docs/benchmarks.md, "The range for inpainting")
+#: replace by the prior's guess (docs/benchmarks.md, "The range for inpainting"); never below
+#: the measurement noise itself
 AUTO_SIGMA_MAX_INPAINT = 0.1
 #: the building blocks :func:`sample_nfc` enters ``timer(phase)`` around (a profiling hook)
 PHASES = ("spectrum", "predictor", "inner_exact", "inner_langevin", "band", "haar", "renoise")
@@ -81,8 +83,8 @@ class NFCConfig(StepConfig):
 
     num_levels: N annealing levels. ode_steps: n Euler steps of the predictor (NFE = N * n).
     sigma_max / sigma_min: annealing range (clamped to the prior's range); rho: EDM grid exponent.
-    sigma_max may be "auto" (the deterministic preset): ``AUTO_SIGMA_MAX_INPAINT`` when the
-    operator's family is "inpaint", else ``AUTO_SIGMA_MAX`` (see :func:`top_sigma`).
+    sigma_max may be "auto" (the deterministic preset): max(``AUTO_SIGMA_MAX_INPAINT``, sigma_y)
+    when the operator's family is "inpaint", else ``AUTO_SIGMA_MAX`` (see :func:`top_sigma`).
     ode_sigma_min: where the predictor's ODE stops (DAPS: 0.01).
     inner: "langevin" (DAPS's, ``langevin_steps`` steps, step = ``langevin_step`` / Lipschitz,
     decayed linearly to ``langevin_step * langevin_decay`` over the levels) or "exact".
@@ -141,8 +143,8 @@ class NFCConfig(StepConfig):
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
     def __post_init__(self) -> None:
-        if self.sigma_max != "auto" and not (isinstance(self.sigma_max, (int, float)) and math.isfinite(self.sigma_max)
-                                             and self.sigma_max > 0):
+        number = isinstance(self.sigma_max, numbers.Real) and not isinstance(self.sigma_max, bool)
+        if self.sigma_max != "auto" and not (number and math.isfinite(self.sigma_max) and self.sigma_max > 0):
             raise ValueError(f"sigma_max must be a finite number > 0 (model units) or 'auto', got {self.sigma_max!r}")
         if self.inner not in INNER_SOLVERS:
             raise ValueError(f"inner must be one of {INNER_SOLVERS}, got {self.inner!r}")
@@ -198,11 +200,12 @@ class NFCConfig(StepConfig):
         return replace(self, band=replace(self.band, blend_start=0.0), detail=replace(self.detail, levels=0))
 
 
-def top_sigma(sigma_max: float | str, operator: LinearOperator) -> float:
-    """The first level in model units: ``sigma_max`` itself, or the "auto" rule for ``operator``."""
+def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) -> float:
+    """The first level in model units: ``sigma_max`` itself, or the "auto" rule for ``operator``
+    and the measurement noise ``sigma_y`` (model units)."""
     if sigma_max != "auto":
         return float(sigma_max)
-    return AUTO_SIGMA_MAX_INPAINT if operator.family == "inpaint" else AUTO_SIGMA_MAX
+    return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
 
 
 def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int, ...], cutoff: Tensor | float,
@@ -264,7 +267,7 @@ def sample_nfc(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
-    sigma_top = min(top_sigma(cfg.sigma_max, operator), prior.sigma_max)
+    sigma_top = min(top_sigma(cfg.sigma_max, operator, prob.sigma), prior.sigma_max)
     sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * prob.sigma))
     sigmas = karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
     n = cfg.num_levels
