@@ -24,8 +24,7 @@ import nfc_dps.samplers.gaussian_step as gaussian_step
 from nfc_dps.bench.spec import task_specs
 from nfc_dps.operators.factory import build_operator
 from nfc_dps.priors.default import load_prior
-from nfc_dps.samplers.nfc import top_sigma
-from nfc_dps.samplers.nfc import band_weight
+from nfc_dps.samplers.nfc import band_weight, top_sigma
 from nfc_dps.samplers.presets import NFC_PRESETS
 from nfc_dps.schedules import karras_sigmas
 

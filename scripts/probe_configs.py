@@ -38,9 +38,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/probe/bench"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    spec = BenchSpec(protocol="local", out=args.out / f"{args.size}x{args.zoom}_s{args.sigma_y:g}", size=args.size, zoom=args.zoom,
-                     sigma_y=args.sigma_y,
-                     image_names=tuple(args.images.split(",")), save_images=False)
+    spec = BenchSpec(protocol="local", out=args.out / f"{args.size}x{args.zoom}_s{args.sigma_y:g}", size=args.size,
+                     zoom=args.zoom, sigma_y=args.sigma_y, image_names=tuple(args.images.split(",")), save_images=False)
     tasks = task_specs("local", args.size, "circular")
     prior = load_prior()
     images = load_images(spec)

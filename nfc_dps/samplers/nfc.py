@@ -50,6 +50,7 @@ from .common import (StepConfig, check_budget,
     to_image_units,
     to_model_units,
 )
+from .dpir import DPIR_SIGMA_MAX
 from .gaussian_step import (
     fit_spectrum_from_measurement,
     gaussian_conditional,
@@ -65,7 +66,7 @@ FINAL_STEPS = ("sample", "mean")
 STARTS = ("noise", *START_ESTIMATES)
 RENOISE = ("fresh", "none")
 #: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units)...
-AUTO_SIGMA_MAX = 2 * 49 / 255
+AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
 #: ...except for inpainting: the observed pixels carry only the measurement noise and the Wiener
 #: start already holds the linear-MMSE fill of the holes, which deterministic steps from higher up
 #: replace by the prior's guess (docs/benchmarks.md, "The range for inpainting"); never below

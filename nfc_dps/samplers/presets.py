@@ -31,9 +31,9 @@ NFC_PRESETS: dict[str, NFCConfig] = {
 # A^+ y on blur, SR and denoising (docs/benchmarks.md compares it with "fast")
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0)
 # the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
-# conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from DPIR's 49/255
-# ([0, 1] units; for inpainting 0.05 in [0, 1] units = 0.1 model units: the "auto" range) down to half the measurement noise
-# (docs/benchmarks.md: the 256-px tier)
+# conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from sigma_max
+# "auto" (DPIR's 49/255 in [0, 1] units; for inpainting 0.1 in model units, nfc.top_sigma) down
+# to half the measurement noise (docs/benchmarks.md: the 256-px tier)
 NFC_PRESETS["deterministic"] = NFCConfig(
     num_levels=16, ode_steps=1, sigma_max="auto", sigma_min=0.02, noise_floor=0.5, inner="exact",
     prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.23, start="wiener", renoise="none",
