@@ -273,3 +273,37 @@ def test_pixelnorm_export_loads_untiled(folder: Path, tmp_path: Path) -> None:
     assert not any(isinstance(m, torch.nn.GroupNorm) for m in prior.modules())
     x = torch.rand(2, 3, 24, 32) * 2 - 1
     assert torch.isfinite(prior(x, 0.5)).all()
+
+
+def test_learning_rate_warms_up_and_cools_down_by_the_absolute_step(tmp_path: Path) -> None:
+    cfg = TrainConfig(workdir=tmp_path, steps=10, lr=1e-3, warmup=2, cooldown=4)
+    got = [train_loop.learning_rate(cfg, s) for s in range(10)]
+    want = [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4]
+    assert got == pytest.approx(want)
+    assert train_loop.learning_rate(TrainConfig(workdir=tmp_path, steps=10, lr=1e-3), 9) == 1e-3
+    with pytest.raises(TrainingError, match="--cooldown N needs --steps"):
+        train_prior(TrainConfig(workdir=tmp_path / "w", minutes=1, cooldown=5), log=_quiet)
+
+
+def test_a_killed_run_resumes_its_cooldown(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    kw = dict(steps=6, cooldown=4, save_every=2, log_every=1)
+    real_batch, calls = CropSampler.batch, []
+
+    def dying_batch(self, n, gen):
+        calls.append(n)
+        if len(calls) == 5:  # inside the decay, after the save at step 4
+            raise _Killed()
+        return real_batch(self, n, gen)
+
+    monkeypatch.setattr(CropSampler, "batch", dying_batch)
+    with pytest.raises(_Killed):
+        train_prior(_cfg(tmp_path / "killed", folder, **kw), log=_quiet)
+    monkeypatch.setattr(CropSampler, "batch", real_batch)
+    train_prior(_cfg(tmp_path / "killed", folder, **kw), log=_quiet)
+    train_prior(_cfg(tmp_path / "straight", folder, **kw), log=_quiet)
+    _same_state(tmp_path / "killed" / "state.pt", tmp_path / "straight" / "state.pt")
+    no_decay = tmp_path / "no_decay"
+    train_prior(_cfg(no_decay, folder, **{**kw, "cooldown": 0}), log=_quiet)
+    a = torch.load(no_decay / "state.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "straight" / "state.pt", weights_only=True)["model"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the decay did change the updates

@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser, workdir_default: Path | None = Non
     p.add_argument("--batch", type=int, default=32, help="crops per step (default 32; a GPU takes hundreds)")
     p.add_argument("--lr", type=float, default=2e-4, help="Adam learning rate (default 2e-4)")
     p.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (default 0)")
+    p.add_argument("--cooldown", type=int, default=0,
+                   help="decay the learning rate linearly to 0 over the last N steps before --steps (default 0: none)")
     p.add_argument("--ema", type=float, default=0.999, help="EMA decay per step of the exported weights (default 0.999)")
     p.add_argument("--p-mean", type=float, default=-1.2, help="mean of ln sigma (model units, default -1.2)")
     p.add_argument("--p-std", type=float, default=1.2, help="std of ln sigma (default 1.2)")
@@ -85,8 +87,8 @@ def config_from_args(args: argparse.Namespace, device: str = "cpu", progress: bo
     return TrainConfig(
         workdir=args.workdir, images=args.images, export=args.export, steps=args.steps, minutes=args.minutes,
         clock=args.clock, arch=args.arch, widths=args.widths, layers=args.layers, channels=args.channels,
-        crop=args.crop, batch=args.batch, lr=args.lr, warmup=args.warmup, ema=args.ema, p_mean=args.p_mean,
-        p_std=args.p_std, save_every=args.save_every, log_every=args.log_every, seed=args.seed, device=str(device),
-        precision=args.precision, init_from=args.init_from, holdout=args.holdout, dead_leaves=args.dead_leaves,
-        scales=tuple(args.scales), eval_crop=args.eval_crop, progress=progress,
+        crop=args.crop, batch=args.batch, lr=args.lr, warmup=args.warmup, cooldown=args.cooldown, ema=args.ema,
+        p_mean=args.p_mean, p_std=args.p_std, save_every=args.save_every, log_every=args.log_every, seed=args.seed,
+        device=str(device), precision=args.precision, init_from=args.init_from, holdout=args.holdout,
+        dead_leaves=args.dead_leaves, scales=tuple(args.scales), eval_crop=args.eval_crop, progress=progress,
     )

@@ -66,6 +66,7 @@ class TrainConfig:
     batch: int = 32
     lr: float = 2e-4
     warmup: int = 0  # steps of linear learning-rate warm-up
+    cooldown: int = 0  # the last N steps before `steps` decay the learning rate linearly to 0
     ema: float = 0.999
     p_mean: float = -1.2
     p_std: float = 1.2
@@ -95,6 +96,21 @@ class TrainResult:
     skipped: list = field(default_factory=list)
 
 
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Adam's learning rate for the update at ``step`` (0-based, the total count so far).
+
+    Linear warm-up over the first ``warmup`` steps, constant ``lr``, then a linear decay to 0 over the
+    last ``cooldown`` steps before ``steps``. It depends on the absolute step only, so a resumed run
+    continues the same schedule.
+    """
+    scale = 1.0
+    if cfg.warmup:
+        scale = min(scale, (step + 1) / cfg.warmup)
+    if cfg.cooldown:
+        scale = min(scale, max(0.0, (cfg.steps - step) / cfg.cooldown))
+    return cfg.lr * scale
+
+
 def _check(cfg: TrainConfig) -> None:
     bad = []
     if cfg.steps is None and cfg.minutes is None:
@@ -110,6 +126,8 @@ def _check(cfg: TrainConfig) -> None:
               (cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}"),
               (cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be > 0, got {cfg.lr}"),
               (cfg.warmup >= 0, f"--warmup must be >= 0, got {cfg.warmup}"),
+              (cfg.cooldown >= 0, f"--cooldown must be >= 0, got {cfg.cooldown}"),
+              (cfg.cooldown == 0 or cfg.steps is not None, "--cooldown N needs --steps (it ends there)"),
               (0 <= cfg.ema < 1, f"--ema must be in [0, 1), got {cfg.ema}"),
               (cfg.save_every >= 1 and cfg.log_every >= 1, "--save-every and --log-every must be >= 1"),
               (0 <= cfg.holdout < 1, f"--holdout must be in [0, 1), got {cfg.holdout}"),
@@ -326,9 +344,9 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         if cfg.steps is not None and step >= cfg.steps:
             log(f"the work folder is at step {step} >= --steps {cfg.steps}: nothing to train")
         while budget_left():
-            if cfg.warmup:
+            if cfg.warmup or cfg.cooldown:
                 for g in opt.param_groups:
-                    g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+                    g["lr"] = learning_rate(cfg, step)
             x0 = sampler.batch(cfg.batch, gen).contiguous(memory_format=fmt)
             sigma = (torch.randn(cfg.batch, generator=gen, device=device) * cfg.p_std + cfg.p_mean).exp()
             noise = torch.randn(x0.shape, generator=gen, device=device).contiguous(memory_format=fmt)
