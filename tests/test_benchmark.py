@@ -88,6 +88,39 @@ def test_local_run_end_to_end_and_resume(tiny_prior, tmp_path, capsys):
                                 "--sigma-y", "0.05")) == 2
 
 
+def test_a_changed_preset_or_prior_is_refused_in_an_existing_folder(tiny_prior, tmp_path, capsys):
+    """The row key (task, image, method, estimator, budget) does not hold the sampler config nor the
+    prior: config.json records both, and a rerun after either changed is an error naming it."""
+    import shutil
+
+    out = tmp_path / "run"
+    args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc", "--image-names", "camera")
+    assert main(args) == 0
+    cfg_path = out / "config.json"
+    saved = json.loads(cfg_path.read_text())
+    nfc_cfg = saved["configs"]["nfc@2"]
+    assert nfc_cfg["num_levels"] * nfc_cfg["ode_steps"] == 2 and len(saved["prior_sha256"]) == 16
+    assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "tv",
+                          "--image-names", "camera")) == 0  # a classical column: nothing to compare
+    assert json.loads(cfg_path.read_text())["configs"] == saved["configs"]  # earlier columns are kept
+    original = cfg_path.read_text()
+    saved["configs"]["nfc@2"]["rho"] = 123.0  # as if the preset had changed since the rows were written
+    cfg_path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "nfc@2 config rho: 123.0 ->" in err and "another --out" in err
+    cfg_path.write_text(original)
+    other = tmp_path / "other_prior"
+    shutil.copytree(tiny_prior, other)
+    cfg = json.loads((other / "unet" / "config.json").read_text())
+    (other / "unet" / "config.json").write_text(json.dumps({**cfg, "note": "retrained"}))
+    assert main(base_args(other, out, "--tasks", "deblur_gaussian", "--methods", "nfc", "--image-names", "camera")) == 2
+    err = capsys.readouterr().err
+    assert "prior (sha256 of its files)" in err and "config" not in err.split("):")[1]
+    assert main(args) == 0  # the folder's own prior and presets still resume
+
+
 def test_measurements_generated_once_and_reused(tmp_path):
     spec = BenchSpec(out=tmp_path / "a", size=16, zoom=1, image_names=("chelsea",), save_images=False)
     task = task_specs("local", 16, "circular")["deblur_motion"]

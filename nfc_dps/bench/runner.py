@@ -116,22 +116,23 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     out = spec.out
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
-    _check_fingerprint(spec, cfg_path)  # every rank: an error on one rank only would leave the others waiting
+    runs = method_runs(spec)
+    needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
+    record = folder_record(spec, runs, needs_prior)
+    # every rank checks: an error on one rank only would leave the others waiting
+    record = check_folder_record(spec, cfg_path, record)
     d.barrier()
-    if d.rank == 0 and not cfg_path.is_file():
-        atomic_write_text(cfg_path, json.dumps({"fingerprint": spec.fingerprint(), "spec": spec_json(spec)},
-                                                indent=1, default=str))
+    if d.rank == 0:
+        atomic_write_text(cfg_path, json.dumps({**_saved(cfg_path), **record}, indent=1, default=str))
     all_tasks = task_specs(spec.protocol, spec.size, spec.boundary)
     unknown = [t for t in spec.tasks if t not in all_tasks]
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(all_tasks)}")
     images = load_images(spec)
     names = [n for n, _ in images]
-    runs = method_runs(spec)
     done = {row_key(r) for r in all_rows(out)}
     jobs = [(t, n) for t in spec.tasks for n in names]
     mine = jobs[d.rank::d.world]
-    needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
     prior = None
     notes: list[str] = []
     prefix = f"[rank {d.rank}] " if d.world > 1 else ""
@@ -168,8 +169,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     if d.rank == 0:
         rows = merge_results(spec, names)
         header = _header(spec, d, device, time.perf_counter() - t_start, names)
-        atomic_write_text(cfg_path, json.dumps({"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
-                                                 "header": header}, indent=1, default=str))
+        atomic_write_text(cfg_path, json.dumps({**record, "header": header}, indent=1, default=str))
         plots = make_plots(spec, rows, names, log) if spec.plots else []
         atomic_write_text(out / "summary.md", summary_markdown(spec, rows, header, notes, plots))
         log(f"wrote {out / 'results.csv'} ({len(rows)} rows) and {out / 'summary.md'}")
@@ -181,16 +181,54 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     return rows
 
 
-def _check_fingerprint(spec: BenchSpec, cfg_path: Path) -> None:
-    """Refuse to mix rows of another configuration into an existing output folder."""
-    if not cfg_path.is_file():
-        return
-    old = json.loads(cfg_path.read_text()).get("fingerprint")
-    new = json.loads(json.dumps(spec.fingerprint()))
-    if old is not None and old != new:
-        diff = sorted(k for k in new if old.get(k) != new[k])
-        raise ValueError(f"{spec.out} holds results of another configuration ({cfg_path}: "
-                         f"{ {k: old.get(k) for k in diff} } != { {k: new[k] for k in diff} }); use another --out")
+def folder_record(spec: BenchSpec, runs: list[MethodRun], needs_prior: bool) -> dict[str, Any]:
+    """What config.json records so that a rerun into the same folder adds rows only of the same
+    configuration: the spec's fingerprint, the resolved sampler config of every diffusion column
+    ("label@budget", which the row key leaves out) and the prior's content hash (when one is used)."""
+    record: dict[str, Any] = {"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
+                              "configs": {f"{r.label}@{budget_str(r)}": dataclasses.asdict(r.config)
+                                          for r in runs if r.config is not None}}
+    if needs_prior:
+        record["prior_sha256"] = prior_record(spec.prior).get("sha256")
+    return json.loads(json.dumps(record, default=str))  # tuples -> lists, as they are read back
+
+
+def _saved(cfg_path: Path) -> dict[str, Any]:
+    return json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two JSON values differ, as 'key: old -> new'."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """Refuse to mix rows of another configuration into an existing output folder: another spec
+    fingerprint, another prior, or a column (method at a budget) whose sampler config changed (a
+    preset edited since). Returns the record to save: the folder's columns and this run's."""
+    saved = _saved(cfg_path)
+    problems = []
+    old_fp = saved.get("fingerprint")
+    if old_fp is not None and old_fp != record["fingerprint"]:
+        problems += _differences(old_fp, record["fingerprint"])
+    old_sha, new_sha = saved.get("prior_sha256"), record.get("prior_sha256")
+    if old_sha and new_sha and old_sha != new_sha:
+        problems.append(f"prior (sha256 of its files): {old_sha} -> {new_sha}")
+    old_configs = saved.get("configs", {})
+    for column, cfg in record["configs"].items():
+        if column in old_configs and old_configs[column] != cfg:
+            problems += [f"{column} config {d}" for d in _differences(old_configs[column], cfg)]
+    if problems:
+        raise ValueError(f"{spec.out} holds results of another configuration ({cfg_path}): "
+                         + "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+                         + ". Use another --out")
+    merged = {**record, "configs": {**old_configs, **record["configs"]}}
+    if not new_sha and old_sha:
+        merged["prior_sha256"] = old_sha
+    return merged
 
 
 def spec_json(spec: BenchSpec) -> dict[str, Any]:
