@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--zoom", type=int, default=1,
                     help="centre crop of size*zoom px area-averaged by zoom (the 64-px tables use 2, the 256-px tier 1)")
     ap.add_argument("--sigma-y", type=float, default=0.025, help="measurement noise std, [0, 1] units (the protocol's 0.025)")
+    ap.add_argument("--prior", default=None, help="prior folder (default: the embedded prior)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/probe/bench"))
     args = ap.parse_args()
@@ -41,7 +42,7 @@ def main() -> None:
     spec = BenchSpec(protocol="local", out=args.out / f"{args.size}x{args.zoom}_s{args.sigma_y:g}", size=args.size,
                      zoom=args.zoom, sigma_y=args.sigma_y, image_names=tuple(args.images.split(",")), save_images=False)
     tasks = task_specs("local", args.size, "circular")
-    prior = load_prior()
+    prior = load_prior(args.prior)
     images = load_images(spec)
     for entry in json.loads(args.configs):
         cfg = dict(entry)

@@ -121,6 +121,46 @@ def test_renoise_none_feeds_the_data_step_to_the_next_level():
     assert not torch.allclose(fresh, out)
 
 
+def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
+    """renoise "matched": at the first level x - x0 is the fresh draw scaled by
+    sqrt(max(s_1^2 - e^2, 0)) / s_1, e^2 = mean over frequencies of 1 / (|H|^2 / sigma_y^2 + 1 / s_0^2)
+    (the conditional mean's error under the isotropic prior sigma_0^2), computed here from H."""
+    prior, op, H, x, y_m = oracle_problem(1, seed=1)
+    y = ((y_m + 1) / 2).float()
+    cfg = get_config("nfc", "deterministic", num_levels=50, sigma_max=1.0, prior_weight=1.0)
+    runs = {}
+    for mode in ("fresh", "matched"):
+        seen = []
+        sample_nfc(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, renoise=mode),
+                   [torch.Generator().manual_seed(0)], callback=seen.append)
+        runs[mode] = seen
+    s0, s1 = runs["fresh"][0]["sigma"], runs["fresh"][1]["sigma"]
+    e2 = float((1 / (H.abs() ** 2 / SIGMA_Y**2 + 1 / s0**2)).mean())
+    assert 0 < e2 < s1**2  # this level adds some noise, less than fresh
+    fresh, matched = (runs[m][0]["x"] - runs[m][0]["x0"] for m in ("fresh", "matched"))
+    assert torch.equal(runs["fresh"][0]["x0"], runs["matched"][0]["x0"])
+    torch.testing.assert_close(matched, fresh * math.sqrt(s1**2 - e2) / s1, rtol=1e-4, atol=1e-6)
+    assert not get_config("nfc", renoise="matched").is_deterministic
+    with pytest.raises(ValueError, match="renoise='matched' needs the eigenvalues"):
+        sample_nfc(prior, BlurOperator(gaussian_kernel(9, 1.5), "reflect"), y, 0.025, y.shape,
+                   dataclasses.replace(cfg, renoise="matched"), None)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_conditional_error_variance_is_the_trace_of_the_conditional_covariance(temperature):
+    """(1 + t^2) tr((A^T A / sigma_y^2 + I / r^2)^-1) / n against dense matrices (inpainting, SR)."""
+    from nfc_dps.operators import random_mask
+    from nfc_dps.samplers.gaussian_step import conditional_error_variance
+
+    h = w = 8
+    for op in (Inpainting(random_mask(h, w, 0.6, 3)), SuperResolution(2)):
+        a = op.A(torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)).reshape(h * w, -1)
+        for sigma_y, r2 in ((0.05, 0.1), (0.2, 0.01)):
+            cov = torch.linalg.inv(a @ a.T / sigma_y**2 + torch.eye(h * w, dtype=torch.float64) / r2)
+            got = conditional_error_variance(op.gram_eigenvalues(h, w), sigma_y, r2, temperature, fourier=False)
+            assert float(got) == pytest.approx((1 + temperature**2) * float(cov.trace()) / (h * w), rel=1e-9)
+
+
 def test_auto_range_starts_inpainting_lower():
     """sigma_max "auto": DPIR's 49/255 ([0, 1] units) for blur and SR, 0.1 (model units) for
     inpainting; a number is used as it is."""

@@ -162,3 +162,24 @@ def test_cropped_operator_forwards_the_inner_declarations(problem):
     record = op.describe()
     assert record["inner"] == inner.describe() and record["image_hw"] == [h, w]
     assert json.loads(json.dumps(record)) == record
+
+
+@PROPERTY_SETTINGS
+@given(problems())
+def test_declared_gram_eigenvalues_are_those_of_the_dense_normal_matrix(problem):
+    """gram_eigenvalues(h, w) against eigvalsh of the dense A^T A on one channel (an (h w)^2 matrix
+    built from A); the operators without a declaration are the reflect-boundary blurs (and crops
+    of them)."""
+    op, shape, seed = problem
+    h, w = shape[-2:]
+    lam = op.gram_eigenvalues(h, w)
+    inner = getattr(op, "inner", op)
+    if lam is None:
+        assert isinstance(inner, BlurOperator) and not inner.is_circulant
+        return
+    basis = torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)
+    a = op.A(basis).reshape(h * w, -1)  # row i: A e_i
+    dense = a @ a.T  # A^T A in the pixel basis
+    want = torch.linalg.eigvalsh(dense)
+    assert lam.dtype == torch.float64 and lam.shape == (h * w,)
+    torch.testing.assert_close(lam.sort().values, want, rtol=0, atol=1e-9)

@@ -18,6 +18,8 @@ testing its class (the safe defaults of :class:`LinearOperator` say "nothing kno
 * ``blur_kernel()``: the (kh, kw) convolution kernel of a blur, else None;
 * ``downsampling_factor``: the integer factor s of a downscaling (SR), else None;
 * ``diagonal_basis``: "fourier" (circulant) or "pixel" (a mask) where A is diagonal, else None;
+* ``gram_eigenvalues(h, w)``: the eigenvalues of A^T A for an (h, w) image (h * w values, the same
+  for every channel), where the structure gives them (Fourier, mask, separable SR), else None;
 * ``image_region()``: (h, w) of the top-left part of the image that A sees when the image lies
   on a larger canvas (:class:`~nfc_dps.operators.padding.CroppedOperator`), else None;
 * ``describe()``: a JSON-able record of the operator for results files.
@@ -148,6 +150,19 @@ class LinearOperator(torch.nn.Module):
             return "fourier"
         if self.pixel_mask() is not None:
             return "pixel"
+        return None
+
+    def gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
+        """The h * w eigenvalues of A^T A on an (h, w) image (per channel; float64, in no order),
+        or None when the operator does not declare them. Default: |H|^2 of a circulant operator,
+        the mask of a pixel-mask one."""
+        if self.is_circulant:
+            return self.transfer_function(h, w, dtype=torch.float64).abs().square().flatten()
+        mask = self.pixel_mask()
+        if mask is not None:
+            if tuple(mask.shape[-2:]) != (h, w):
+                raise ValueError(f"the mask is {tuple(mask.shape[-2:])}, not the image's {(h, w)}")
+            return mask.to(torch.float64).flatten()
         return None
 
     def image_region(self) -> tuple[int, int] | None:

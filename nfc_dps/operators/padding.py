@@ -47,6 +47,16 @@ class CroppedOperator(LinearOperator):
         """(H, W) of the measured image in the top-left corner of the canvas."""
         return self.h, self.w
 
+    def gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
+        """A'^T A' is A^T A on the image region and 0 on the padding: the inner operator's
+        eigenvalues and one zero per padded pixel."""
+        if (h, w) != (self.canvas_h, self.canvas_w):
+            raise ValueError(f"this operator acts on a {self.canvas_h}x{self.canvas_w} canvas, not {h}x{w}")
+        inner = self.inner.gram_eigenvalues(self.h, self.w)
+        if inner is None:
+            return None
+        return torch.cat([inner, inner.new_zeros(h * w - self.h * self.w)])
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "image_hw": [self.h, self.w], "canvas_hw": [self.canvas_h, self.canvas_w],
                 "inner": self.inner.describe()}

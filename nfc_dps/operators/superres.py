@@ -133,6 +133,18 @@ class SuperResolution(LinearOperator):
             raise ValueError(f"image size {h}x{w} is not divisible by the SR factor {self.factor}")
         return torch.from_numpy(self._np(h)["D"]), torch.from_numpy(self._np(w)["D"])
 
+    def gram_eigenvalues(self, h: int, w: int) -> Tensor:
+        """A^T A = (D_h^T D_h) kron (D_w^T D_w) (bicubic): the products of the two factors'
+        eigenvalues; average: 1 / s^2 on the (h / s)(w / s) block means, 0 elsewhere."""
+        if h % self.factor or w % self.factor:
+            raise ValueError(f"image size {h}x{w} is not divisible by the SR factor {self.factor}")
+        if self.method == "average":
+            lam = torch.zeros(h * w, dtype=torch.float64)
+            lam[: (h // self.factor) * (w // self.factor)] = 1.0 / self.factor**2
+            return lam
+        lh, lw = torch.from_numpy(self._np(h)["lam"]), torch.from_numpy(self._np(w)["lam"])
+        return (lh[:, None] * lw[None, :]).flatten()
+
     # ------------------------------------------------------------------ operator
     def A(self, x: Tensor) -> Tensor:
         self._check_image(x, "x")

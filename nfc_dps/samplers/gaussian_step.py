@@ -47,6 +47,25 @@ def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_s
     return power_law_spectrum(amplitude, alpha, image_shape)
 
 
+def conditional_error_variance(gram: Tensor, sigma_y: float, prior_var: float | Tensor, temperature: float,
+                               fourier: bool) -> Tensor:
+    """(B|1,) expected squared error per pixel of the inner step's output, under its own Gaussian model.
+
+    The model: x ~ N(center, C) and y = A x + sigma_y n; the conditional covariance is
+    P = (A^T A / sigma_y^2 + C^-1)^-1. The mean is off by P (trace per pixel), a draw at temperature
+    t by (1 + t^2) P. ``gram``: the h w eigenvalues of A^T A (``LinearOperator.gram_eigenvalues``).
+    ``prior_var``: r^2, or the spectral C (B|1, 1, H, W); C is diagonal in A^T A's basis when
+    ``fourier`` (a circulant operator, eigenvalues in FFT order); else its mean stands for it (the
+    isotropic prior of the same total variance). The band weight is not counted.
+    """
+    if isinstance(prior_var, Tensor):
+        c = prior_var.flatten(1) if fourier else prior_var.flatten(1).mean(1, keepdim=True)
+    else:
+        c = torch.tensor([[prior_var]], dtype=gram.dtype, device=gram.device)
+    per_component = 1.0 / (gram[None].to(c) / sigma_y**2 + 1.0 / c)
+    return (1 + temperature**2) * per_component.mean(1)
+
+
 def gaussian_conditional(
     operator: LinearOperator,
     y: Tensor,

@@ -8,7 +8,8 @@ Algorithm (arXiv 2602.00176, on DAPS's skeleton), for levels sigma_0 > ... > sig
         x0     = inner(x0_hat, r_k, band W_k)                                  # operator calls only
                  target ∝ exp(-||W_k (y - A x0)||^2 / 2 sigma_y^2) N(x0; x0_hat, C_k / lam)
         x0     = HaarFuse(x0, x0_hat, w_L, w_H(k))                             # commit coarse first
-        x      = x0 + sigma_{k+1} * noise     (renoise "fresh"; "none": x = x0)
+        x      = x0 + sigma_{k+1} * noise     (renoise "fresh"; "none": x = x0; "matched":
+                 noise of std sqrt(max(sigma_{k+1}^2 - e_k^2, 0)), e_k^2 the inner step's error)
     return x
 
 W_k = (1 - lambda_k) + lambda_k M_k, M_k a soft low-pass on the measurement grid whose cutoff
@@ -52,6 +53,7 @@ from .common import (StepConfig, check_budget,
 )
 from .dpir import DPIR_SIGMA_MAX
 from .gaussian_step import (
+    conditional_error_variance,
     fit_spectrum_from_measurement,
     gaussian_conditional,
     pixel_coverage,
@@ -64,7 +66,7 @@ PRIOR_COVARIANCES = ("isotropic", "spectral")
 SPECTRUM_SOURCES = ("auto", "measurement", "prior")
 FINAL_STEPS = ("sample", "mean")
 STARTS = ("noise", *START_ESTIMATES)
-RENOISE = ("fresh", "none")
+RENOISE = ("fresh", "none", "matched")
 #: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units)...
 AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
 #: ...except for inpainting: the observed pixels carry only the measurement noise and the Wiener
@@ -109,9 +111,13 @@ class NFCConfig(StepConfig):
     start: the first x: "noise" (sigma_max times white noise, the paper) or an estimate from the
     measurement with no noise added ("pinv", "adjoint", "tikhonov", "wiener": see
     ``initial_estimate``; "wiener" uses the spectrum chosen by ``spectrum``).
-    renoise: between levels, "fresh" (x_{k+1} = x0 + sigma_{k+1} eps, the paper) or "none"
+    renoise: between levels, "fresh" (x_{k+1} = x0 + sigma_{k+1} eps, the paper), "none"
     (x_{k+1} = x0: the next level denoises the data step's output as it is, as plug-and-play
-    methods do).
+    methods do) or "matched": only the noise that the data step's output lacks, std
+    sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) with e_k^2 the inner step's expected squared error per
+    pixel under its own Gaussian model (``gaussian_step.conditional_error_variance``), so that the
+    next denoiser's input carries about the sigma_{k+1} it is told. Needs an operator that
+    declares the eigenvalues of A^T A (``gram_eigenvalues``).
     prior_weight: lam, the inner step's prior covariance is C_k / lam: below 1 the data step
     trusts x0_hat less (DPIR's HQS weighting is lam = 0.23 on r_k = sigma_k).
     noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in model units:
@@ -285,6 +291,14 @@ def sample_nfc(
     if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
         coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
 
+    gram = None
+    if cfg.renoise == "matched":
+        gram = operator.gram_eigenvalues(*image_shape[-2:])
+        if gram is None:
+            raise ValueError(f"renoise='matched' needs the eigenvalues of A^T A, which {type(operator).__name__} "
+                             f"({operator.describe().get('boundary', operator.name)}) does not declare; "
+                             "use renoise='fresh' or 'none'")
+        gram = gram.to(device=y.device)
     if cfg.start == "noise":
         with phase("renoise"):
             x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
@@ -323,6 +337,12 @@ def sample_nfc(
         if sigma_next > 0 and cfg.renoise == "fresh":
             with phase("renoise"):
                 x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
+        elif sigma_next > 0 and cfg.renoise == "matched":
+            with phase("renoise"):
+                err2 = conditional_error_variance(gram, prob.sigma, prior_var, cfg.inner_temperature,
+                                                  operator.is_circulant)
+                std = (sigma_next**2 - err2).clamp(min=0).sqrt().to(x0.dtype)
+                x = x0 + std.view(-1, 1, 1, 1) * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         else:
             x = x0
         if callback is not None:
