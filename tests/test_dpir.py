@@ -146,6 +146,27 @@ def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
                    dataclasses.replace(cfg, renoise="matched"), None)
 
 
+def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_protocol_tasks():
+    """With lam = 0.23 the model error e_k^2 exceeds sigma_{k+1}^2 at every level of the five local
+    tasks (the docs' reason for keeping renoise "none" there); denoising is the exception."""
+    from nfc_dps.bench.spec import DEFAULT_TASKS, task_specs
+    from nfc_dps.operators import build_operator
+    from nfc_dps.samplers.gaussian_step import conditional_error_variance
+    from nfc_dps.samplers.nfc import top_sigma
+    from nfc_dps.schedules import karras_sigmas
+
+    cfg, size, sigma_y = get_config("nfc"), 64, 0.05  # sigma_y in model units (0.025 in [0, 1])
+    for name, task in task_specs("local", size, "circular").items():
+        op = build_operator(task.factory_task, size, 0, **task.params)
+        top = top_sigma(cfg.sigma_max, op, sigma_y)
+        sigmas = karras_sigmas(cfg.num_levels, min(top, max(cfg.sigma_min, cfg.noise_floor * sigma_y)), top,
+                               cfg.rho).tolist()
+        gram = op.gram_eigenvalues(size, size)
+        ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0, False))
+                    / sigmas[k + 1] ** 2 for k in range(cfg.num_levels - 1))
+        assert (ratio > 1) == (name in DEFAULT_TASKS), (name, ratio)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_conditional_error_variance_is_the_trace_of_the_conditional_covariance(temperature):
     """(1 + t^2) tr((A^T A / sigma_y^2 + I / r^2)^-1) / n against dense matrices (inpainting, SR)."""

@@ -27,7 +27,8 @@ def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
     """(label, method, config) of the oracle table at NFE ``budget``: NFC/DAPS with the exact
     inner step, one-step predictor to sigma 1e-5, a posterior *sample* at the last level
     (final_step="sample"), isotropic vs spectral covariance (S from the measurement or the
-    prior's true S); NFC with the default final mean step; the peers at their fast presets."""
+    prior's true S); NFC with the default final mean step; NFC's ``fast`` and ``fast_psnr``
+    presets with fresh and matched re-noising; the peers at their fast presets."""
     from ..samplers import get_config
 
     base = dataclasses.replace(get_config("nfc", "fast"), num_levels=budget, ode_steps=1, ode_sigma_min=1e-5,
@@ -41,6 +42,11 @@ def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
     # the toolkit's default last step returns the conditional mean at sigma_min (not a sample)
     out.append(("nfc-spec-y-final-mean", "nfc", dataclasses.replace(base, prior_covariance="spectral",
                                                                     spectrum="measurement", final_step="mean")))
+    # NFC's presets as they ship (their own predictor and last step), each with both re-noisings
+    for preset in ("fast", "fast_psnr"):
+        for renoise in ("fresh", "matched"):
+            out.append((f"nfc-{preset}-{renoise}", "nfc",
+                        dataclasses.replace(get_config("nfc", preset).with_nfe(budget), renoise=renoise)))
     for m in ("dps", "diffpir", "ddnm", "ddrm"):
         out.append((m, m, dataclasses.replace(get_config(m, "fast"), num_steps=budget)))
     return out
