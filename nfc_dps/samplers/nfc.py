@@ -40,10 +40,12 @@ from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
-from .common import (StepConfig, check_budget, 
+from .common import (
+    START_ESTIMATES,
     Callback,
     Generators,
-    START_ESTIMATES,
+    StepConfig,
+    check_budget,
     counting,
     initial_estimate,
     pf_ode_predict,
