@@ -117,8 +117,25 @@ def test_a_changed_preset_or_prior_is_refused_in_an_existing_folder(tiny_prior, 
     (other / "unet" / "config.json").write_text(json.dumps({**cfg, "note": "retrained"}))
     assert main(base_args(other, out, "--tasks", "deblur_gaussian", "--methods", "nfc", "--image-names", "camera")) == 2
     err = capsys.readouterr().err
-    assert "prior (sha256 of its files)" in err and "config" not in err.split("):")[1]
+    assert "prior (sha256 of its files)" in err and "nfc@2 config" not in err
     assert main(args) == 0  # the folder's own prior and presets still resume
+    # a folder of the earlier format (no record) resumes, says it cannot check, and records from now on
+    saved = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({k: v for k, v in saved.items() if k not in ("configs", "prior_sha256")}))
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "predates the record of sampler configs" in capsys.readouterr().out
+    assert json.loads(cfg_path.read_text())["configs"] == saved["configs"]
+
+
+def test_columns_without_rows_are_not_compared(tiny_prior, tmp_path):
+    """An interrupted first run leaves a record but no rows: editing the preset then is allowed."""
+    out = tmp_path / "run"
+    args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc", "--image-names", "camera")
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"configs": {"nfc@2": {"rho": 123.0}}}))
+    assert main(args) == 0
+    assert json.loads((out / "config.json").read_text())["configs"]["nfc@2"]["rho"] != 123.0
 
 
 def test_measurements_generated_once_and_reused(tmp_path):
@@ -196,6 +213,12 @@ def test_oracle_table_reports_bounds(tmp_path):
     assert "posterior mean (MMSE)" in text and "to sample bound" in text
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["bound_mmse_db"] == pytest.approx(cfg["bound_sample_db"] + 10 * np.log10(2))
+    args = ["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3", "--budgets", "4",
+            "--methods", "nfc,daps,ddrm,wiener", "--threads", "1", "--device", "cpu"]
+    assert main(args + ["--oracle-alpha", "3"]) == 2  # another prior in the same folder is refused
+    cfg["configs"]["nfc-fast_psnr-matched@4"]["num_levels"] = 99  # as if the preset had changed
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert main(args) == 2
 
 
 def test_profile_reports_ratio(tiny_prior, tmp_path):

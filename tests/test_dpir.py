@@ -141,9 +141,55 @@ def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
     assert torch.equal(runs["fresh"][0]["x0"], runs["matched"][0]["x0"])
     torch.testing.assert_close(matched, fresh * math.sqrt(s1**2 - e2) / s1, rtol=1e-4, atol=1e-6)
     assert not get_config("nfc", renoise="matched").is_deterministic
-    with pytest.raises(ValueError, match="renoise='matched' needs the eigenvalues"):
-        sample_nfc(prior, BlurOperator(gaussian_kernel(9, 1.5), "reflect"), y, 0.025, y.shape,
-                   dataclasses.replace(cfg, renoise="matched"), None)
+
+
+def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
+    """A reflect-boundary blur declares none: the circular blur's with its kernel stand in (the
+    fast_psnr preset runs on it); an operator with no structure at all is a clear error."""
+    from nfc_dps.operators import LinearOperator
+    from nfc_dps.samplers.gaussian_step import gram_eigenvalues_for_matching
+
+    kernel = gaussian_kernel(9, 1.5)
+    reflect = BlurOperator(kernel, "reflect")
+    assert reflect.gram_eigenvalues(SIZE, SIZE) is None
+    gram, fft_ordered = gram_eigenvalues_for_matching(reflect, SIZE, SIZE)
+    assert not fft_ordered and torch.equal(gram, BlurOperator(kernel, "circular").gram_eigenvalues(SIZE, SIZE))
+    prior, _, _, x, _ = oracle_problem(1, seed=1)
+    y = reflect.measure(((x + 1) / 2).float(), 0.025, torch.Generator().manual_seed(0))
+    cfg = get_config("nfc", "fast_psnr", num_levels=4)
+    out = sample_nfc(prior, reflect, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(0)])
+    assert torch.isfinite(out).all()
+
+    class Halving(LinearOperator):
+        def A(self, v):
+            return v / 2
+
+        def A_adjoint(self, v):
+            return v / 2
+
+    with pytest.raises(ValueError, match="renoise='matched' needs the eigenvalues of A\\^T A, which Halving"):
+        sample_nfc(prior, Halving(), y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(0)])
+
+
+def test_conditional_error_variance_with_a_spectral_prior_on_a_circulant_operator():
+    """Per-frequency C (two images, two spectra) on a circulant blur: the trace of
+    (A^T A / sigma_y^2 + C^-1)^-1 per pixel, from dense matrices in the pixel basis."""
+    from nfc_dps.samplers.gaussian_step import conditional_error_variance
+
+    h = w = 6
+    op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
+    f = torch.fft.fftfreq(h, dtype=torch.float64)
+    radius2 = f[:, None] ** 2 + f[None, :] ** 2
+    spectra = torch.stack([0.5 / (1 + 40 * radius2), 0.2 / (1 + 10 * radius2)])[:, None]  # (2, 1, h, w)
+    eye = torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)
+    a = op.A(eye).reshape(h * w, -1)
+    got = conditional_error_variance(op.gram_eigenvalues(h, w), 0.1, spectra, 0.5, fft_ordered=True)
+    for b in range(2):
+        c = torch.fft.ifft2(torch.fft.fft2(eye) * spectra[b]).real.reshape(h * w, -1)  # C in the pixel basis
+        cov = torch.linalg.inv(a @ a.T / 0.1**2 + torch.linalg.inv(c))
+        assert float(got[b]) == pytest.approx(1.25 * float(cov.trace()) / (h * w), rel=1e-9)
+    with pytest.raises(ValueError, match="eigenvalues for a prior variance"):
+        conditional_error_variance(op.gram_eigenvalues(h, w + 2), 0.1, spectra, 0.0, fft_ordered=True)
 
 
 def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_protocol_tasks():
@@ -152,15 +198,12 @@ def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_pr
     from nfc_dps.bench.spec import DEFAULT_TASKS, task_specs
     from nfc_dps.operators import build_operator
     from nfc_dps.samplers.gaussian_step import conditional_error_variance
-    from nfc_dps.samplers.nfc import top_sigma
-    from nfc_dps.schedules import karras_sigmas
+    from nfc_dps.samplers.nfc import level_sigmas
 
     cfg, size, sigma_y = get_config("nfc"), 64, 0.05  # sigma_y in model units (0.025 in [0, 1])
     for name, task in task_specs("local", size, "circular").items():
         op = build_operator(task.factory_task, size, 0, **task.params)
-        top = top_sigma(cfg.sigma_max, op, sigma_y)
-        sigmas = karras_sigmas(cfg.num_levels, min(top, max(cfg.sigma_min, cfg.noise_floor * sigma_y)), top,
-                               cfg.rho).tolist()
+        sigmas = level_sigmas(cfg, op, sigma_y, prior_sigma_max=80.0)
         gram = op.gram_eigenvalues(size, size)
         ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0, False))
                     / sigmas[k + 1] ** 2 for k in range(cfg.num_levels - 1))
@@ -178,7 +221,7 @@ def test_conditional_error_variance_is_the_trace_of_the_conditional_covariance(t
         a = op.A(torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)).reshape(h * w, -1)
         for sigma_y, r2 in ((0.05, 0.1), (0.2, 0.01)):
             cov = torch.linalg.inv(a @ a.T / sigma_y**2 + torch.eye(h * w, dtype=torch.float64) / r2)
-            got = conditional_error_variance(op.gram_eigenvalues(h, w), sigma_y, r2, temperature, fourier=False)
+            got = conditional_error_variance(op.gram_eigenvalues(h, w), sigma_y, r2, temperature, fft_ordered=False)
             assert float(got) == pytest.approx((1 + temperature**2) * float(cov.trace()) / (h * w), rel=1e-9)
 
 

@@ -283,6 +283,8 @@ def test_learning_rate_warms_up_and_cools_down_by_the_absolute_step(tmp_path: Pa
     assert train_loop.learning_rate(TrainConfig(workdir=tmp_path, steps=10, lr=1e-3), 9) == 1e-3
     with pytest.raises(TrainingError, match="--cooldown N needs --steps"):
         train_prior(TrainConfig(workdir=tmp_path / "w", minutes=1, cooldown=5), log=_quiet)
+    with pytest.raises(TrainingError, match="--cooldown 20 is longer than --steps 10"):
+        train_prior(TrainConfig(workdir=tmp_path / "w", steps=10, cooldown=20), log=_quiet)
 
 
 def test_a_killed_run_resumes_its_cooldown(folder: Path, tmp_path: Path, monkeypatch) -> None:

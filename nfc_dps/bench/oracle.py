@@ -18,7 +18,7 @@ from ..api import stable_seed
 from ..io import atomic_write_text
 from .instruments import machine_description
 from ..distributed import init_distributed, resolve_device
-from .runner import spec_json
+from .runner import check_folder_record, folder_record
 from .spec import BenchSpec
 from .tables import PartWriter, all_rows, fmt, group_rows, mean_std, merge_results, numbers, row_key
 
@@ -90,7 +90,14 @@ def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict
         names = [f"g{i:02d}" for i in range(n)]
         seeds = [stable_seed(spec.seed, "oracle-sampler", nm) for nm in names]
         task = f"gauss_blur{std:g}"
-        done = {row_key(r) for r in all_rows(out)}
+        existing = all_rows(out)
+        done = {row_key(r) for r in existing}
+        configs = {f"{label}@{b}": cfg for b in spec.budgets or (50, 200) for label, method, cfg in oracle_configs(b)
+                   if method in spec.methods}
+        record, notes = check_folder_record(spec, out / "config.json", folder_record(spec, configs, False),
+                                            {f"{r['method']}@{r['budget']}" for r in existing})
+        for note in notes:
+            log(note)
         writer = PartWriter(out / "parts" / "rank0.csv")
 
         def emit(label: str, est: str, budget: str, xr: Tensor, secs: float, nfe: int, note: str = "") -> None:
@@ -157,7 +164,7 @@ def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict
                        "machine": machine_description().get("cpu", ""),
                        "wall time of this invocation": f"{(time.perf_counter() - t_start) / 60:.1f} min"})
         atomic_write_text(out / "summary.md", oracle_markdown(rows, header, bound_mmse, bound_sample))
-        atomic_write_text(out / "config.json", json.dumps({"spec": spec_json(spec), "header": header,
+        atomic_write_text(out / "config.json", json.dumps({**record, "header": header,
                                                             "bound_mmse_db": bound_mmse,
                                                             "bound_sample_db": bound_sample}, indent=1, default=str))
         log(f"wrote {out / 'results.csv'} and {out / 'summary.md'}")

@@ -118,11 +118,14 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     cfg_path = out / "config.json"
     runs = method_runs(spec)
     needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
-    record = folder_record(spec, runs, needs_prior)
     # every rank checks: an error on one rank only would leave the others waiting
-    record = check_folder_record(spec, cfg_path, record)
+    columns_with_rows = {f"{r['method']}@{r['budget']}" for r in all_rows(out)}
+    record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs), needs_prior),
+                                                  columns_with_rows)
     d.barrier()
     if d.rank == 0:
+        for note in notes_on_folder:
+            log(note)
         atomic_write_text(cfg_path, json.dumps({**_saved(cfg_path), **record}, indent=1, default=str))
     all_tasks = task_specs(spec.protocol, spec.size, spec.boundary)
     unknown = [t for t in spec.tasks if t not in all_tasks]
@@ -181,13 +184,18 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     return rows
 
 
-def folder_record(spec: BenchSpec, runs: list[MethodRun], needs_prior: bool) -> dict[str, Any]:
+def column_configs(runs: list[MethodRun]) -> dict[str, Any]:
+    """{"label@budget": sampler config} of every diffusion column of the grid."""
+    return {f"{r.label}@{budget_str(r)}": r.config for r in runs if r.config is not None}
+
+
+def folder_record(spec: BenchSpec, configs: dict[str, Any], needs_prior: bool) -> dict[str, Any]:
     """What config.json records so that a rerun into the same folder adds rows only of the same
     configuration: the spec's fingerprint, the resolved sampler config of every diffusion column
-    ("label@budget", which the row key leaves out) and the prior's content hash (when one is used)."""
+    (``configs``: "label@budget" -> config dataclass; the row key leaves them out) and the prior's
+    content hash (when one is used)."""
     record: dict[str, Any] = {"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
-                              "configs": {f"{r.label}@{budget_str(r)}": dataclasses.asdict(r.config)
-                                          for r in runs if r.config is not None}}
+                              "configs": {column: dataclasses.asdict(c) for column, c in configs.items()}}
     if needs_prior:
         record["prior_sha256"] = prior_record(spec.prior).get("sha256")
     return json.loads(json.dumps(record, default=str))  # tuples -> lists, as they are read back
@@ -205,19 +213,23 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
-def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any]) -> dict[str, Any]:
+def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
+                        columns_with_rows: set[str]) -> tuple[dict[str, Any], list[str]]:
     """Refuse to mix rows of another configuration into an existing output folder: another spec
-    fingerprint, another prior, or a column (method at a budget) whose sampler config changed (a
-    preset edited since). Returns the record to save: the folder's columns and this run's."""
+    fingerprint, another prior, or a column ("label@budget") with rows whose sampler config
+    changed (a preset edited since). Columns without rows (an interrupted run) are not compared.
+    Returns the record to save (the configs of the folder's columns that have rows, and this
+    run's) and notes for the log (a folder written before configs were recorded)."""
     saved = _saved(cfg_path)
-    problems = []
+    problems, notes = [], []
     old_fp = saved.get("fingerprint")
     if old_fp is not None and old_fp != record["fingerprint"]:
         problems += _differences(old_fp, record["fingerprint"])
+    diffusion_rows = any(c.split("@")[0].split(":")[0] in DIFFUSION_METHODS for c in columns_with_rows)
     old_sha, new_sha = saved.get("prior_sha256"), record.get("prior_sha256")
-    if old_sha and new_sha and old_sha != new_sha:
+    if diffusion_rows and old_sha and new_sha and old_sha != new_sha:
         problems.append(f"prior (sha256 of its files): {old_sha} -> {new_sha}")
-    old_configs = saved.get("configs", {})
+    old_configs = {k: v for k, v in saved.get("configs", {}).items() if k in columns_with_rows}
     for column, cfg in record["configs"].items():
         if column in old_configs and old_configs[column] != cfg:
             problems += [f"{column} config {d}" for d in _differences(old_configs[column], cfg)]
@@ -225,10 +237,13 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any])
         raise ValueError(f"{spec.out} holds results of another configuration ({cfg_path}): "
                          + "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
                          + ". Use another --out")
+    if diffusion_rows and saved and "configs" not in saved:
+        notes.append(f"note: {cfg_path} predates the record of sampler configs and prior; the rows already "
+                     f"in {spec.out} cannot be checked against this run's, which is recorded from now on")
     merged = {**record, "configs": {**old_configs, **record["configs"]}}
-    if not new_sha and old_sha:
+    if not new_sha and old_sha and diffusion_rows:
         merged["prior_sha256"] = old_sha
-    return merged
+    return merged, notes
 
 
 def spec_json(spec: BenchSpec) -> dict[str, Any]:

@@ -87,9 +87,13 @@ class BenchSpec:
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings that change a row's numbers (an existing OUT must agree on them)."""
-        return {"protocol": self.protocol, "size": self.size, "zoom": self.zoom, "preset": self.preset,
-                "samples": self.samples, "sigma_y": self.sigma_y, "seed": self.seed, "boundary": self.boundary,
-                "overrides": self.overrides, "format": FORMAT_VERSION}
+        fp = {"protocol": self.protocol, "size": self.size, "zoom": self.zoom, "preset": self.preset,
+              "samples": self.samples, "sigma_y": self.sigma_y, "seed": self.seed, "boundary": self.boundary,
+              "overrides": self.overrides, "format": FORMAT_VERSION}
+        if self.protocol == "oracle":
+            fp.update(num_images=self.num_images, oracle_alpha=self.oracle_alpha,
+                      oracle_pixel_std=self.oracle_pixel_std)
+        return fp
 
 
 

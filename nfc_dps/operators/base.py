@@ -153,9 +153,10 @@ class LinearOperator(torch.nn.Module):
         return None
 
     def gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
-        """The h * w eigenvalues of A^T A on an (h, w) image (per channel; float64, in no order),
-        or None when the operator does not declare them. Default: |H|^2 of a circulant operator,
-        the mask of a pixel-mask one."""
+        """The h * w eigenvalues of A^T A on an (h, w) image (per channel; float64), or None when
+        the operator does not declare them. Default: |H|^2 of a circulant operator, flattened in
+        FFT order (row-major, as ``transfer_function``), and the mask of a pixel-mask one; other
+        operators give them in no particular order."""
         if self.is_circulant:
             return self.transfer_function(h, w, dtype=torch.float64).abs().square().flatten()
         mask = self.pixel_mask()

@@ -47,19 +47,40 @@ def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_s
     return power_law_spectrum(amplitude, alpha, image_shape)
 
 
+def gram_eigenvalues_for_matching(operator: LinearOperator, h: int, w: int) -> tuple[Tensor, bool]:
+    """The eigenvalues of A^T A that matched re-noising averages over, and whether they are in FFT
+    order (a circulant operator). The operator's declared ``gram_eigenvalues``; for a blur that
+    declares none (reflect boundary, or one on a larger canvas), those of the circular convolution
+    with its kernel stand in (they differ only near the border, and only their mean is used).
+    ValueError for any other operator that declares none."""
+    gram = operator.gram_eigenvalues(h, w)
+    if gram is not None:
+        return gram, bool(operator.is_circulant)
+    kernel = operator.blur_kernel()
+    if kernel is not None:
+        from ..operators.blur import BlurOperator
+
+        return BlurOperator(kernel, "circular").gram_eigenvalues(h, w), False
+    raise ValueError(f"renoise='matched' needs the eigenvalues of A^T A, which {type(operator).__name__} "
+                     f"({operator.name}, family {operator.family}) does not declare; use renoise='fresh' or 'none'")
+
+
 def conditional_error_variance(gram: Tensor, sigma_y: float, prior_var: float | Tensor, temperature: float,
-                               fourier: bool) -> Tensor:
+                               fft_ordered: bool) -> Tensor:
     """(B|1,) expected squared error per pixel of the inner step's output, under its own Gaussian model.
 
     The model: x ~ N(center, C) and y = A x + sigma_y n; the conditional covariance is
     P = (A^T A / sigma_y^2 + C^-1)^-1. The mean is off by P (trace per pixel), a draw at temperature
-    t by (1 + t^2) P. ``gram``: the h w eigenvalues of A^T A (``LinearOperator.gram_eigenvalues``).
-    ``prior_var``: r^2, or the spectral C (B|1, 1, H, W); C is diagonal in A^T A's basis when
-    ``fourier`` (a circulant operator, eigenvalues in FFT order); else its mean stands for it (the
-    isotropic prior of the same total variance). The band weight is not counted.
+    t by (1 + t^2) P. ``gram``: the H W eigenvalues of A^T A (``LinearOperator.gram_eigenvalues``).
+    ``prior_var``: r^2, or the spectral C (B|1, 1, H, W) on the FFT grid; C is diagonal in A^T A's
+    basis when the eigenvalues are ``fft_ordered`` (a circulant operator: |H|^2 flattened); else
+    its mean stands for it (the isotropic prior of the same total variance). Not counted: the band
+    weight and the Haar fuse that may follow the step.
     """
     if isinstance(prior_var, Tensor):
-        c = prior_var.flatten(1) if fourier else prior_var.flatten(1).mean(1, keepdim=True)
+        if fft_ordered and prior_var[0].numel() != gram.numel():
+            raise ValueError(f"{gram.numel()} eigenvalues for a prior variance of shape {tuple(prior_var.shape)}")
+        c = prior_var.flatten(1) if fft_ordered else prior_var.flatten(1).mean(1, keepdim=True)
     else:
         c = torch.tensor([[prior_var]], dtype=gram.dtype, device=gram.device)
     per_component = 1.0 / (gram[None].to(c) / sigma_y**2 + 1.0 / c)

@@ -57,6 +57,7 @@ from .dpir import DPIR_SIGMA_MAX
 from .gaussian_step import (
     conditional_error_variance,
     fit_spectrum_from_measurement,
+    gram_eigenvalues_for_matching,
     gaussian_conditional,
     pixel_coverage,
     spectral_crossing,
@@ -118,8 +119,9 @@ class NFCConfig(StepConfig):
     methods do) or "matched": only the noise that the data step's output lacks, std
     sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) with e_k^2 the inner step's expected squared error per
     pixel under its own Gaussian model (``gaussian_step.conditional_error_variance``), so that the
-    next denoiser's input carries about the sigma_{k+1} it is told. Needs an operator that
-    declares the eigenvalues of A^T A (``gram_eigenvalues``).
+    next denoiser's input carries about the sigma_{k+1} it is told (the band weight and the Haar
+    fuse are not in that model). Needs the eigenvalues of A^T A: the operator's
+    ``gram_eigenvalues``, or a circular blur's with the kernel of a blur that declares none.
     prior_weight: lam, the inner step's prior covariance is C_k / lam: below 1 the data step
     trusts x0_hat less (DPIR's HQS weighting is lam = 0.23 on r_k = sigma_k).
     noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in model units:
@@ -217,6 +219,14 @@ def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) 
     return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
 
 
+def level_sigmas(cfg: NFCConfig, operator: LinearOperator, sigma_y: float, prior_sigma_max: float) -> list[float]:
+    """The N + 1 levels sigma_0 > ... > sigma_{N-1} > sigma_N = 0 (model units): EDM's rho-schedule
+    from ``top_sigma`` (capped at the prior's sigma_max) down to max(sigma_min, noise_floor sigma_y)."""
+    sigma_top = min(top_sigma(cfg.sigma_max, operator, sigma_y), prior_sigma_max)
+    sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * sigma_y))
+    return karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
+
+
 def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int, ...], cutoff: Tensor | float,
                 device, dtype) -> Tensor | None:
     """W_k = (1 - lambda_k) + lambda_k M_k on the measurement's full FFT grid, (1|B, 1, h, w);
@@ -276,9 +286,7 @@ def sample_nfc(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
-    sigma_top = min(top_sigma(cfg.sigma_max, operator, prob.sigma), prior.sigma_max)
-    sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * prob.sigma))
-    sigmas = karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
+    sigmas = level_sigmas(cfg, operator, prob.sigma, prior.sigma_max)
     n = cfg.num_levels
     needs_spectrum = (cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
                       or cfg.start == "wiener")
@@ -293,13 +301,9 @@ def sample_nfc(
     if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
         coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
 
-    gram = None
+    gram, fft_ordered = None, False
     if cfg.renoise == "matched":
-        gram = operator.gram_eigenvalues(*image_shape[-2:])
-        if gram is None:
-            raise ValueError(f"renoise='matched' needs the eigenvalues of A^T A, which {type(operator).__name__} "
-                             f"({operator.describe().get('boundary', operator.name)}) does not declare; "
-                             "use renoise='fresh' or 'none'")
+        gram, fft_ordered = gram_eigenvalues_for_matching(operator, *image_shape[-2:])
         gram = gram.to(device=y.device)
     if cfg.start == "noise":
         with phase("renoise"):
@@ -341,8 +345,7 @@ def sample_nfc(
                 x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         elif sigma_next > 0 and cfg.renoise == "matched":
             with phase("renoise"):
-                err2 = conditional_error_variance(gram, prob.sigma, prior_var, cfg.inner_temperature,
-                                                  operator.is_circulant)
+                err2 = conditional_error_variance(gram, prob.sigma, prior_var, cfg.inner_temperature, fft_ordered)
                 std = (sigma_next**2 - err2).clamp(min=0).sqrt().to(x0.dtype)
                 x = x0 + std.view(-1, 1, 1, 1) * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         else:

@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser, workdir_default: Path | None = Non
     p.add_argument("--lr", type=float, default=2e-4, help="Adam learning rate (default 2e-4)")
     p.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (default 0)")
     p.add_argument("--cooldown", type=int, default=0,
-                   help="decay the learning rate linearly to 0 over the last N steps before --steps (default 0: none)")
+                   help="decay the learning rate linearly to 0 over the last N steps before --steps (default 0: "
+                        "none; a rerun with a larger --steps moves the decay later)")
     p.add_argument("--ema", type=float, default=0.999, help="EMA decay per step of the exported weights (default 0.999)")
     p.add_argument("--p-mean", type=float, default=-1.2, help="mean of ln sigma (model units, default -1.2)")
     p.add_argument("--p-std", type=float, default=1.2, help="std of ln sigma (default 1.2)")

@@ -101,7 +101,8 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 
     Linear warm-up over the first ``warmup`` steps, constant ``lr``, then a linear decay to 0 over the
     last ``cooldown`` steps before ``steps``. It depends on the absolute step only, so a resumed run
-    continues the same schedule.
+    with the same ``steps`` and ``cooldown`` continues the same schedule (a larger ``steps`` moves
+    the decay later, and the rate back up).
     """
     scale = 1.0
     if cfg.warmup:
@@ -128,6 +129,8 @@ def _check(cfg: TrainConfig) -> None:
               (cfg.warmup >= 0, f"--warmup must be >= 0, got {cfg.warmup}"),
               (cfg.cooldown >= 0, f"--cooldown must be >= 0, got {cfg.cooldown}"),
               (cfg.cooldown == 0 or cfg.steps is not None, "--cooldown N needs --steps (it ends there)"),
+              (cfg.steps is None or cfg.cooldown <= cfg.steps,
+               f"--cooldown {cfg.cooldown} is longer than --steps {cfg.steps}"),
               (0 <= cfg.ema < 1, f"--ema must be in [0, 1), got {cfg.ema}"),
               (cfg.save_every >= 1 and cfg.log_every >= 1, "--save-every and --log-every must be >= 1"),
               (0 <= cfg.holdout < 1, f"--holdout must be in [0, 1), got {cfg.holdout}"),
