@@ -14,6 +14,7 @@ x0_hat; the prior covariance is the embedded prior's declared spectrum.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from unittest import mock
 
 import numpy as np
@@ -24,9 +25,8 @@ import nfc_dps.samplers.gaussian_step as gaussian_step
 from nfc_dps.bench.spec import task_specs
 from nfc_dps.operators.factory import build_operator
 from nfc_dps.priors.default import load_prior
-from nfc_dps.samplers.nfc import band_weight, top_sigma
+from nfc_dps.samplers.nfc import band_weight, level_sigmas
 from nfc_dps.samplers.presets import NFC_PRESETS
-from nfc_dps.schedules import karras_sigmas
 
 
 def level_errors(task: str, caps: list[int], levels: int, size: int, wide_holes: bool) -> np.ndarray:
@@ -44,8 +44,7 @@ def level_errors(task: str, caps: list[int], levels: int, size: int, wide_holes:
     prob = common.to_model_units(op, y, 0.025, x.shape)
     spectrum = prior.spectrum(size, size).to(torch.float32).view(1, 1, size, size)
     cfg = NFC_PRESETS["fast"]
-    sigmas = karras_sigmas(levels, cfg.sigma_min, min(top_sigma(cfg.sigma_max, op, prob.sigma), prior.sigma_max),
-                           cfg.rho).tolist()
+    sigmas = level_sigmas(dataclasses.replace(cfg, num_levels=levels), op, prob.sigma, prior.sigma_max)
     out = np.zeros((levels, len(caps)))
     hole_size = gaussian_step.WIDE_HOLE_SIZE if wide_holes else 10**9  # no hole is wide: the old form
     with mock.patch.object(gaussian_step, "WIDE_HOLE_SIZE", hole_size):

@@ -119,9 +119,9 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     runs = method_runs(spec)
     needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
     # every rank checks: an error on one rank only would leave the others waiting
-    columns_with_rows = {f"{r['method']}@{r['budget']}" for r in all_rows(out)}
+    existing = all_rows(out)
     record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs), needs_prior),
-                                                  columns_with_rows)
+                                                  {f"{r['method']}@{r['budget']}" for r in existing})
     d.barrier()
     if d.rank == 0:
         for note in notes_on_folder:
@@ -133,7 +133,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
         raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(all_tasks)}")
     images = load_images(spec)
     names = [n for n, _ in images]
-    done = {row_key(r) for r in all_rows(out)}
+    done = {row_key(r) for r in existing}
     jobs = [(t, n) for t in spec.tasks for n in names]
     mine = jobs[d.rank::d.world]
     prior = None

@@ -83,7 +83,7 @@ def conditional_error_variance(gram: Tensor, sigma_y: float, prior_var: float | 
         c = prior_var.flatten(1) if fft_ordered else prior_var.flatten(1).mean(1, keepdim=True)
     else:
         c = torch.tensor([[prior_var]], dtype=gram.dtype, device=gram.device)
-    per_component = 1.0 / (gram[None].to(c) / sigma_y**2 + 1.0 / c)
+    per_component = 1.0 / (gram[None] / sigma_y**2 + 1.0 / c)
     return (1 + temperature**2) * per_component.mean(1)
 
 

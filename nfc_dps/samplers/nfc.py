@@ -304,7 +304,7 @@ def sample_nfc(
     gram, fft_ordered = None, False
     if cfg.renoise == "matched":
         gram, fft_ordered = gram_eigenvalues_for_matching(operator, *image_shape[-2:])
-        gram = gram.to(device=y.device)
+        gram = gram.to(device=y.device, dtype=y.dtype)
     if cfg.start == "noise":
         with phase("renoise"):
             x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
