@@ -64,6 +64,13 @@ def check_budget(budget: int) -> int:
     return budget
 
 
+def check_flag(name: str, value: object) -> bool:
+    """``value`` if it is a bool, else a ValueError naming the config field ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 class CountingPrior(Prior):
     """Wraps a prior and counts its network evaluations (one batched call = 1 NFE per image)."""
 

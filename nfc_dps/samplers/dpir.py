@@ -6,7 +6,7 @@ noise schedule sigma_0 > ... > sigma_{N-1} (model units):
     z = x_init                                             # from the measurement, no noise
     for k = 0 .. N-1:
         x = argmin ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r_k^2),  r_k = sigma_k / sqrt(lam)
-        z = D(x, sigma_k)                                   # 1 NFE
+        z = D(x, sigma_k)                                   # 1 NFE (self-ensemble: D under symmetry k mod 8)
     return z
 
 DPIR writes the data step as argmin ||y - H x||^2 + alpha_k ||x - z||^2 with alpha_k = lam
@@ -26,8 +26,9 @@ from torch import Tensor
 
 from ..operators.base import LinearOperator
 from ..priors.base import Prior
-from .common import (StepConfig, START_ESTIMATES, Callback, Generators, counting, initial_estimate, sigma_vector, to_image_units,
-                     to_model_units)
+from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, sigma_vector,
+                     to_image_units, to_model_units)
+from .self_ensemble import SelfEnsemblePrior
 
 #: DPIR's first noise level, 49/255 in [0, 1] units, in model units
 DPIR_SIGMA_MAX = 2 * 49 / 255
@@ -46,6 +47,9 @@ class DPIRConfig(StepConfig):
     start: the first z, from the measurement (``initial_estimate``): "pinv", "adjoint"
         (DPIR starts deblurring from y, which is what "adjoint" gives for a normalised kernel) or
         "tikhonov".
+    self_ensemble: DPIR's periodical geometric self-ensemble (its released code's ``x8 = True``):
+        iteration k denoises under the (k mod 8)-th flip/quarter turn (``SelfEnsemblePrior``);
+        no extra NFE.
     """
 
     num_steps: int = 8
@@ -54,6 +58,7 @@ class DPIRConfig(StepConfig):
     noise_floor: float = 1.0
     lam: float = 0.23
     start: str = "adjoint"
+    self_ensemble: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1:
@@ -66,6 +71,7 @@ class DPIRConfig(StepConfig):
             raise ValueError(f"noise_floor must be >= 0, got {self.noise_floor!r}")
         if self.start not in START_ESTIMATES or self.start == "wiener":
             raise ValueError(f"start must be one of {[s for s in START_ESTIMATES if s != 'wiener']}, got {self.start!r}")
+        check_flag("self_ensemble", self.self_ensemble)
 
 
     @property
@@ -103,12 +109,13 @@ def sample_dpir(
     """DPIR's estimate per image (deterministic; ``generators`` unused). y: (B, C, h, w) in [0, 1];
     sigma_y in [0, 1] units; image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
     prior = counting(prior)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
+    denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
+    prob = to_model_units(operator, y, sigma_y, image_shape)
     z = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start)
     for k, sigma in enumerate(dpir_sigmas(cfg, prob.sigma)):
         x = operator.prox(prob.y, z, prob.sigma, sigma / cfg.lam**0.5)
-        z = prior.denoise(x, sigma_vector(min(sigma, prior.sigma_max), x))
+        z = denoiser.denoise(x, sigma_vector(min(sigma, prior.sigma_max), x))
         if callback is not None:
             callback({"step": k, "sigma": sigma, "x": x, "x0_hat": z, "nfe": prior.nfe})
     return to_image_units(z)

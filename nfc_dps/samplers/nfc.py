@@ -46,6 +46,7 @@ from .common import (
     Generators,
     StepConfig,
     check_budget,
+    check_flag,
     counting,
     initial_estimate,
     pf_ode_predict,
@@ -54,6 +55,7 @@ from .common import (
     to_model_units,
 )
 from .dpir import DPIR_SIGMA_MAX
+from .self_ensemble import SelfEnsemblePrior
 from .gaussian_step import (
     conditional_error_variance,
     fit_spectrum_from_measurement,
@@ -128,6 +130,9 @@ class NFCConfig(StepConfig):
     below the measurement noise a data step cannot tell detail from noise (DPIR: 1). 0 = off.
     cg_iterations: cap on the conjugate-gradient iterations of the exact inner step where it has
     no closed form (spectral covariance with inpainting, SR, reflect-boundary blur).
+    self_ensemble: DPIR's periodical geometric self-ensemble: network call j sees its input under
+    the (j mod 8)-th flip/quarter turn and its output is turned back (``SelfEnsemblePrior``); no
+    extra NFE. The deterministic preset uses it; the posterior-sampling presets do not.
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
@@ -150,6 +155,7 @@ class NFCConfig(StepConfig):
     prior_weight: float = 1.0
     noise_floor: float = 0.0
     cg_iterations: int = 20
+    self_ensemble: bool = False
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
@@ -177,6 +183,7 @@ class NFCConfig(StepConfig):
             raise ValueError(f"inner_temperature must be in [0, 1], got {self.inner_temperature}")
         if self.cg_iterations < 1:
             raise ValueError(f"cg_iterations must be >= 1, got {self.cg_iterations}")
+        check_flag("self_ensemble", self.self_ensemble)
         if self.num_levels < 1 or self.ode_steps < 1:
             raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
         if isinstance(self.band, dict):
@@ -310,10 +317,11 @@ def sample_nfc(
             x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     else:
         x = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start, spectrum)
+    denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
     for k in range(n):
         sigma, sigma_next = sigmas[k], sigmas[k + 1]
         with phase("predictor"):
-            x0_hat = pf_ode_predict(prior, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
+            x0_hat = pf_ode_predict(denoiser, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
         prior_var: float | Tensor = sigma**2
         if cfg.prior_covariance == "spectral":
             prior_var = spectral_prior_variance(spectrum, sigma)

@@ -34,11 +34,12 @@ NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, r
 # the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
 # conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from sigma_max
 # "auto" (DPIR's 49/255 in [0, 1] units; for inpainting 0.1 in model units, nfc.top_sigma) down
-# to half the measurement noise (docs/benchmarks.md: the 256-px tier)
+# to half the measurement noise, with DPIR's periodical geometric self-ensemble (docs/benchmarks.md:
+# the 256-px tier)
 NFC_PRESETS["deterministic"] = NFCConfig(
     num_levels=16, ode_steps=1, sigma_max="auto", sigma_min=0.02, noise_floor=0.5, inner="exact",
     prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.23, start="wiener", renoise="none",
-    band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0),
+    self_ensemble=True, band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0),
 )
 
 DAPS_PRESETS: dict[str, NFCConfig] = {

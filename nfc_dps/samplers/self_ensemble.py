@@ -1,0 +1,52 @@
+"""DPIR's periodical geometric self-ensemble (Zhang et al., "Plug-and-Play Image Restoration with
+Deep Denoiser Prior", TPAMI 2021): the k-th call of the denoiser sees its input under the
+(k mod 8)-th symmetry of the square (quarter turns and mirrors) and its output is mapped back.
+
+Over an iterative method's calls the eight orientations take turns, so the orientation-dependent
+part of the network's error (and of a tiled prior's seams) partly averages out across iterations at
+no extra network evaluation. A denoiser that is itself equivariant (a Gaussian prior with a
+spectrum invariant under the square's symmetries) is unchanged by it.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..priors.base import Prior
+
+#: the symmetries of the square: 4 quarter turns, each with or without a left-right mirror
+DIHEDRAL_ORDER = 8
+
+
+def dihedral(x: Tensor, k: int) -> Tensor:
+    """The k-th (0..7) symmetry on the last two axes: k % 4 quarter turns, then a mirror if k >= 4.
+    A quarter turn swaps H and W."""
+    x = x.rot90(k % 4, dims=(-2, -1))
+    return x.flip(-1) if k >= 4 else x
+
+
+def dihedral_inverse(x: Tensor, k: int) -> Tensor:
+    """Undoes :func:`dihedral` (x, k)."""
+    if k >= 4:
+        x = x.flip(-1)
+    return x.rot90(-(k % 4), dims=(-2, -1))
+
+
+class SelfEnsemblePrior(Prior):
+    """Wraps a prior: call number j (from 0) denoises ``dihedral(x, j % 8)`` and maps the result back.
+
+    Deterministic and independent of the batch (every image of a call gets the same symmetry);
+    a fresh wrapper starts again at the identity. Network evaluations are those of the wrapped prior.
+    """
+
+    def __init__(self, inner: Prior) -> None:
+        super().__init__()
+        self.inner = inner
+        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
+        self.size_multiple = inner.size_multiple
+        self.calls = 0
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        k = self.calls % DIHEDRAL_ORDER
+        self.calls += 1
+        return dihedral_inverse(self.inner.denoise(dihedral(x, k), sigma), k)

@@ -1,0 +1,71 @@
+"""DPIR's periodical geometric self-ensemble (``SelfEnsemblePrior``) and where it is switched on."""
+
+import pytest
+import torch
+
+from nfc_dps.priors import GaussianSpectralPrior, Prior
+from nfc_dps.samplers import get_config
+from nfc_dps.samplers.dpir import DPIRConfig
+from nfc_dps.samplers.nfc import NFCConfig
+from nfc_dps.samplers.self_ensemble import DIHEDRAL_ORDER, SelfEnsemblePrior, dihedral, dihedral_inverse
+
+
+def test_dihedral_is_the_group_of_the_square_and_inverts():
+    x = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(0))
+    for k in range(DIHEDRAL_ORDER):
+        t = dihedral(x, k)
+        assert t.shape[-2:] == ((5, 7) if k % 2 == 0 else (7, 5))  # a quarter turn swaps H and W
+        assert torch.equal(dihedral_inverse(t, k), x)
+    # eight different transforms of a generic image (compare as sets of pixel positions)
+    ramp = torch.arange(36.0).view(1, 1, 6, 6)
+    assert len({tuple(dihedral(ramp, k).flatten().tolist()) for k in range(DIHEDRAL_ORDER)}) == DIHEDRAL_ORDER
+
+
+class RecordingPrior(Prior):
+    """D(x) = x + a fixed ramp (not equivariant); records each call's input."""
+
+    channels = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[torch.Tensor] = []
+
+    def denoise(self, x, sigma):
+        self.inputs.append(x.clone())
+        h, w = x.shape[-2:]
+        return x + torch.arange(h * w, dtype=x.dtype).view(1, 1, h, w)
+
+
+def test_call_j_sees_symmetry_j_mod_8_and_is_turned_back():
+    x = torch.randn(1, 1, 4, 6, generator=torch.Generator().manual_seed(1))
+    inner = RecordingPrior()
+    wrapped = SelfEnsemblePrior(inner)
+    sigma = torch.ones(1)
+    outs = [wrapped.denoise(x, sigma) for _ in range(10)]
+    for j, (seen, out) in enumerate(zip(inner.inputs, outs)):
+        k = j % DIHEDRAL_ORDER
+        assert torch.equal(seen, dihedral(x, k))
+        ramp = torch.arange(seen.shape[-2] * seen.shape[-1], dtype=x.dtype).view(1, 1, *seen.shape[-2:])
+        assert torch.equal(out, x + dihedral_inverse(ramp, k))
+    assert not torch.equal(outs[0], outs[1])  # the test tells the ensemble from the identity
+    assert torch.equal(outs[0], outs[8])
+
+
+def test_an_equivariant_prior_is_unchanged():
+    """An isotropic Gaussian prior on a square image commutes with the square's symmetries."""
+    prior = GaussianSpectralPrior((16, 16), alpha=2.0, pixel_std=0.5, channels=1)
+    x = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    wrapped, sigma = SelfEnsemblePrior(prior), torch.full((2,), 0.3, dtype=torch.float64)
+    for _ in range(DIHEDRAL_ORDER):
+        assert torch.allclose(wrapped.denoise(x, sigma), prior.denoise(x, sigma), atol=1e-12)
+
+
+def test_where_it_is_on():
+    assert DPIRConfig().self_ensemble and get_config("dpir", "paper").self_ensemble  # DPIR's released x8 = True
+    assert get_config("nfc", "deterministic").self_ensemble
+    for preset in ("paper", "fast", "fast_psnr"):  # the posterior samplers are unchanged
+        assert not get_config("nfc", preset).self_ensemble
+    with pytest.raises(ValueError, match="self_ensemble"):
+        NFCConfig(self_ensemble=1)
+    with pytest.raises(ValueError, match="self_ensemble"):
+        DPIRConfig(self_ensemble="yes")
