@@ -132,7 +132,8 @@ class NFCConfig(StepConfig):
     no closed form (spectral covariance with inpainting, SR, reflect-boundary blur).
     self_ensemble: DPIR's periodical geometric self-ensemble: network call j sees its input under
     the (j mod 8)-th flip/quarter turn and its output is turned back (``SelfEnsemblePrior``); no
-    extra NFE. The deterministic preset uses it; the posterior-sampling presets do not.
+    extra NFE. The deterministic and fast_psnr presets use it; the posterior samplers (fast, paper)
+    do not.
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
