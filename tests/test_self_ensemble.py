@@ -1,5 +1,7 @@
 """DPIR's periodical geometric self-ensemble (``SelfEnsemblePrior``) and where it is switched on."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -69,3 +71,34 @@ def test_where_it_is_on():
         NFCConfig(self_ensemble=1)
     with pytest.raises(ValueError, match="self_ensemble"):
         DPIRConfig(self_ensemble="yes")
+
+
+class RampPrior(Prior):
+    """Shrinks towards a position-dependent ramp: a denoiser that no symmetry leaves alone."""
+
+    channels = 1
+
+    def denoise(self, x, sigma):
+        h, w = x.shape[-2:]
+        ramp = torch.linspace(-0.5, 0.5, h * w, dtype=x.dtype).view(1, 1, h, w)
+        s2 = sigma.view(-1, 1, 1, 1) ** 2
+        return (x + s2 * ramp / 0.25) / (1 + s2 / 0.25)
+
+
+def test_the_deterministic_presets_stay_deterministic_and_batch_invariant_with_it():
+    from nfc_dps.operators import BlurOperator, gaussian_kernel
+    from nfc_dps.samplers.dpir import sample_dpir
+    from nfc_dps.samplers.nfc import sample_nfc
+
+    op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(3, 1, 16, 16, generator=g)
+    y = op.A(x) + 0.025 * torch.randn(x.shape, generator=g)
+    prior = RampPrior()
+    for sample, cfg in ((sample_nfc, get_config("nfc", "deterministic")), (sample_dpir, get_config("dpir"))):
+        full = sample(prior, op, y, 0.025, y.shape, cfg)
+        assert torch.equal(full, sample(prior, op, y, 0.025, y.shape, cfg))
+        alone = torch.cat([sample(prior, op, y[i:i + 1], 0.025, (1, 1, 16, 16), cfg) for i in range(3)])
+        assert torch.allclose(full, alone, atol=1e-6, rtol=0)
+        off = sample(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, self_ensemble=False))
+        assert not torch.allclose(full, off, atol=1e-4)  # the ensemble acts on this prior
