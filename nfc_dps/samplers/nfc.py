@@ -22,6 +22,8 @@ Two regimes. The paper's (start "noise", renoise "fresh", sigma from 100): a pos
 The deterministic continuation (start from the measurement, renoise "none", conditional-mean
 inner steps, a short range below ~0.4 model units, lam = DPIR's 0.23): a plug-and-play estimate.
 The band and the Haar commitment can act there too; the ``deterministic`` preset leaves them off.
+With ``self_ensemble`` the network's call j sees its input under the (j mod 8)-th symmetry of the
+square (DPIR's periodical geometric self-ensemble; ``self_ensemble.py``).
 With ``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS.
 """
 
@@ -55,7 +57,6 @@ from .common import (
     to_model_units,
 )
 from .dpir import DPIR_SIGMA_MAX
-from .self_ensemble import SelfEnsemblePrior
 from .gaussian_step import (
     conditional_error_variance,
     fit_spectrum_from_measurement,
@@ -65,6 +66,7 @@ from .gaussian_step import (
     spectral_crossing,
     spectral_prior_variance,
 )
+from .self_ensemble import SelfEnsemblePrior
 
 INNER_SOLVERS = ("langevin", "exact")
 PRIOR_COVARIANCES = ("isotropic", "spectral")
