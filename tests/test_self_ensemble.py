@@ -102,3 +102,15 @@ def test_the_deterministic_presets_stay_deterministic_and_batch_invariant_with_i
         assert torch.allclose(full, alone, atol=1e-6, rtol=0)
         off = sample(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, self_ensemble=False))
         assert not torch.allclose(full, off, atol=1e-4)  # the ensemble acts on this prior
+
+
+def test_wrappers_answer_for_the_prior_they_wrap():
+    from nfc_dps.priors import TiledPrior
+    from nfc_dps.samplers import CountingPrior
+
+    inner = GaussianSpectralPrior((16, 16), alpha=2.0, pixel_std=0.5, channels=1)
+    inner.sigma_min, inner.sigma_max, inner.size_multiple, inner.precision = 0.01, 20.0, 4, "bfloat16"
+    for wrapper in (SelfEnsemblePrior(inner), CountingPrior(inner), TiledPrior(inner, 8)):
+        assert (wrapper.channels, wrapper.sigma_min, wrapper.sigma_max, wrapper.precision) == (1, 0.01, 20.0, "bfloat16")
+        assert wrapper.spectrum_is_exact and torch.equal(wrapper.spectrum(16, 16), inner.spectrum(16, 16))
+    assert SelfEnsemblePrior(inner).size_multiple == 4 and TiledPrior(inner, 8).size_multiple == 1

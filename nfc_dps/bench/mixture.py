@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..priors.base import Prior
+from ..priors.base import Prior, PriorWrapper
 
 __all__ = ["SETTINGS", "PRESTATED_SETTING", "MixtureSetting", "mixture_runs", "run_mixture", "mixture_markdown"]
 
@@ -129,13 +129,11 @@ def mixture_runs(budget: int, methods: Sequence[str] = (), overrides: dict[str, 
     return [r for r in out if not methods or r[0] in methods or r[1] in methods]
 
 
-class _FirstInput(Prior):
+class _FirstInput(PriorWrapper):
     """Passes denoiser calls through and keeps the first (x, sigma) since the last :meth:`take`."""
 
     def __init__(self, inner: Prior) -> None:
-        super().__init__()
-        self.inner = inner
-        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
+        super().__init__(inner)
         self.first: tuple[Tensor, Tensor] | None = None
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:

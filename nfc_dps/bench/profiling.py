@@ -61,15 +61,9 @@ def offers_timer(method: str) -> bool:
 
 def _timed_prior(inner, device: torch.device, totals: dict[str, float]):
     """A prior wrapper accumulating the wall time of its denoise calls (the network) in totals["network"]."""
-    from ..priors.base import Prior
+    from ..priors.base import PriorWrapper
 
-    class TimedPrior(Prior):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-            self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-            self.size_multiple = getattr(inner, "size_multiple", 1)
-
+    class TimedPrior(PriorWrapper):
         def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
             _sync(device)
             t0 = time.perf_counter()
@@ -78,7 +72,7 @@ def _timed_prior(inner, device: torch.device, totals: dict[str, float]):
             totals["network"] = totals.get("network", 0.0) + time.perf_counter() - t0
             return out
 
-    return TimedPrior()
+    return TimedPrior(inner)
 
 
 def run_profile(spec: BenchSpec, log: Callable[[str], None] = print, reps: int = 5) -> dict[str, Any]:

@@ -210,7 +210,22 @@ def x0_to_prediction(x0: Tensor, eps: Tensor, alpha: Tensor, sigma_vp: Tensor, p
     raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
 
 
-class TiledPrior(Prior):
+class PriorWrapper(Prior):
+    """A prior around another one (``inner``): it answers for the inner prior's channels, noise
+    range, size multiple and precision (``spectrum`` and ``spectrum_is_exact`` defer to ``inner``
+    already); a subclass overrides :meth:`denoise`, which passes the call through here."""
+
+    def __init__(self, inner: Prior) -> None:
+        super().__init__()
+        self.inner = inner
+        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
+        self.size_multiple, self.precision = inner.size_multiple, inner.precision
+
+    def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        return self.inner.denoise(x, sigma)
+
+
+class TiledPrior(PriorWrapper):
     """Applies a prior tile by tile at the size it was trained at.
 
     A network with GroupNorm sees different statistics at another image size (docs/prior.md,
@@ -229,13 +244,11 @@ class TiledPrior(Prior):
     """
 
     def __init__(self, inner: Prior, tile: int, overlap: bool = False, max_tiles: int = 128) -> None:
-        super().__init__()
         if max_tiles < 1:
             raise ValueError(f"max_tiles must be >= 1, got {max_tiles}")
-        self.inner, self.tile, self.overlap, self.max_tiles = inner, int(tile), overlap, int(max_tiles)
-        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-        self.precision = inner.precision
-        self.size_multiple = 1
+        super().__init__(inner)
+        self.tile, self.overlap, self.max_tiles = int(tile), overlap, int(max_tiles)
+        self.size_multiple = 1  # the tiles are padded to the inner prior's multiple
 
     def tiles_along(self, n: int) -> int:
         """Number of tiles covering an axis of ``n`` pixels (see the class docstring)."""

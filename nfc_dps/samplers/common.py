@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..operators.base import LinearOperator, randn_per_image
-from ..priors.base import Prior
+from ..priors.base import Prior, PriorWrapper
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 Callback = Callable[[dict[str, Any]], None] | None
@@ -71,14 +71,11 @@ def check_flag(name: str, value: object) -> bool:
     return value
 
 
-class CountingPrior(Prior):
+class CountingPrior(PriorWrapper):
     """Wraps a prior and counts its network evaluations (one batched call = 1 NFE per image)."""
 
     def __init__(self, inner: Prior) -> None:
-        super().__init__()
-        self.inner = inner
-        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-        self.size_multiple = inner.size_multiple
+        super().__init__(inner)
         self.nfe = 0
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..priors.base import Prior
+from ..priors.base import Prior, PriorWrapper
 
 #: the symmetries of the square: 4 quarter turns, each with or without a left-right mirror
 DIHEDRAL_ORDER = 8
@@ -32,7 +32,7 @@ def dihedral_inverse(x: Tensor, k: int) -> Tensor:
     return x.rot90(-(k % 4), dims=(-2, -1))
 
 
-class SelfEnsemblePrior(Prior):
+class SelfEnsemblePrior(PriorWrapper):
     """Wraps a prior: call number j (from 0) denoises ``dihedral(x, j % 8)`` and maps the result back.
 
     Deterministic and independent of the batch (every image of a call gets the same symmetry);
@@ -40,10 +40,7 @@ class SelfEnsemblePrior(Prior):
     """
 
     def __init__(self, inner: Prior) -> None:
-        super().__init__()
-        self.inner = inner
-        self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
-        self.size_multiple = inner.size_multiple
+        super().__init__(inner)
         self.calls = 0
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
