@@ -94,7 +94,7 @@ def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict
         done = {row_key(r) for r in existing}
         configs = {f"{label}@{b}": cfg for b in spec.budgets or (50, 200) for label, method, cfg in oracle_configs(b)
                    if method in spec.methods}
-        record, notes = check_folder_record(spec, out / "config.json", folder_record(spec, configs, False),
+        record, notes = check_folder_record(spec, out / "config.json", folder_record(spec, configs, None),
                                             {f"{r['method']}@{r['budget']}" for r in existing})
         for note in notes:
             log(note)

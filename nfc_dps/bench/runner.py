@@ -118,9 +118,11 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     cfg_path = out / "config.json"
     runs = method_runs(spec)
     needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
+    prior_info = prior_record(spec.prior)  # hashed once: config.json and summary.md record the same
     # every rank checks: an error on one rank only would leave the others waiting
     existing = all_rows(out)
-    record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs), needs_prior),
+    record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs),
+                                                                prior_info if needs_prior else None),
                                                   {f"{r['method']}@{r['budget']}" for r in existing})
     d.barrier()
     if d.rank == 0:
@@ -171,7 +173,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     rows: list[dict[str, str]] = []
     if d.rank == 0:
         rows = merge_results(spec, names)
-        header = _header(spec, d, device, time.perf_counter() - t_start, names)
+        header = _header(spec, d, device, time.perf_counter() - t_start, names, prior_info)
         atomic_write_text(cfg_path, json.dumps({**record, "header": header}, indent=1, default=str))
         plots = make_plots(spec, rows, names, log) if spec.plots else []
         atomic_write_text(out / "summary.md", summary_markdown(spec, rows, header, notes, plots))
@@ -189,15 +191,15 @@ def column_configs(runs: list[MethodRun]) -> dict[str, Any]:
     return {f"{r.label}@{budget_str(r)}": r.config for r in runs if r.config is not None}
 
 
-def folder_record(spec: BenchSpec, configs: dict[str, Any], needs_prior: bool) -> dict[str, Any]:
+def folder_record(spec: BenchSpec, configs: dict[str, Any], prior: dict[str, Any] | None) -> dict[str, Any]:
     """What config.json records so that a rerun into the same folder adds rows only of the same
     configuration: the spec's fingerprint, the resolved sampler config of every diffusion column
     (``configs``: "label@budget" -> config dataclass; the row key leaves them out) and the prior's
-    content hash (when one is used)."""
+    content hash (``prior``: its :func:`prior_record`, None when the grid uses no prior)."""
     record: dict[str, Any] = {"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
                               "configs": {column: dataclasses.asdict(c) for column, c in configs.items()}}
-    if needs_prior:
-        record["prior_sha256"] = prior_record(spec.prior).get("sha256")
+    if prior is not None:
+        record["prior_sha256"] = prior.get("sha256")
     return json.loads(json.dumps(record, default=str))  # tuples -> lists, as they are read back
 
 
@@ -251,17 +253,18 @@ def spec_json(spec: BenchSpec) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(spec).items()}
 
 
-def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, names: Sequence[str]) -> dict[str, Any]:
-    """The settings list at the top of summary.md (prior, images, noise, machine, ...)."""
+def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, names: Sequence[str],
+            prior: dict[str, Any]) -> dict[str, Any]:
+    """The settings list at the top of summary.md (``prior``: its :func:`prior_record`; images,
+    noise, machine, ...)."""
+    from ..priors.diffusers_prior import resolve_precision
+
     mach = machine_description()
     h: dict[str, Any] = {}
     if spec.label:
         h["label"] = spec.label
-    if spec.protocol != "oracle":
-        from ..priors.diffusers_prior import resolve_precision
-
-        h["prior"] = prior_record(spec.prior)
-        h["network precision"] = resolve_precision(spec.precision, device)
+    h["prior"] = prior
+    h["network precision"] = resolve_precision(spec.precision, device)
     h.update({
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
