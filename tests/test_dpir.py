@@ -144,8 +144,9 @@ def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
 
 
 def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
-    """A reflect-boundary blur declares none: the circular blur's with its kernel stand in (the
-    fast_psnr preset runs on it); an operator with no structure at all is a clear error."""
+    """A reflect-boundary blur declares none: its approximation, the circular blur's with its
+    kernel, stands in (the fast_psnr preset runs on it); an operator with no structure at all is a
+    clear error."""
     from nfc_dps.operators import LinearOperator
     from nfc_dps.samplers.gaussian_step import gram_eigenvalues_for_matching
 

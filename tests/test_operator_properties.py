@@ -183,3 +183,23 @@ def test_declared_gram_eigenvalues_are_those_of_the_dense_normal_matrix(problem)
     want = torch.linalg.eigvalsh(dense)
     assert lam.dtype == torch.float64 and lam.shape == (h * w,)
     torch.testing.assert_close(lam.sort().values, want, rtol=0, atol=1e-9)
+
+
+@PROPERTY_SETTINGS
+@given(problems())
+def test_approximate_gram_eigenvalues_are_exact_where_declared(problem):
+    """approximate_gram_eigenvalues: the declared eigenvalues where there are some; for a
+    reflect-boundary blur those of the circular blur with its kernel (a crop of one adds a zero
+    per pixel outside the image)."""
+    op, shape, seed = problem
+    h, w = shape[-2:]
+    lam, approx = op.gram_eigenvalues(h, w), op.approximate_gram_eigenvalues(h, w)
+    if lam is not None:
+        assert torch.equal(approx, lam)
+        return
+    inner = getattr(op, "inner", op)
+    ih, iw = op.image_region() or (h, w)
+    want = BlurOperator(inner.blur_kernel(), "circular").gram_eigenvalues(ih, iw)
+    want = torch.cat([want, want.new_zeros(h * w - ih * iw)])
+    assert approx.dtype == torch.float64 and approx.shape == (h * w,)
+    torch.testing.assert_close(approx, want, rtol=1e-6, atol=1e-9)

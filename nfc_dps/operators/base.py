@@ -20,6 +20,9 @@ testing its class (the safe defaults of :class:`LinearOperator` say "nothing kno
 * ``diagonal_basis``: "fourier" (circulant) or "pixel" (a mask) where A is diagonal, else None;
 * ``gram_eigenvalues(h, w)``: the eigenvalues of A^T A for an (h, w) image (h * w values, the same
   for every channel), where the structure gives them (Fourier, mask, separable SR), else None;
+* ``approximate_gram_eigenvalues(h, w)``: the same where they are declared, else an
+  approximation the operator vouches for (a reflect-boundary blur: those of the circular blur
+  with its kernel, which differ only near the border), else None;
 * ``image_region()``: (h, w) of the top-left part of the image that A sees when the image lies
   on a larger canvas (:class:`~nfc_dps.operators.padding.CroppedOperator`), else None;
 * ``describe()``: a JSON-able record of the operator for results files.
@@ -165,6 +168,12 @@ class LinearOperator(torch.nn.Module):
                 raise ValueError(f"the mask is {tuple(mask.shape[-2:])}, not the image's {(h, w)}")
             return mask.to(torch.float64).flatten()
         return None
+
+    def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
+        """The h * w eigenvalues of A^T A where they are declared (``gram_eigenvalues``), else an
+        approximation of them (in no particular order) where the operator has one, else None.
+        For uses that need only their distribution (a trace, a mean)."""
+        return self.gram_eigenvalues(h, w)
 
     def image_region(self) -> tuple[int, int] | None:
         """(h, w) of the image inside a larger canvas when A sees only x[..., :h, :w], else None."""

@@ -86,6 +86,11 @@ class BlurOperator(LinearOperator):
         """The (kh, kw) float32 kernel, normalised to sum 1 (the ``kernel`` buffer)."""
         return self.kernel
 
+    def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor:
+        """Circular: the exact |H|^2. Reflect: those of the circular blur with the same kernel; the
+        two operators differ only within the kernel's half-width of the border."""
+        return self._embedded_fft(int(h), int(w), True, torch.float64, None).abs().square().flatten()
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "kernel_shape": list(self.kernel.shape), "boundary": self.boundary}
 

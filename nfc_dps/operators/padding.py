@@ -50,9 +50,16 @@ class CroppedOperator(LinearOperator):
     def gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
         """A'^T A' is A^T A on the image region and 0 on the padding: the inner operator's
         eigenvalues and one zero per padded pixel."""
+        return self._with_padding(self.inner.gram_eigenvalues, h, w)
+
+    def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
+        """The inner operator's approximation and one zero per padded pixel."""
+        return self._with_padding(self.inner.approximate_gram_eigenvalues, h, w)
+
+    def _with_padding(self, inner_eigenvalues, h: int, w: int) -> Tensor | None:
         if (h, w) != (self.canvas_h, self.canvas_w):
             raise ValueError(f"this operator acts on a {self.canvas_h}x{self.canvas_w} canvas, not {h}x{w}")
-        inner = self.inner.gram_eigenvalues(self.h, self.w)
+        inner = inner_eigenvalues(self.h, self.w)
         if inner is None:
             return None
         return torch.cat([inner, inner.new_zeros(h * w - self.h * self.w)])

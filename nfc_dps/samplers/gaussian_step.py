@@ -49,20 +49,14 @@ def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_s
 
 def gram_eigenvalues_for_matching(operator: LinearOperator, h: int, w: int) -> tuple[Tensor, bool]:
     """The eigenvalues of A^T A that matched re-noising averages over, and whether they are in FFT
-    order (a circulant operator). The operator's declared ``gram_eigenvalues``; for a blur that
-    declares none (reflect boundary, or one on a larger canvas), those of the circular convolution
-    with its kernel stand in (they differ only near the border, and only their mean is used).
-    ValueError for any other operator that declares none."""
-    gram = operator.gram_eigenvalues(h, w)
-    if gram is not None:
-        return gram, bool(operator.is_circulant)
-    kernel = operator.blur_kernel()
-    if kernel is not None:
-        from ..operators.blur import BlurOperator
-
-        return BlurOperator(kernel, "circular").gram_eigenvalues(h, w), False
-    raise ValueError(f"renoise='matched' needs the eigenvalues of A^T A, which {type(operator).__name__} "
-                     f"({operator.name}, family {operator.family}) does not declare; use renoise='fresh' or 'none'")
+    order (a circulant operator): the operator's ``approximate_gram_eigenvalues`` (exact where it
+    declares them; a reflect-boundary blur's are those of the circular blur with its kernel).
+    ValueError for an operator that has none."""
+    gram = operator.approximate_gram_eigenvalues(h, w)
+    if gram is None:
+        raise ValueError(f"renoise='matched' needs the eigenvalues of A^T A, which {type(operator).__name__} "
+                         f"({operator.name}, family {operator.family}) does not declare; use renoise='fresh' or 'none'")
+    return gram, bool(operator.is_circulant)
 
 
 def conditional_error_variance(gram: Tensor, sigma_y: float, prior_var: float | Tensor, temperature: float,

@@ -125,7 +125,7 @@ class NFCConfig(StepConfig):
     pixel under its own Gaussian model (``gaussian_step.conditional_error_variance``), so that the
     next denoiser's input carries about the sigma_{k+1} it is told (the band weight and the Haar
     fuse are not in that model). Needs the eigenvalues of A^T A: the operator's
-    ``gram_eigenvalues``, or a circular blur's with the kernel of a blur that declares none.
+    ``approximate_gram_eigenvalues`` (exact where it declares them).
     prior_weight: lam, the inner step's prior covariance is C_k / lam: below 1 the data step
     trusts x0_hat less (DPIR's HQS weighting is lam = 0.23 on r_k = sigma_k).
     noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in model units:
