@@ -109,11 +109,20 @@ def machine_info() -> dict:
 # ----------------------------------------------------------------------------- prior loading
 
 
+def _exported_step(info_file: Path) -> int | None:
+    """The training step an export's ``train_info.json`` records, or None (no file, no step)."""
+    if not info_file.is_file():
+        return None
+    step = json.loads(info_file.read_text()).get("step")
+    return int(step) if isinstance(step, int) else None
+
+
 def snapshot_prior(path: Path, tmp: Path) -> tuple[Path, dict]:
     """Copy a prior folder that a training job may be rewriting; find its training step if it can.
 
     ``scripts/train_prior.py`` saves ``<workdir>/state.pt`` and then exports the EMA weights, so a
-    consistent export has weights no older than state.pt; the step is read from state.pt.
+    consistent export has weights no older than state.pt. The step is the one the export's
+    train_info.json records; for an export without one, state.pt's when it was saved with it.
     """
     info: dict = {"path": str(path), "step": None}
     weights = sorted((path / "unet").glob("*.safetensors")) + sorted(path.glob("*.safetensors"))
@@ -132,7 +141,11 @@ def snapshot_prior(path: Path, tmp: Path) -> tuple[Path, dict]:
             break
         time.sleep(5.0)
     info["weights_mtime"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m1)) if weights else None
-    if state.is_file() and weights and abs(state.stat().st_mtime - m1) < 120:
+    exported_step = _exported_step(dst / "train_info.json")
+    if exported_step is not None:  # the export says which step it is (a copied export too)
+        info["step"] = exported_step
+        info["step_source"] = str(path / "train_info.json")
+    elif state.is_file() and weights and abs(state.stat().st_mtime - m1) < 120:
         try:
             st = torch.load(state, map_location="cpu", weights_only=False)
             info["step"] = int(st["step"])
