@@ -155,6 +155,13 @@ def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
     assert reflect.gram_eigenvalues(SIZE, SIZE) is None
     gram, fft_ordered = gram_eigenvalues_for_matching(reflect, SIZE, SIZE)
     assert not fft_ordered and torch.equal(gram, BlurOperator(kernel, "circular").gram_eigenvalues(SIZE, SIZE))
+    # on a padded canvas (restore() pads to the prior's size multiple) the padding is unobserved
+    from nfc_dps.operators import CroppedOperator
+
+    cropped = CroppedOperator(reflect, (SIZE - 3, SIZE - 2), (SIZE, SIZE))
+    gram_c, fft_ordered = gram_eigenvalues_for_matching(cropped, SIZE, SIZE)
+    inner = BlurOperator(kernel, "circular").gram_eigenvalues(SIZE - 3, SIZE - 2)
+    assert not fft_ordered and torch.equal(gram_c, torch.cat([inner, inner.new_zeros(SIZE * SIZE - inner.numel())]))
     prior, _, _, x, _ = oracle_problem(1, seed=1)
     y = reflect.measure(((x + 1) / 2).float(), 0.025, torch.Generator().manual_seed(0))
     cfg = get_config("nfc", "fast_psnr", num_levels=4)

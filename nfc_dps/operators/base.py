@@ -22,7 +22,8 @@ testing its class (the safe defaults of :class:`LinearOperator` say "nothing kno
   for every channel), where the structure gives them (Fourier, mask, separable SR), else None;
 * ``approximate_gram_eigenvalues(h, w)``: the same where they are declared, else an
   approximation the operator vouches for (a reflect-boundary blur: those of the circular blur
-  with its kernel, which differ only near the border), else None;
+  with its kernel; for a kernel smaller than the image the two operators differ only within its
+  half-width of the border), else None;
 * ``image_region()``: (h, w) of the top-left part of the image that A sees when the image lies
   on a larger canvas (:class:`~nfc_dps.operators.padding.CroppedOperator`), else None;
 * ``describe()``: a JSON-able record of the operator for results files.

@@ -65,7 +65,8 @@ def conditional_error_variance(gram: Tensor, sigma_y: float, prior_var: float | 
 
     The model: x ~ N(center, C) and y = A x + sigma_y n; the conditional covariance is
     P = (A^T A / sigma_y^2 + C^-1)^-1. The mean is off by P (trace per pixel), a draw at temperature
-    t by (1 + t^2) P. ``gram``: the H W eigenvalues of A^T A (``LinearOperator.gram_eigenvalues``).
+    t by (1 + t^2) P. ``gram``: the H W eigenvalues of A^T A
+    (``LinearOperator.approximate_gram_eigenvalues``).
     ``prior_var``: r^2, or the spectral C (B|1, 1, H, W) on the FFT grid; C is diagonal in A^T A's
     basis when the eigenvalues are ``fft_ordered`` (a circulant operator: |H|^2 flattened); else
     its mean stands for it (the isotropic prior of the same total variance). Not counted: the band
