@@ -111,9 +111,10 @@ def machine_info() -> dict:
 
 def _exported_step(info_file: Path) -> int | None:
     """The training step an export's ``train_info.json`` records, or None (no file, no step)."""
-    if not info_file.is_file():
+    try:
+        step = json.loads(info_file.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):  # no file, or not a JSON object: a label only
         return None
-    step = json.loads(info_file.read_text()).get("step")
     return int(step) if isinstance(step, int) else None
 
 
