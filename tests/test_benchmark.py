@@ -325,3 +325,15 @@ def test_without_matplotlib_plots_are_skipped_with_a_message(tiny_prior, tmp_pat
     assert "matplotlib not installed" in capsys.readouterr().out
     assert (out / "results.csv").is_file() and (out / "summary.md").is_file() and (out / "grid.png").is_file()
     assert not (out / "bars.png").exists()
+
+
+def test_a_classical_only_grid_never_reads_the_prior(tmp_path):
+    """Classical methods use no network: --prior is neither loaded nor hashed (a missing folder is
+    no error), and summary.md says no prior was used."""
+    out = tmp_path / "run"
+    args = base_args(tmp_path / "no_such_prior", out, "--tasks", "deblur_gaussian", "--methods", "tv,wiener")
+    assert main(args) == 0
+    assert len(read_rows(out / "results.csv")) == 2 * 2
+    assert "prior_sha256" not in json.loads((out / "config.json").read_text())
+    summary = (out / "summary.md").read_text()
+    assert "none (classical methods only)" in summary and "network precision" not in summary

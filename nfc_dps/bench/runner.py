@@ -118,11 +118,11 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     cfg_path = out / "config.json"
     runs = method_runs(spec)
     needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
-    prior_info = prior_record(spec.prior)  # hashed once: config.json and summary.md record the same
+    # hashed once (config.json and summary.md record the same); a classical-only grid uses no prior
+    prior_info = prior_record(spec.prior) if needs_prior else None
     # every rank checks: an error on one rank only would leave the others waiting
     existing = all_rows(out)
-    record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs),
-                                                                prior_info if needs_prior else None),
+    record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs), prior_info),
                                                   {f"{r['method']}@{r['budget']}" for r in existing})
     d.barrier()
     if d.rank == 0:
@@ -254,17 +254,20 @@ def spec_json(spec: BenchSpec) -> dict[str, Any]:
 
 
 def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, names: Sequence[str],
-            prior: dict[str, Any]) -> dict[str, Any]:
-    """The settings list at the top of summary.md (``prior``: its :func:`prior_record`; images,
-    noise, machine, ...)."""
+            prior: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings list at the top of summary.md (``prior``: its :func:`prior_record`, None when
+    the grid uses no network; images, noise, machine, ...)."""
     from ..priors.diffusers_prior import resolve_precision
 
     mach = machine_description()
     h: dict[str, Any] = {}
     if spec.label:
         h["label"] = spec.label
-    h["prior"] = prior
-    h["network precision"] = resolve_precision(spec.precision, device)
+    if prior is not None:
+        h["prior"] = prior
+        h["network precision"] = resolve_precision(spec.precision, device)
+    else:
+        h["prior"] = "none (classical methods only)"
     h.update({
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
