@@ -27,7 +27,7 @@ from torch import Tensor
 from .operators.base import LinearOperator
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior
-from .samplers import counting, get_config, get_method
+from .samplers import counting, get_config, get_method, override_config
 
 
 @dataclass
@@ -179,7 +179,7 @@ def restore(
         preset: a named preset of the method; None = its default: for NFC "deterministic" (the
             best estimate per network call: 16 NFE, no random draw), for the others "fast".
             Posterior samples with a calibrated ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
-        sigma_y: measurement noise std in [0, 1] pixel units, finite and >= 0.
+        sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1].
         seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, >= 0).
             Chain j of image b draws its noise from its own generator, seeded by (seed_b, j): the
             results do not depend on the batch size, on the other images of the batch or on
@@ -189,7 +189,8 @@ def restore(
             once per chunk of chains (see ``max_batch``); ``info["chains"]`` is the chunk's
             (start, stop) range in image-major order (b * num_samples + j).
         progress: show a tqdm bar over the sampler's steps.
-        config: a full sampler config (overrides ``preset``); ``**overrides`` replace fields.
+        config: a full sampler config of ``method`` (replaces ``preset``); ``**overrides`` replace
+            its fields either way.
         max_batch: at most this many chains (images x samples) per sampler call, which bounds
             memory; None runs all B * num_samples chains at once.
         timer: a profiling hook for samplers that offer one (nfc, daps: ``timer(phase)`` returns a
@@ -213,22 +214,25 @@ def restore(
         sigma = float(sigma_y)
     except (TypeError, ValueError) as e:
         raise TypeError(f"sigma_y must be a number ([0, 1] pixel units), got {type(sigma_y).__name__}") from e
-    if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"sigma_y must be finite and >= 0 ([0, 1] pixel units), got {sigma_y}")
+    if not (math.isfinite(sigma) and 0 <= sigma <= 1):
+        raise ValueError(f"sigma_y must be in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), got {sigma_y}"
+                         + (" (in 0-255 units? divide by 255)" if sigma > 1 else ""))
     sigma_y = sigma
     batch, back = as_batch(y)
     _check_range(batch, sigma_y)
     b, c = batch.shape[:2]
     seeds = _seed_list(seed, b)
+    input_device = batch.device
     if prior is None:
-        prior = load_prior(device=batch.device)
+        prior = load_prior(device=input_device)
+    batch = batch.to(prior.device)  # numpy input is on the CPU; the results return to the input's device
     m = get_method(method)
     hook: dict[str, Any] = {}
     if timer is not None:
         if "timer" not in inspect.signature(m.sample).parameters:
             raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
         hook["timer"] = timer
-    cfg = config if config is not None else get_config(method, preset, **overrides)
+    cfg = get_config(method, preset, **overrides) if config is None else override_config(method, config, **overrides)
     if num_samples > 1 and cfg.is_deterministic:
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
                          f"the same); for posterior samples and a std map use preset='fast'")
@@ -286,7 +290,7 @@ def restore(
         x = x.mean(1, keepdim=True)
     if not torch.isfinite(x).all():
         raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
-    x = x[..., :h, :w].reshape(b, num_samples, x.shape[1], h, w)
+    x = x[..., :h, :w].reshape(b, num_samples, x.shape[1], h, w).to(input_device)
     samples = x.clamp(0, 1)
     if num_samples == 1:
         return Restoration(back(samples[:, 0]), None, None, nfe, seconds, cfg)

@@ -95,10 +95,15 @@ def test_numpy_integer_seeds():
         run(x, seed=-1)
 
 
-@pytest.mark.parametrize("sigma", [float("inf"), float("nan"), -0.1])
-def test_sigma_y_must_be_finite_and_nonnegative(sigma):
-    with pytest.raises(ValueError, match="sigma_y"):
+@pytest.mark.parametrize("sigma", [float("inf"), float("nan"), -0.1, 1.5])
+def test_sigma_y_must_lie_in_unit_pixel_range(sigma):
+    with pytest.raises(ValueError, match=r"sigma_y must be in \[0, 1\]"):
         run(image(), sigma_y=sigma)
+
+
+def test_sigma_y_in_0_255_units_is_named():
+    with pytest.raises(ValueError, match="12.75.*divide by 255"):
+        run(image(), sigma_y=12.75)
 
 
 def test_operator_none_is_a_type_error():

@@ -513,3 +513,20 @@ def test_precision_option(saved_unet):
     assert got.dtype == torch.float32  # the sampler side stays in the input's dtype
     rel = float((got - want).norm() / want.norm())
     assert 0 < rel < 2e-2, rel  # bfloat16 really ran, and it is close
+
+
+def test_prior_device_is_where_its_tensors_live():
+    """``Prior.device`` (where ``restore`` moves a measurement): a network's parameters, an
+    oracle's buffers, the CPU for a prior holding neither; a wrapper answers for what it wraps."""
+
+    class Bare(Prior):
+        def denoise(self, x, sigma):
+            return x
+
+    net = EDMDenoiser(torch.nn.Conv2d(1, 1, 1), sigma_data=0.5)
+    assert net.device == torch.device("cpu") and next(net.parameters()).device == net.device
+    assert GaussianSpectralPrior((8, 8), channels=1).device == torch.device("cpu")
+    assert Bare().device == torch.device("cpu")
+    assert TiledPrior(net, tile=8).device == net.device
+    meta = EDMDenoiser(torch.nn.Conv2d(1, 1, 1, device="meta"), sigma_data=0.5)
+    assert meta.device == torch.device("meta") and TiledPrior(meta, tile=8).device == torch.device("meta")

@@ -16,6 +16,7 @@ Network wrappers (``EpsilonDenoiser``, ``EDMDenoiser``) adapt a raw network once
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable
 
@@ -53,6 +54,14 @@ class Prior(nn.Module):
     power_law: tuple[float, float] | None = None
     #: the network's compute precision, "float32" or "bfloat16" (set by the loaders)
     precision: str = "float32"
+
+    @property
+    def device(self) -> torch.device:
+        """Where the prior's weights (or, for the oracles, its buffers) live; ``restore`` moves
+        measurements there. A prior holding neither is taken to run on the CPU."""
+        for t in itertools.chain(self.parameters(), self.buffers()):
+            return t.device
+        return torch.device("cpu")
 
     @property
     def spectrum_is_exact(self) -> bool:

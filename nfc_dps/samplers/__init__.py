@@ -24,17 +24,20 @@ from .presets import DAPS_PRESETS, NFC_PRESETS
 
 @dataclass(frozen=True)
 class Method:
-    """A sampler, its config class, its named presets and the one used when none is named."""
+    """A sampler, its config class, its named presets and the one used when none is named;
+    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error)."""
 
     sample: Callable[..., Any]
     config_class: type
     presets: dict[str, Any]
     default_preset: str = "fast"
+    fixed_fields: frozenset[str] = frozenset()
 
 
 METHODS: dict[str, Method] = {
     "nfc": Method(sample_nfc, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
-    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS),
+    # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
+    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"})),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
     "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS),
@@ -50,27 +53,40 @@ def get_method(name: str) -> Method:
 
 
 def get_config(method: str, preset: str | None = None, **overrides: Any) -> Any:
-    """The named preset of ``method`` (None: its default preset) with field overrides.
-
-    Unknown fields are an error. A field that holds a dataclass (NFC's ``band`` and ``detail``)
-    takes a mapping of its own fields, merged onto the preset's value: ``band={"cutoff_start": 0.5}``
-    changes that one field and keeps the rest (DAPS's band stays off). This is the one override
-    path: the CLI, config files and the harness all end here.
-    """
-    from dataclasses import fields, is_dataclass, replace
-
+    """The named preset of ``method`` (None: its default preset) with field overrides
+    (:func:`override_config`). This is the one override path: the CLI, config files, ``restore``
+    and the harness all end here."""
     m = get_method(method)
     preset = m.default_preset if preset is None else preset
     if preset not in m.presets:
         raise ValueError(f"unknown preset {preset!r} for {method}; choose one of {sorted(m.presets)}")
-    base = m.presets[preset]
+    return override_config(method, m.presets[preset], **overrides)
+
+
+def override_config(method: str, config: Any, **overrides: Any) -> Any:
+    """``config`` (an instance of ``method``'s config class) with field overrides.
+
+    Unknown fields, and fields the method sets itself (DAPS's ``band`` and ``detail``), are an
+    error. A field that holds a dataclass (NFC's ``band`` and ``detail``) takes a mapping of its
+    own fields, merged onto the config's value: ``band={"cutoff_start": 0.5}`` changes that one
+    field and keeps the rest.
+    """
+    from dataclasses import fields, is_dataclass, replace
+
+    m = get_method(method)
+    if not isinstance(config, m.config_class):
+        raise TypeError(f"a {method} config must be a {m.config_class.__name__}, got {type(config).__name__}")
     allowed = {f.name for f in fields(m.config_class)}
     unknown = set(overrides) - allowed
     if unknown:
         raise ValueError(f"unknown {method} config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    fixed = set(overrides) & m.fixed_fields
+    if fixed:
+        raise ValueError(f"{method} sets {sorted(fixed)} itself (DAPS is NFC with the band and the Haar "
+                         f"commitment off); to change them use method 'nfc'")
     merged = {}
     for key, value in overrides.items():
-        current = getattr(base, key)
+        current = getattr(config, key)
         if is_dataclass(current) and isinstance(value, Mapping):
             nested = {f.name for f in fields(current)}
             bad = set(value) - nested
@@ -78,9 +94,9 @@ def get_config(method: str, preset: str | None = None, **overrides: Any) -> Any:
                 raise ValueError(f"unknown {method} {key} keys {sorted(bad)}; allowed: {sorted(nested)}")
             value = replace(current, **value)
         merged[key] = value
-    return replace(base, **merged)
+    return replace(config, **merged)
 
 
-__all__ = ["METHODS", "Method", "get_method", "get_config", "CountingPrior", "counting",
+__all__ = ["METHODS", "Method", "get_method", "get_config", "override_config", "CountingPrior", "counting",
            "NFCConfig", "sample_nfc", "sample_daps", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
            "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm", "DPIRConfig", "sample_dpir"]
