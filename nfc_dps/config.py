@@ -129,8 +129,13 @@ def parse_scalar(text: str) -> Any:
 # values
 
 
-def _coerce(value: Any, default: Any, where: str) -> Any:
-    """Check ``value`` against the type of the ``default`` it replaces; convert harmless forms."""
+#: task parameters that also take an (height, width) pair of ints
+PAIR_KEYS = frozenset({"box_size"})
+
+
+def _coerce(value: Any, default: Any, where: str, pair: bool = False) -> Any:
+    """Check ``value`` against the type of the ``default`` it replaces; convert harmless forms
+    (``pair``: an int key that also takes an (h, w) pair, :data:`PAIR_KEYS`)."""
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -144,9 +149,10 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
             return int(value)
         if isinstance(value, str) and re.fullmatch(r"[-+]?\d+", value.strip()):
             return int(value)
-        if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return tuple(value)  # (height, width) pairs, e.g. box_size
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if pair and isinstance(value, (list, tuple)) and len(value) == 2 \
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)  # (height, width)
+        raise ConfigError(f"{where}: expected an integer{' or [height, width]' if pair else ''}, got {value!r}")
     if isinstance(default, float):
         if isinstance(value, bool):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
@@ -224,7 +230,7 @@ class TaskConfig:
 
 def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = None) -> TaskConfig:
     """Validate a task mapping ``{task, <operator params>, noise_sigma}``."""
-    from .operators import TASKS
+    from .operators import TASKS, check_task_params
 
     data = dict(data)
     if "task" not in data:
@@ -234,18 +240,23 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
         raise _unknown(source, str(name), list(TASKS), "task")
     noise = data.pop("noise_sigma", DEFAULT_NOISE_SIGMA)
     noise = _coerce(noise, 0.0, f"{source}: key 'noise_sigma'")
-    if noise < 0:
-        raise ConfigError(f"{source}: key 'noise_sigma' must be >= 0 ([0, 1] pixel units), got {noise}")
+    if not 0 <= noise <= 1:
+        raise ConfigError(f"{source}: key 'noise_sigma' must be in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), "
+                          f"got {noise}" + (" (in 0-255 units? divide by 255)" if noise > 1 else ""))
     allowed = TASKS[name]
     params: dict[str, Any] = {}
     for key, value in data.items():
         if key not in allowed:
             raise ConfigError(f"{source}: unknown key {key!r} for task {name!r}; allowed: "
                               f"{', '.join(['task', *allowed, 'noise_sigma'])}")
-        value = _coerce(value, allowed[key], f"{source}: key {key!r}")
+        value = _coerce(value, allowed[key], f"{source}: key {key!r}", pair=key in PAIR_KEYS)
         if key.endswith("_path") and base_dir is not None and not Path(value).is_absolute():
             value = str((base_dir / value).resolve())
         params[key] = value
+    try:  # the values too, before any image is read (not the image-size checks: no size yet)
+        check_task_params(name, **params)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from e
     return TaskConfig(name, params, noise, source)
 
 

@@ -247,6 +247,9 @@ def _cases(tmp_path: Path, prior: str):
         "random mask": (base + ["-o", out, "--task", "inpaint_box"], "--mask"),
         "missing prior": (["restore", "-i", str(inp), "-o", out, "--task", "denoise", "--prior", str(tmp_path / "noprior")], "prior"),
         "negative noise": (base + ["-o", out, "--task", "denoise", "--noise-sigma", "-1"], "noise-sigma"),
+        "noise in 0-255 units": (base + ["-o", out, "--task", "denoise", "--noise-sigma", "12.75"], "divide by 255"),
+        "bad task value": (base + ["-o", out, "--task", "deblur_gaussian", "--param", "kernel_std=-1"], "kernel_std=-1"),
+        "bad boundary": (base + ["-o", out, "--task", "deblur_motion", "--param", "boundary=reflct"], "reflct"),
         "bad steps type": (base + ["-o", out, "--task", "denoise", "--steps", "many"], "invalid int"),
         "bad device": (base + ["-o", out, "--task", "denoise", "--device", "warp9"], "device"),
         "bad precision": (base + ["-o", out, "--task", "denoise", "--precision", "float16"], "--precision"),
@@ -613,7 +616,7 @@ def test_simulate_then_restore_from_record(tmp_path, prior_dir, task, params, fi
     assert run(*argv) == 0
     record = json.loads((sim / "simulation.json").read_text())
     assert record["kind"] == "nfc_dps.simulation" and record["simulation_seed"] == 3
-    assert [i["operator_seed"] for i in record["images"]] == [3, 4]
+    assert [i["operator_seed"] for i in record["images"]] == [image_seed(3, "im0.png"), image_seed(3, "im1.png")]
     assert record["simulated_task"]["task"] == task
     for stem in ("im0", "im1"):
         assert image_opens(sim / "measurements" / f"{stem}.png") and image_opens(sim / "ground_truth" / f"{stem}.png")
@@ -621,10 +624,21 @@ def test_simulate_then_restore_from_record(tmp_path, prior_dir, task, params, fi
         if files == "kernels":
             k = np.load(sim / "kernels" / f"{stem}.npy")
             assert k.shape == (7, 7) and abs(k.sum() - 1) < 1e-6
-    if files == "masks":  # a different box per image, drawn from seed + index
+    if files == "masks":  # a different box per image, drawn from the seed and the file name
         assert not np.array_equal(read_image(sim / "masks/im0.png")[0], read_image(sim / "masks/im1.png")[0])
+    else:  # restore reads the exact .npy kernel, not its quantised picture of the same name
+        from nfc_dps.cli.tasks import OperatorSource
+        from nfc_dps.config import TaskConfig
+
+        source = OperatorSource(TaskConfig(task="deblur_kernel", params={"kernel_path": str(sim / "kernels")}))
+        assert source.files_for("im0.png") == sim / "kernels" / "im0.npy"
     first = (sim / "measurements" / "im0.png").read_bytes()
     assert run(*argv) == 0 and (sim / "measurements" / "im0.png").read_bytes() == first  # reproducible
+    # a file added before im0 in the sorted list changes no other image's measurement (seeds by name)
+    write_image(tmp_path / "clean" / "a_first.png", read_image(tmp_path / "clean" / "im1.png")[0])
+    sim2 = tmp_path / "sim2"
+    assert run(*[sim2 if a == sim else a for a in argv]) == 0
+    assert (sim2 / "measurements" / "im0.png").read_bytes() == first
 
     out = tmp_path / "out"
     assert run("restore", "--config", sim / "simulation.json", "-o", out, prior=prior_dir) == 0

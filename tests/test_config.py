@@ -73,7 +73,16 @@ def test_task_config_defaults_and_path_resolution(tmp_path):
     ("task: deblur_gaussian\nkernel_sise: 5\n", ["kernel_sise", "kernel_size", "kernel_std", "boundary"]),
     ("task: deblurr\n", ["deblurr", "deblur_gaussian", "sr_bicubic"]),
     ("task: deblur_gaussian\nkernel_size: big\n", ["kernel_size", "integer", "big"]),
-    ("task: deblur_gaussian\nnoise_sigma: -0.1\n", ["noise_sigma", ">= 0"]),
+    ("task: deblur_gaussian\nnoise_sigma: -0.1\n", ["noise_sigma", "in [0, 1]", "-0.1"]),
+    ("task: denoise\nnoise_sigma: 12.75\n", ["noise_sigma", "12.75", "divide by 255"]),
+    ("task: deblur_gaussian\nkernel_std: -1\n", ["deblur_gaussian", "kernel_std=-1", "std must be"]),
+    ("task: deblur_motion\nboundary: reflct\n", ["boundary='reflct'", "circular", "reflect"]),
+    ("task: inpaint_random\nmissing_fraction: 1.5\n", ["missing_fraction=1.5", "[0, 1]"]),
+    ("task: sr_bicubic\nfactor: 1\n", ["factor=1", ">= 2"]),
+    ("task: inpaint_box\nbox_size: [8, 0]\n", ["box_size=(8, 0)", "positive"]),
+    ("task: deblur_gaussian\nkernel_size: [5, 5]\n", ["kernel_size", "expected an integer, got [5, 5]"]),
+    ("task: {task: denoise}\nseed: [1, 2]\n", ["seed", "expected an integer, got [1, 2]"]),
+    ("method: nfc\nnum_levels: [2, 3]\n", ["num_levels", "expected an integer, got [2, 3]"]),
     ("task: denoise\nnoise_sigma: 0.1\nnoise_sigma: 0.2\n", ["duplicate key", "noise_sigma"]),
     ("method: nfc\nnum_level: 3\n", ["num_level", "num_levels", "ode_steps"]),
     ("method: nfc\nband: {cutof_start: 0.3}\n", ["cutof_start", "band", "cutoff_start"]),
@@ -198,9 +207,10 @@ def test_one_yaml_per_sampler_preset():
     assert not missing, f"add configs/{missing[0]} (and the others: {missing})"
 
 
-def test_nested_override_keeps_daps_band_off_on_every_path():
-    """A nested override changes one field of the preset's value: DAPS's band stays off
-    (blend_start 0) whether it comes through get_config/restore, a config file/--set, or the harness."""
+def test_nested_override_merges_and_daps_refuses_its_fixed_modules_on_every_path():
+    """A nested override changes one field of the preset's value; DAPS (NFC with the band and the
+    Haar commitment off) refuses band/detail overrides, whether they come through
+    get_config/restore, a config file/--set, or the harness, instead of ignoring them."""
     import torch
 
     from nfc_dps import restore
@@ -209,20 +219,44 @@ def test_nested_override_keeps_daps_band_off_on_every_path():
     from nfc_dps.priors.gaussian import GaussianSpectralPrior
     from nfc_dps.samplers import get_config
 
-    assert get_config("daps", "fast", band={"cutoff_start": 0.5}).band.blend_start == 0.0
-    assert get_config("daps", "fast", band={"cutoff_start": 0.5}).band.cutoff_start == 0.5
+    base = get_config("nfc", "fast")
+    cfg = get_config("nfc", "fast", band={"cutoff_start": 0.5})
+    assert cfg.band.cutoff_start == 0.5 and cfg.band.blend_start == base.band.blend_start
     prior = GaussianSpectralPrior((8, 8), channels=1)
     y = torch.full((1, 1, 8, 8), 0.5)
-    res = restore(y, Denoising(), prior=prior, method="daps", band={"cutoff_start": 0.5}, num_levels=1,
-                  langevin_steps=1, progress=False)
-    assert res.config.band.blend_start == 0.0 and res.config.band.cutoff_start == 0.5
-    spec = SamplerSpec("daps")
-    spec.set("band.cutoff_start", 0.5, "--set")
-    assert spec.build().band.blend_start == 0.0 and spec.build().band.cutoff_start == 0.5
-    cfg = method_config("daps", "fast", None, {"band.cutoff_start": 0.5})
-    assert cfg.band.blend_start == 0.0 and cfg.band.cutoff_start == 0.5
+    for key, value in (("band", {"blend_start": 0.3}), ("detail", {"levels": 2})):
+        with pytest.raises(ValueError, match=f"daps sets \\['{key}'\\] itself"):
+            get_config("daps", "fast", **{key: value})
+        with pytest.raises(ValueError, match="use method 'nfc'"):
+            restore(y, Denoising(), prior=prior, method="daps", num_levels=1, langevin_steps=1, progress=False,
+                    **{key: value})
+        spec = SamplerSpec("daps")
+        spec.set(f"{key}.{next(iter(value))}", next(iter(value.values())), "--set")
+        with pytest.raises(ValueError, match="itself"):
+            spec.build()
+        with pytest.raises(ValueError, match="itself"):
+            method_config("daps", "fast", None, {f"{key}.{next(iter(value))}": next(iter(value.values()))})
     with pytest.raises(ValueError, match="band keys"):
-        get_config("daps", "fast", band={"cutof_start": 0.5})
+        get_config("nfc", "fast", band={"cutof_start": 0.5})
+
+
+def test_restore_applies_overrides_to_a_given_config_and_checks_its_class():
+    """``restore(config=cfg, **overrides)`` replaces fields of ``cfg`` (the same merge as a preset);
+    a config of another method's class is a TypeError naming both."""
+    import torch
+
+    from nfc_dps import restore
+    from nfc_dps.operators import Denoising
+    from nfc_dps.priors.gaussian import GaussianSpectralPrior
+    from nfc_dps.samplers import get_config
+
+    prior = GaussianSpectralPrior((8, 8), channels=1)
+    y = torch.full((1, 1, 8, 8), 0.5)
+    res = restore(y, Denoising(), prior=prior, config=get_config("nfc", "fast"), num_levels=2, ode_steps=1,
+                  band={"cutoff_start": 0.5}, progress=False)
+    assert res.config.num_levels == 2 and res.config.band.cutoff_start == 0.5 and res.nfe == 2
+    with pytest.raises(TypeError, match="dps config must be a DPSConfig, got NFCConfig"):
+        restore(y, Denoising(), prior=prior, method="dps", config=get_config("nfc", "fast"), progress=False)
 
 
 def test_every_config_knows_its_nfe_steps_and_randomness():

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, KIND_SIMULATION, TaskConfig, load_config, package_versions
-from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, noise_seed,
+from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed, noise_seed,
                      to_numpy)
 from .flags import task_flags
 from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "'restore --config OUT/simulation.json' reads back (operators from the saved files).")
     s.add_argument("--input", "-i", required=True, help="clean image or folder")
     s.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
-    task_flags(s, "base seed (default 0); image i of the sorted list is simulated with seed + i")
+    task_flags(s, "base seed (default 0); each image's operator and noise seeds come from it and the image's "
+               "file name, never its position, so adding files changes no other measurement")
     s.add_argument("--bit-depth", type=int, choices=(8, 16), default=16, help="measurement PNG bit depth (default 16)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages")
     s.set_defaults(func=cmd_simulate)
@@ -65,6 +66,7 @@ def cmd_simulate(args) -> int:
         if not images and not others:
             raise UsageError(f"--input {inp}: no files")
         stems = output_stems(images)
+        names = [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
         failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
         records = []
         from tqdm.auto import tqdm
@@ -83,11 +85,12 @@ def cmd_simulate(args) -> int:
                     crop = [top, left, ch, cw]
                 if min(ch, cw) < 1:
                     raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
-                op, _ = source.build(path.name, (ch, cw), seed=seed + i)
-                nseed = noise_seed(seed + i)
+                op_seed = image_seed(seed, names[i])
+                op, _ = source.build(path.name, (ch, cw), seed=op_seed)
+                nseed = noise_seed(op_seed)
                 y = op.measure(as_batch(x)[0], task.noise_sigma, torch.Generator().manual_seed(nseed))
                 rec = {"index": i, "name": path.name, "measurement": f"measurements/{stem}.png",
-                       "ground_truth": f"ground_truth/{stem}.png", "operator_seed": seed + i,
+                       "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
                        "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
                 nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
                 nio.write_image(out / rec["measurement"], to_numpy(y), args.bit_depth)
@@ -113,8 +116,9 @@ def cmd_simulate(args) -> int:
             "task": _restore_task_for(task, any_kernel, any_mask),
             "simulated_task": task.as_dict(),
             "simulation_seed": seed,
-            "operator_seed": "simulation_seed + index of the image in the sorted input list",
-            "noise_seed": "nfc_dps.cli.noise_seed(simulation_seed + index): SeedSequence([s, 0x5EED]) -> torch.Generator seed",
+            "operator_seed": "nfc_dps.cli.common.image_seed(simulation_seed, name): the base seed and the image's "
+                             "path relative to the input folder, never its position",
+            "noise_seed": "nfc_dps.cli.common.noise_seed(operator_seed): SeedSequence([s, 0x5EED]) -> torch.Generator seed",
             "measurements": "measurements", "ground_truth": "ground_truth",
             "units": f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}); measurements are "
                      f"clipped to [0, 1] and stored as {args.bit_depth}-bit PNG",

@@ -32,8 +32,9 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
             raise UsageError(f"--param {item!r}: expected KEY=VALUE")
         params[key.strip()] = parse_scalar(value)
     noise = task.noise_sigma if args.noise_sigma is None else args.noise_sigma
-    if not (isinstance(noise, float) and math.isfinite(noise) and noise >= 0):
-        raise UsageError(f"--noise-sigma must be a finite number >= 0 ([0, 1] pixel units), got {noise}")
+    if not (isinstance(noise, float) and math.isfinite(noise) and 0 <= noise <= 1):
+        raise UsageError(f"--noise-sigma must be a number in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), got {noise}"
+                         + (" (in 0-255 units? divide by 255)" if isinstance(noise, float) and noise > 1 else ""))
     source = "--param" if args.param else task.source
     return parse_task({"task": task.task, **params, "noise_sigma": float(noise)}, source)
 
@@ -82,6 +83,9 @@ class OperatorSource:
         if self.folder is None:
             return Path(self.task.params[self.key])
         exts = (".npy", ".png", ".tif", ".tiff", ".bmp", ".jpg", ".jpeg")
+        exact_array = self.folder / f"{Path(name).stem}.npy"
+        if exact_array.is_file():  # before a same-named picture: simulate's kernel PNG is quantised, the .npy exact
+            return exact_array
         found = match_file(self.folder, name, exts)
         if found is None:
             what = "mask" if self.key == "mask_path" else "kernel"

@@ -3,7 +3,7 @@
 from .base import LinearOperator, check_image, conjugate_gradient, per_image, prox_scales, randn_per_image
 from .blur import BlurOperator, mirror_indices
 from .denoising import Denoising
-from .factory import TASKS, build_operator
+from .factory import TASKS, build_operator, check_task_params
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .padding import CroppedOperator, padded_size
 from .kernels import gaussian_kernel, load_kernel, motion_kernel, normalize_kernel
@@ -13,5 +13,5 @@ __all__ = [
     "LinearOperator", "check_image", "conjugate_gradient", "per_image", "prox_scales", "randn_per_image",
     "BlurOperator", "mirror_indices", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
-    "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "build_operator", "CroppedOperator", "padded_size",
+    "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "build_operator", "check_task_params", "CroppedOperator", "padded_size",
 ]

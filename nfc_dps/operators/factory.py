@@ -20,7 +20,7 @@ from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
 from .superres import SuperResolution
 
-__all__ = ["TASKS", "build_operator"]
+__all__ = ["TASKS", "build_operator", "check_task_params"]
 
 TASKS: dict[str, dict[str, Any]] = {
     "sr_bicubic": {"factor": 4},
@@ -90,3 +90,30 @@ def build_operator(task: str, image_size: int | Sequence[int] = (256, 256), seed
     if task == "deblur_kernel":
         return BlurOperator(load_kernel(p["kernel_path"]), p["boundary"])
     return Denoising()
+
+
+def check_task_params(task: str, **params: Any) -> None:
+    """The checks of :func:`build_operator` on parameter values that do not depend on the image
+    size, made at once (on a canvas that every valid value fits) so that a bad config is reported
+    before any image is read. Mask and kernel files are not read here (a folder holds one per
+    image). ValueError names the task and the parameters given."""
+    p = {**TASKS.get(task, {}), **params}
+    try:
+        if task == "deblur_kernel":
+            BlurOperator(torch.ones(1, 1), p["boundary"])
+            return
+        if task == "inpaint_mask":
+            return
+        size: tuple[int, int] = (8, 8)
+        if task in ("sr_bicubic", "sr_average") and isinstance(p["factor"], int) and p["factor"] >= 2:
+            size = (2 * p["factor"], 2 * p["factor"])
+        elif task == "inpaint_box":
+            box, margin = p["box_size"], p["margin"]
+            bh, bw = box if isinstance(box, (tuple, list)) else (box, box)
+            if all(isinstance(v, int) for v in (bh, bw, margin)):
+                extra = 2 * max(margin, 0) + 1
+                size = (max(bh, 1) + extra, max(bw, 1) + extra)
+        build_operator(task, size, seed=0, **params)
+    except (TypeError, ValueError) as e:
+        given = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        raise ValueError(f"task {task!r}{f' ({given})' if given else ''}: {e}") from e
