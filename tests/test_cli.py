@@ -120,6 +120,10 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
 
     assert run(*argv, prior=prior_dir, steps=3) == 0  # another config: redone, not skipped
     assert [x["status"] for x in rows(out)] == ["done"] * 3
+    other = "float32" if resolved["precision"] == "bfloat16" else "bfloat16"
+    assert run(*argv, "--precision", other, prior=prior_dir, steps=3) == 0  # another precision: redone too
+    assert [x["status"] for x in rows(out)] == ["done"] * 3
+    assert json.loads((out / "resolved_config.json").read_text())["precision"] == other
 
 
 def test_seed_comes_from_the_file_name(tmp_path, prior_dir):

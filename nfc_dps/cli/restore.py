@@ -236,7 +236,8 @@ class RestoreRun:
         self.source = OperatorSource(task)
         self.config_hash = sha256_json({
             "task": task.as_dict(), "sampler": record_sampler(spec, cfg), "samples": samples,
-            "prior": prior_key(args.prior), "bit_depth": args.bit_depth, "save_samples": args.save_samples,
+            "prior": prior_key(args.prior), "precision": prior.precision,  # bfloat16 and float32 differ slightly
+            "bit_depth": args.bit_depth, "save_samples": args.save_samples,
         })
         about = {"input": str(inp.resolve()), "output": str(out),
                  "task": task.as_dict(), "method": spec.method, "preset": spec.resolved_preset,
