@@ -24,7 +24,7 @@ from .measurements import load_images, measurement
 from .plots import make_plots
 from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
                    method_runs, not_applicable, task_specs)
-from .tables import PartWriter, all_rows, merge_results, result_row, row_key, summary_markdown
+from .tables import PartWriter, all_rows, is_failed, merge_results, result_row, row_key, summary_markdown
 
 
 def prior_record(path: str | None) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
         raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(all_tasks)}")
     images = load_images(spec)
     names = [n for n, _ in images]
-    done = {row_key(r) for r in existing}
+    done = {row_key(r) for r in existing if not is_failed(r)}  # failed rows are retried
     jobs = [(t, n) for t in spec.tasks for n in names]
     mine = jobs[d.rank::d.world]
     prior = None

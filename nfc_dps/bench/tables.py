@@ -46,6 +46,11 @@ def row_key(row: dict[str, str]) -> tuple[str, ...]:
     return tuple(str(row[k]) for k in KEY)
 
 
+def is_failed(row: dict[str, str]) -> bool:
+    """A row a method failed to produce: no PSNR, the reason in its note (a rerun retries it)."""
+    return not row.get("psnr") and bool(row.get("note"))
+
+
 def _csv_text(rows: list[dict[str, str]]) -> str:
     """results.csv's text: the header and ``rows`` in COLUMNS order."""
     buf = io.StringIO()
@@ -103,10 +108,13 @@ def _order(spec: BenchSpec, image_names: Sequence[str]) -> Callable[[dict[str, s
 
 
 def merge_results(spec: BenchSpec, image_names: Sequence[str]) -> list[dict[str, str]]:
-    """results.csv + part files -> one deduplicated, canonically ordered results.csv; parts removed."""
+    """results.csv + part files -> one deduplicated, canonically ordered results.csv; parts removed.
+    Of two rows with the same key the first is kept, unless it is a failed row (a retry's replaces it)."""
     seen: dict[tuple, dict[str, str]] = {}
     for r in all_rows(spec.out):
-        seen.setdefault(row_key(r), r)
+        key = row_key(r)
+        if key not in seen or is_failed(seen[key]):
+            seen[key] = r
     rows = sorted(seen.values(), key=_order(spec, image_names))
     atomic_write_text(spec.out / "results.csv", _csv_text(rows))
     parts = spec.out / "parts"
