@@ -20,7 +20,7 @@ from nfc_dps.config import (
     steps_field,
 )
 from nfc_dps.operators import TASKS
-from nfc_dps.samplers import METHODS
+from nfc_dps.samplers import METHODS, get_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 YAMLS = sorted(CONFIGS.glob("*.yaml"))
@@ -276,3 +276,18 @@ def test_every_config_knows_its_nfe_steps_and_randomness():
     assert get_config("nfc", "fast").with_nfe(20).steps == 10  # 10 levels x 2 predictor steps
     assert get_config("daps", "fast").with_nfe(20).steps == 4  # 4 levels x 5
     assert get_config("dpir").is_deterministic and not get_config("dps").is_deterministic
+
+
+def test_method_flag_starts_from_the_new_methods_default(tmp_path):
+    """--method switching away from a config file's method keeps nothing of it, its preset
+    included (a preset the new method lacks would otherwise be an error), as between files."""
+    import argparse
+
+    from nfc_dps.cli.tasks import resolve_sampler
+
+    p = _write(tmp_path, "c.yaml", "method: nfc\npreset: fast_psnr\nnum_levels: 7\n")
+    flags = dict(preset=None, set=None, steps=None)
+    spec = resolve_sampler(argparse.Namespace(method="dps", **flags), load_config([p]))
+    assert spec.method == "dps" and spec.resolved_preset == "fast" and spec.build() == get_config("dps")
+    spec = resolve_sampler(argparse.Namespace(method="nfc", **flags), load_config([p]))  # same method: kept
+    assert spec.resolved_preset == "fast_psnr" and spec.build().num_levels == 7

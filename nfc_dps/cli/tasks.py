@@ -43,8 +43,8 @@ def resolve_sampler(args, bundle: ConfigBundle) -> SamplerSpec:
     """The sampler of --config files, then --method, --preset, --set and --steps, validated."""
     spec = bundle.sampler
     if getattr(args, "method", None):
-        if args.method != spec.method:
-            spec = SamplerSpec(method=args.method, preset=spec.preset)
+        if args.method != spec.method:  # as between config files: nothing of another method carries over
+            spec = SamplerSpec(method=args.method)
         spec.provenance["method"] = "--method"
     if getattr(args, "preset", None):
         spec.preset = args.preset
