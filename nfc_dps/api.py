@@ -37,9 +37,12 @@ class Restoration:
     All arrays are float32, laid out like the input: numpy (h, w[, C]), tensors (C, h, w) or
     (B, C, h, w).
 
-    image: the restoration (the mean of the samples when num_samples > 1), clipped to [0, 1].
-    std: per-pixel standard deviation over the samples (None for one sample): an uncertainty map.
-    samples: the K individual samples, clipped, stacked on a new first axis (None for one
+    image: the restoration, clipped to [0, 1]; when num_samples > 1, the mean of the unclipped
+        samples, then clipped (so it can differ from the mean of ``samples`` where a sample
+        left [0, 1]).
+    std: per-pixel standard deviation of the unclipped samples (None for one sample): an
+        uncertainty map.
+    samples: the K individual samples, each clipped, stacked on a new first axis (None for one
         sample): numpy (K, h, w[, C]), tensors (K, C, h, w) or (K, B, C, h, w).
     nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
     """
@@ -195,7 +198,8 @@ def restore(
             memory; None runs all B * num_samples chains at once.
         timer: a profiling hook for samplers that offer one (nfc, daps: ``timer(phase)`` returns a
             context manager entered around each of their building blocks); ValueError for others.
-    Gray measurements with an RGB prior are replicated to RGB and averaged back. Images whose
+    Gray measurements with an RGB prior are replicated to RGB, with noise std sigma_y * sqrt(3)
+    per copy (three copies of one noisy channel carry its information once), and averaged back. Images whose
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
     is unmeasured, filled by the prior) and cropped back.
     """
@@ -240,7 +244,10 @@ def restore(
     pc = prior.channels
     if c != pc:
         if c == 1:
+            # pc copies of one noisy channel carry its information once: as independent channels
+            # each has noise sigma_y * sqrt(pc), which keeps the likelihood of their mean exact
             batch = batch.expand(-1, pc, -1, -1)
+            sigma_y = sigma_y * math.sqrt(pc)
         else:
             raise ValueError(f"measurement has {c} channels but the prior models {pc}")
     image_shape = tuple(operator.image_shape(batch.shape))

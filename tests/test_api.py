@@ -138,3 +138,17 @@ def test_max_batch_chunks_give_identical_results():
     assert (0, 1) in spans and (4, 6) in spans and (0, 6) in spans
     with pytest.raises(ValueError, match="max_batch"):
         run(y, op, max_batch=0)
+
+
+def test_gray_measurement_with_an_rgb_prior_counts_its_noise_once():
+    """A gray y with a 3-channel prior is restored as three copies, each with noise std
+    sigma_y * sqrt(3) (the copies share one noise draw, so their mean keeps the exact
+    likelihood), and averaged back."""
+    gray = image()[..., 0]
+    out = run(gray, sigma_y=0.02, config=get_config("nfc", "deterministic", num_levels=3)).image
+    rgb = np.repeat(gray[..., None], 3, axis=-1)
+    ref = run(rgb, sigma_y=0.02 * np.sqrt(3), config=get_config("nfc", "deterministic", num_levels=3)).image
+    np.testing.assert_allclose(out, ref.mean(-1), atol=1e-6)
+    assert out.shape == gray.shape
+    not_scaled = run(rgb, sigma_y=0.02, config=get_config("nfc", "deterministic", num_levels=3)).image
+    assert np.abs(out - not_scaled.mean(-1)).max() > 1e-3
