@@ -7,7 +7,7 @@ the measurement three times. This script measures both on the held-out photograp
 (BT.601 luma; camera is gray already), centre 256 px crop area-averaged to 128 px, the local
 protocol's operators at 128 px, sigma_y = 0.025 in [0, 1] units, PSNR of the gray restoration.
 
-    python scripts/gray_measurement.py --threads 2      # 64 restorations, about 6 minutes on 2 CPU cores
+    python scripts/gray_measurement.py --threads 1      # 64 restorations, 12 min on one core next to a benchmark
 """
 
 from __future__ import annotations
