@@ -224,9 +224,11 @@ def test_oracle_table_reports_bounds(tmp_path):
 def test_profile_reports_ratio(tiny_prior, tmp_path):
     out = tmp_path / "profile"
     assert main(["--profile", "--prior", str(tiny_prior), "--out", str(out), "--size", "16", "--zoom", "1",
-                       "--image-names", "camera", "--budgets", "4", "--methods", "nfc", "--threads", "1",
-                       "--device", "cpu"]) == 0
+                       "--image-names", "camera", "--budgets", "4", "--methods", "nfc,nfc:deterministic,dpir,tv",
+                       "--threads", "1", "--device", "cpu"]) == 0
     res = json.loads((out / "profile.json").read_text())
+    assert list(res["methods"]) == ["nfc", "nfc:deterministic", "dpir"]  # every network column, by its label
+    assert res["methods"]["nfc:deterministic"]["config"]["start"] != "noise" and res["methods"]["dpir"]["nfe"] == 4
     r = res["methods"]["nfc"]
     assert r["nfe"] == 4 and r["ratio"] > 0 and "network" in r["phases_s"] and "inner (exact)" in r["phases_s"]
     assert "total / network" in (out / "profile.md").read_text() and r["overhead_ratio"] >= 1.0

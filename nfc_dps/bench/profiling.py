@@ -20,7 +20,7 @@ from .instruments import machine_description
 from .measurements import load_images, measurement
 from ..distributed import Dist, init_distributed, resolve_device
 from .runner import load_bench_prior, prior_record
-from .spec import DIFFUSION_METHODS, BenchSpec, method_config, task_specs
+from .spec import BenchSpec, method_runs, task_specs
 
 
 #: the profile's column of each phase the NFC sampler's ``timer`` hook reports (``PHASES``)
@@ -128,17 +128,18 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
     result: dict[str, Any] = {"size": spec.size, "task": task.name, "device": str(device), "bare_forward_s": bare,
                               "bare_forward_sweep_s": sweep, "machine": machine_description(),
                               "prior": prior_record(spec.prior), "precision": prior.precision, "methods": {}}
-    budget = spec.budgets[0] if spec.budgets else None
-    for m in [m for m in spec.methods if m in DIFFUSION_METHODS]:
-        cfg = method_config(m, spec.preset, budget, spec.overrides.get(m))
+    # the harness's columns (``nfc:deterministic`` included) at the first budget; classical ones use no network
+    columns = [r for r in method_runs(dataclasses.replace(spec, budgets=spec.budgets[:1])) if r.config is not None]
+    for run in columns:
+        m, cfg = run.label, run.config
         totals: dict[str, float] = {}
         timed = _timed_prior(prior, device, totals)
         try:
-            timer = phase_timer(device, totals) if offers_timer(m) else None
+            timer = phase_timer(device, totals) if offers_timer(run.method) else None
             sync()
             t0 = time.perf_counter()
-            res = restore(y, op, prior=timed, method=m, config=cfg, sigma_y=spec.sigma_y, seed=0, progress=False,
-                          timer=timer)
+            res = restore(y, op, prior=timed, method=run.method, config=cfg, sigma_y=spec.sigma_y, seed=0,
+                          progress=False, timer=timer)
             sync()
             total = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001
