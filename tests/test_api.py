@@ -152,3 +152,17 @@ def test_gray_measurement_with_an_rgb_prior_counts_its_noise_once():
     assert out.shape == gray.shape
     not_scaled = run(rgb, sigma_y=0.02, config=get_config("nfc", "deterministic", num_levels=3)).image
     assert np.abs(out - not_scaled.mean(-1)).max() > 1e-3
+
+
+def test_ddrm_on_a_padded_canvas_says_why_it_does_not_apply():
+    """An image size the prior cannot take is restored on a padded canvas; DDRM's error then says
+    so (not just the name of an operator class the user never built)."""
+
+    class Multiple8(ShrinkPrior):
+        size_multiple = 8
+
+    y = torch.rand(1, 3, 12, 12)
+    with pytest.raises(ValueError, match="padded canvas.*multiple"):
+        nfc_dps.restore(y, Denoising(), prior=Multiple8(), method="ddrm", sigma_y=0.02, progress=False)
+    assert nfc_dps.restore(y[..., :8, :8], Denoising(), prior=Multiple8(), method="ddrm", sigma_y=0.02,
+                           progress=False).image.shape == (1, 3, 8, 8)

@@ -96,9 +96,13 @@ def spectral_basis(operator: LinearOperator, y: Tensor, image_shape: tuple[int, 
         s = torch.where(s > cutoff, s, torch.zeros_like(s))
         y_bar = torch.where(s > 0, y / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(y))
         return SpectralBasis(lambda v: v, lambda v: v, s, y_bar)
+    padded = getattr(operator, "name", "") == "cropped"
     raise ValueError(
         f"DDRM needs a diagonalisable operator (circulant blur or denoising, inpainting mask), got "
-        f"{type(operator).__name__}; use sample_ddnm instead"
+        f"{type(operator).__name__}"
+        + (" (the image size is not a multiple of the prior's size_multiple, so it is restored on a padded "
+           "canvas, which no basis diagonalises; crop the image to a multiple)" if padded else "")
+        + "; use method 'ddnm' instead"
     )
 
 
