@@ -367,3 +367,10 @@ def test_a_failed_row_is_retried_by_a_rerun(tiny_prior, tmp_path, monkeypatch):
     assert len(rows) == 4 and [r for r in rows if r["method"] == "wiener"] == wiener
     assert all(r["psnr"] and r["note"] == "" for r in rows if r["method"] == "tv")
     assert "FAILED" not in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("flags, needle", [(["--sigma-y", "12.75"], "divide by 255"), (["--sigma-y", "-0.1"], "--sigma-y"),
+                                           (["--samples", "0"], "--samples"), (["--zoom", "0"], "--zoom")])
+def test_bad_settings_exit_2_naming_the_flag(tmp_path, capsys, flags, needle):
+    assert main(["--protocol", "local", "--out", str(tmp_path / "run"), "--methods", "tv", *flags]) == 2
+    assert needle in capsys.readouterr().err and not (tmp_path / "run").exists()

@@ -12,6 +12,7 @@ oracle, the mixture protocol or the profile (:func:`run_from_args`).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -93,6 +94,12 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     """The :class:`BenchSpec` of parsed arguments, with the protocol's defaults (size, tasks, methods, preset)."""
     protocol = args.protocol
+    if not (math.isfinite(args.sigma_y) and 0 <= args.sigma_y <= 1):
+        raise ValueError(f"--sigma-y must be in [0, 1] ([0, 1] pixel units: 0.025 = DPS's 0.05 in [-1, 1]), "
+                         f"got {args.sigma_y}" + (" (in 0-255 units? divide by 255)" if args.sigma_y > 1 else ""))
+    for flag, value in (("--samples", args.samples), ("--zoom", args.zoom)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     default_size = 256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture" else 64
     if args.profile and not (args.out):
         args.out = Path("runs/bench/profile")
@@ -105,8 +112,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     return BenchSpec(
         protocol=protocol, out=Path(args.out or f"runs/bench/{protocol}"), prior=args.prior, images=args.images,
         image_names=_str_list(args.image_names), num_images=args.num_images, size=args.size or default_size,
-        zoom=max(1, args.zoom), tasks=tasks, methods=methods, budgets=_int_list(args.budgets),
-        preset=args.preset or ("paper" if protocol == "paper" else "fast"), samples=max(1, args.samples),
+        zoom=args.zoom, tasks=tasks, methods=methods, budgets=_int_list(args.budgets),
+        preset=args.preset or ("paper" if protocol == "paper" else "fast"), samples=args.samples,
         sigma_y=args.sigma_y, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
         device=args.device, precision=args.precision, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
         save_images=not args.no_images, label=args.label, oracle_alpha=args.oracle_alpha,
