@@ -291,3 +291,17 @@ def test_method_flag_starts_from_the_new_methods_default(tmp_path):
     assert spec.method == "dps" and spec.resolved_preset == "fast" and spec.build() == get_config("dps")
     spec = resolve_sampler(argparse.Namespace(method="nfc", **flags), load_config([p]))  # same method: kept
     assert spec.resolved_preset == "fast_psnr" and spec.build().num_levels == 7
+
+
+def test_resolved_config_of_every_method_and_preset_reads_back(tmp_path):
+    """resolved_config.json records every field (DAPS's fixed band/detail included); --config of
+    that file rebuilds the same sampler config for every registered method and preset."""
+    import json
+
+    from nfc_dps.config import SamplerSpec, resolved_config
+
+    for method, meth in METHODS.items():
+        for preset in meth.presets:
+            p = tmp_path / f"{method}_{preset}.json"
+            p.write_text(json.dumps(resolved_config(None, SamplerSpec(method, preset), 0), default=str))
+            assert load_config([p]).sampler.build() == get_config(method, preset), (method, preset)

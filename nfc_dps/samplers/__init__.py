@@ -66,8 +66,8 @@ def get_config(method: str, preset: str | None = None, **overrides: Any) -> Any:
 def override_config(method: str, config: Any, **overrides: Any) -> Any:
     """``config`` (an instance of ``method``'s config class) with field overrides.
 
-    Unknown fields, and fields the method sets itself (DAPS's ``band`` and ``detail``), are an
-    error. A field that holds a dataclass (NFC's ``band`` and ``detail``) takes a mapping of its
+    Unknown fields, and changes to fields the method sets itself (DAPS's ``band`` and
+    ``detail``; restating their value is allowed), are an error. A field that holds a dataclass (NFC's ``band`` and ``detail``) takes a mapping of its
     own fields, merged onto the config's value: ``band={"cutoff_start": 0.5}`` changes that one
     field and keeps the rest.
     """
@@ -80,10 +80,6 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
     unknown = set(overrides) - allowed
     if unknown:
         raise ValueError(f"unknown {method} config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-    fixed = set(overrides) & m.fixed_fields
-    if fixed:
-        raise ValueError(f"{method} sets {sorted(fixed)} itself (DAPS is NFC with the band and the Haar "
-                         f"commitment off); to change them use method 'nfc'")
     merged = {}
     for key, value in overrides.items():
         current = getattr(config, key)
@@ -94,6 +90,11 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
                 raise ValueError(f"unknown {method} {key} keys {sorted(bad)}; allowed: {sorted(nested)}")
             value = replace(current, **value)
         merged[key] = value
+    # a field the method sets itself may be restated (a resolved config records every field), not changed
+    changed = sorted(k for k in merged if k in m.fixed_fields and merged[k] != getattr(config, k))
+    if changed:
+        raise ValueError(f"{method} sets {changed} itself (DAPS is NFC with the band and the Haar "
+                         f"commitment off); to change them use method 'nfc'")
     return replace(config, **merged)
 
 
