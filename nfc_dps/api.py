@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .operators.base import LinearOperator
 from .operators.padding import CroppedOperator, padded_size
-from .priors.base import Prior
+from .priors.base import Prior, prior_device
 from .samplers import counting, get_config, get_method, override_config
 
 
@@ -229,7 +229,9 @@ def restore(
     input_device = batch.device
     if prior is None:
         prior = load_prior(device=input_device)
-    batch = batch.to(prior.device)  # numpy input is on the CPU; the results return to the input's device
+    device = prior_device(prior)  # numpy input is on the CPU; the results return to the input's device
+    if device is not None:
+        batch = batch.to(device)
     m = get_method(method)
     hook: dict[str, Any] = {}
     if timer is not None:

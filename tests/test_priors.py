@@ -516,17 +516,24 @@ def test_precision_option(saved_unet):
 
 
 def test_prior_device_is_where_its_tensors_live():
-    """``Prior.device`` (where ``restore`` moves a measurement): a network's parameters, an
-    oracle's buffers, the CPU for a prior holding neither; a wrapper answers for what it wraps."""
+    """``prior_device`` (where ``restore`` moves a measurement): a declared ``device`` attribute,
+    else a network's parameters or an oracle's buffers; None for a prior holding no tensor; a
+    wrapper answers for what it wraps."""
+    from nfc_dps.priors.base import prior_device
 
     class Bare(Prior):
         def denoise(self, x, sigma):
             return x
 
+    class Declared(Bare):
+        def __init__(self):
+            super().__init__()
+            self.device = "meta"  # a subclass may set its own attribute of that name
+
     net = EDMDenoiser(torch.nn.Conv2d(1, 1, 1), sigma_data=0.5)
-    assert net.device == torch.device("cpu") and next(net.parameters()).device == net.device
-    assert GaussianSpectralPrior((8, 8), channels=1).device == torch.device("cpu")
-    assert Bare().device == torch.device("cpu")
-    assert TiledPrior(net, tile=8).device == net.device
+    assert prior_device(net) == torch.device("cpu")
+    assert prior_device(GaussianSpectralPrior((8, 8), channels=1)) == torch.device("cpu")
+    assert prior_device(Bare()) is None
+    assert prior_device(Declared()) == torch.device("meta")
     meta = EDMDenoiser(torch.nn.Conv2d(1, 1, 1, device="meta"), sigma_data=0.5)
-    assert meta.device == torch.device("meta") and TiledPrior(meta, tile=8).device == torch.device("meta")
+    assert prior_device(meta) == torch.device("meta") and prior_device(TiledPrior(meta, tile=8)) == torch.device("meta")

@@ -36,6 +36,20 @@ def as_sigma_tensor(sigma: float | Tensor, x: Tensor) -> Tensor:
     return sigma
 
 
+def prior_device(prior: nn.Module) -> torch.device | None:
+    """Where ``prior`` runs, for ``restore`` to move measurements there: its ``device`` attribute
+    when it sets one, else where its first parameter or buffer lives; None when it holds no
+    tensor (it then runs on whatever device its input is on)."""
+    declared = getattr(prior, "device", None)
+    if isinstance(declared, (str, torch.device)):
+        return torch.device(declared)
+    if not isinstance(prior, nn.Module):
+        return None
+    for t in itertools.chain(prior.parameters(), prior.buffers()):
+        return t.device
+    return None
+
+
 class Prior(nn.Module):
     """Abstract denoiser. Subclasses implement :meth:`denoise`.
 
@@ -54,14 +68,6 @@ class Prior(nn.Module):
     power_law: tuple[float, float] | None = None
     #: the network's compute precision, "float32" or "bfloat16" (set by the loaders)
     precision: str = "float32"
-
-    @property
-    def device(self) -> torch.device:
-        """Where the prior's weights (or, for the oracles, its buffers) live; ``restore`` moves
-        measurements there. A prior holding neither is taken to run on the CPU."""
-        for t in itertools.chain(self.parameters(), self.buffers()):
-            return t.device
-        return torch.device("cpu")
 
     @property
     def spectrum_is_exact(self) -> bool:
