@@ -130,7 +130,7 @@ def parse_scalar(text: str) -> Any:
 
 
 #: task parameters that also take an (height, width) pair of ints
-PAIR_KEYS = frozenset({"box_size"})
+PAIR_KEYS = frozenset({"box_size", "margin"})
 
 
 def _coerce(value: Any, default: Any, where: str, pair: bool = False) -> Any:

@@ -80,6 +80,7 @@ def test_task_config_defaults_and_path_resolution(tmp_path):
     ("task: inpaint_random\nmissing_fraction: 1.5\n", ["missing_fraction=1.5", "[0, 1]"]),
     ("task: sr_bicubic\nfactor: 1\n", ["factor=1", ">= 2"]),
     ("task: inpaint_box\nbox_size: [8, 0]\n", ["box_size=(8, 0)", "positive"]),
+    ("task: inpaint_box\nmargin: [4, -1]\n", ["margin=(4, -1)", ">= 0"]),
     ("task: deblur_gaussian\nkernel_size: [5, 5]\n", ["kernel_size", "expected an integer, got [5, 5]"]),
     ("task: {task: denoise}\nseed: [1, 2]\n", ["seed", "expected an integer, got [1, 2]"]),
     ("method: nfc\nnum_levels: [2, 3]\n", ["num_levels", "expected an integer, got [2, 3]"]),
@@ -305,3 +306,8 @@ def test_resolved_config_of_every_method_and_preset_reads_back(tmp_path):
             p = tmp_path / f"{method}_{preset}.json"
             p.write_text(json.dumps(resolved_config(None, SamplerSpec(method, preset), 0), default=str))
             assert load_config([p]).sampler.build() == get_config(method, preset), (method, preset)
+
+
+def test_box_size_and_margin_take_height_width_pairs(tmp_path):
+    t = load_config([_write(tmp_path, "b.yaml", "task: inpaint_box\nbox_size: [40, 24]\nmargin: [4, 8]\n")]).task
+    assert t.params == {"box_size": (40, 24), "margin": (4, 8)}

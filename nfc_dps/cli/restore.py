@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="measurement image or folder (default with a simulation.json config: its measurements)")
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     task_flags(r, "base seed (default 0); each image's seed is a hash of it and the image's file name")
-    r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc)")
+    r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc); switching away from a --config file's method starts from the "
+                        "new method's default preset and drops that file's sampler fields")
     r.add_argument("--preset", default=None,
                    help="sampler preset. nfc: deterministic (default: the best estimate per network call, 16 NFE, "
                         "no random draw), fast (posterior samples, 100 NFE: use it with --samples K for a std map "

@@ -83,7 +83,7 @@ class OperatorSource:
         if self.folder is None:
             return Path(self.task.params[self.key])
         exts = (".npy", ".png", ".tif", ".tiff", ".bmp", ".jpg", ".jpeg")
-        exact_array = self.folder / f"{Path(name).stem}.npy"
+        exact_array = self.folder / Path(name).with_suffix(".npy")  # the input's own path, subfolders kept
         if exact_array.is_file():  # before a same-named picture: simulate's kernel PNG is quantised, the .npy exact
             return exact_array
         found = match_file(self.folder, name, exts)

@@ -110,9 +110,9 @@ def check_task_params(task: str, **params: Any) -> None:
         elif task == "inpaint_box":
             box, margin = p["box_size"], p["margin"]
             bh, bw = box if isinstance(box, (tuple, list)) else (box, box)
-            if all(isinstance(v, int) for v in (bh, bw, margin)):
-                extra = 2 * max(margin, 0) + 1
-                size = (max(bh, 1) + extra, max(bw, 1) + extra)
+            mh, mw = margin if isinstance(margin, (tuple, list)) else (margin, margin)
+            if all(isinstance(v, int) for v in (bh, bw, mh, mw)):
+                size = (max(bh, 1) + 2 * max(mh, 0) + 1, max(bw, 1) + 2 * max(mw, 0) + 1)
         build_operator(task, size, seed=0, **params)
     except (TypeError, ValueError) as e:
         given = ", ".join(f"{k}={v!r}" for k, v in params.items())
