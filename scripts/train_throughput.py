@@ -12,6 +12,7 @@ Reported: data-only crops/s (batches drawn, nothing trained) and training crops/
 medians over timed steps after warm-up.
 
     python scripts/train_throughput.py --threads 1 --steps 8
+    python scripts/train_throughput.py --threads 2 --steps 8 --precision bfloat16   # autocast on the CPU too
     python scripts/train_throughput.py --device cuda --batch 256 --widths 64,128,256 --layers 2 --crop 64
 """
 
@@ -76,11 +77,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=8, help="timed training steps per pipeline (after 2 warm-up steps)")
     ap.add_argument("--data-batches", type=int, default=40, help="timed data-only batches per pipeline")
+    ap.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="network compute precision (auto: bfloat16 autocast on CUDA, float32 else; as train-prior)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    precision = "bfloat16" if dev.type == "cuda" else "float32"
+    precision = args.precision if args.precision != "auto" else ("bfloat16" if dev.type == "cuda" else "float32")
     fmt = torch.channels_last if dev.type == "cuda" else torch.contiguous_format
 
     data = load_builtin(3)
