@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .operators.base import LinearOperator
+from .operators.base import LinearOperator, noise_sigma_problem
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
 from .samplers import counting, get_config, get_method, override_config
@@ -218,9 +218,9 @@ def restore(
         sigma = float(sigma_y)
     except (TypeError, ValueError) as e:
         raise TypeError(f"sigma_y must be a number ([0, 1] pixel units), got {type(sigma_y).__name__}") from e
-    if not (math.isfinite(sigma) and 0 <= sigma <= 1):
-        raise ValueError(f"sigma_y must be in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), got {sigma_y}"
-                         + (" (in 0-255 units? divide by 255)" if sigma > 1 else ""))
+    why = noise_sigma_problem(sigma)
+    if why:
+        raise ValueError(f"sigma_y {why}")
     sigma_y = sigma
     batch, back = as_batch(y)
     _check_range(batch, sigma_y)

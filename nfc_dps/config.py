@@ -230,7 +230,7 @@ class TaskConfig:
 
 def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = None) -> TaskConfig:
     """Validate a task mapping ``{task, <operator params>, noise_sigma}``."""
-    from .operators import TASKS, check_task_params
+    from .operators import TASKS, check_task_params, noise_sigma_problem
 
     data = dict(data)
     if "task" not in data:
@@ -240,9 +240,9 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
         raise _unknown(source, str(name), list(TASKS), "task")
     noise = data.pop("noise_sigma", DEFAULT_NOISE_SIGMA)
     noise = _coerce(noise, 0.0, f"{source}: key 'noise_sigma'")
-    if not 0 <= noise <= 1:
-        raise ConfigError(f"{source}: key 'noise_sigma' must be in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), "
-                          f"got {noise}" + (" (in 0-255 units? divide by 255)" if noise > 1 else ""))
+    why = noise_sigma_problem(noise)
+    if why:
+        raise ConfigError(f"{source}: key 'noise_sigma' {why}")
     allowed = TASKS[name]
     params: dict[str, Any] = {}
     for key, value in data.items():

@@ -21,6 +21,7 @@ import nfc_dps
 from nfc_dps.bench.spec import task_specs
 from nfc_dps.metrics import restoration_metrics
 from nfc_dps.priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from nfc_dps.training.data import LUMA
 
 TASKS = ("sr4", "inpaint_random", "deblur_gaussian", "deblur_motion")
 PRESETS = {"deterministic": {}, "fast_psnr": {"num_levels": 25}}  # fast_psnr at 25 levels x 2 = 50 NFE
@@ -28,7 +29,7 @@ PRESETS = {"deterministic": {}, "fast_psnr": {"num_levels": 25}}  # fast_psnr at
 
 def gray_crop(name: str, crop: int = 256, zoom: int = 2) -> torch.Tensor:
     """(1, 1, crop/zoom, crop/zoom) gray image in [0, 1]."""
-    img = load_skimage_image(name).astype(np.float64) @ np.array([0.299, 0.587, 0.114])  # (H, W, 3) in [0, 1]
+    img = load_skimage_image(name).astype(np.float64) @ LUMA.astype(np.float64)  # (H, W, 3) in [0, 1] -> luma
     h, w = img.shape
     top, left = (h - crop) // 2, (w - crop) // 2
     img = img[top:top + crop, left:left + crop]

@@ -435,7 +435,7 @@ def main() -> None:
             from nfc_dps.priors.default import default_prior_path
 
             src = local = default_prior_path()
-            pinfo = {"path": str(src), "step": None}
+            pinfo = {"path": str(src), "step": _exported_step(src / "train_info.json")}
         else:
             src = args.prior
             local, pinfo = snapshot_prior(src, Path(tmp))

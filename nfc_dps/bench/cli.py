@@ -12,13 +12,13 @@ oracle, the mixture protocol or the profile (:func:`run_from_args`).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
+from ..operators import noise_sigma_problem
 from .oracle import run_oracle
 from .profiling import run_profile
 from .runner import run
@@ -94,9 +94,9 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     """The :class:`BenchSpec` of parsed arguments, with the protocol's defaults (size, tasks, methods, preset)."""
     protocol = args.protocol
-    if not (math.isfinite(args.sigma_y) and 0 <= args.sigma_y <= 1):
-        raise ValueError(f"--sigma-y must be in [0, 1] ([0, 1] pixel units: 0.025 = DPS's 0.05 in [-1, 1]), "
-                         f"got {args.sigma_y}" + (" (in 0-255 units? divide by 255)" if args.sigma_y > 1 else ""))
+    why = noise_sigma_problem(args.sigma_y)
+    if why:
+        raise ValueError(f"--sigma-y {why}")
     for flag, value in (("--samples", args.samples), ("--zoom", args.zoom)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")

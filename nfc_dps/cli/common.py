@@ -142,6 +142,12 @@ def image_metrics(x: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
     return m["psnr"], (m["ssim"] if m["ssim"] is not None else float("nan"))
 
 
+def input_names(images: Sequence[Path], inp: Path) -> list[str]:
+    """Each input's name as its seed and records use it: the path relative to the input folder,
+    '/'-separated (the file name when the input is one file)."""
+    return [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
+
+
 def image_seed(seed: int, name: str) -> int:
     """The seed of input image ``name`` (its path relative to the input folder, '/'-separated) in
     a run with base seed ``seed``: see :data:`nfc_dps.config.PER_IMAGE_SEED`."""

@@ -20,7 +20,7 @@ from .. import io as nio
 from ..distributed import Dist, init_distributed, resolve_device
 from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
-                     STD_PNG_SCALE, Log, UsageError, failure_reason, image_metrics, image_seed, match_file,
+                     STD_PNG_SCALE, Log, UsageError, failure_reason, image_metrics, image_seed, input_names, match_file,
                      open_prior, parse_device, prior_key, set_threads, sha256_file, sha256_json, to_numpy)
 from .flags import common_flags, precision_flag, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="measurement image or folder (default with a simulation.json config: its measurements)")
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     task_flags(r, "base seed (default 0); each image's seed is a hash of it and the image's file name")
-    r.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc); switching away from a --config file's method starts from the "
+    r.add_argument("--method", choices=sorted(METHODS), default=None,
+                   help="sampler (default nfc); switching away from a --config file's method starts from the "
                         "new method's default preset and drops that file's sampler fields")
     r.add_argument("--preset", default=None,
                    help="sampler preset. nfc: deterministic (default: the best estimate per network call, 16 NFE, "
@@ -214,7 +215,7 @@ def cmd_restore(args) -> int:
                 nio.write_json(out / RESOLVED_JSON, record)
             except OSError as e:
                 raise UsageError(cannot_write(e)) from e
-        names = [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
+        names = input_names(images, inp)
         items = [Item(i, p, names[i], stems[i], image_seed(seed, names[i])) for i, p in enumerate(images)]
         # torchrun: rank r restores the r-th, (r + world)-th, ... file of the sorted list; the
         # results do not depend on the rank (each image's seed comes from its name)

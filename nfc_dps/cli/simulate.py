@@ -9,8 +9,8 @@ from typing import Any
 
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, KIND_SIMULATION, TaskConfig, load_config, package_versions
-from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed, noise_seed,
-                     to_numpy)
+from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
+                     input_names, noise_seed, to_numpy)
 from .flags import task_flags
 from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
 from .tasks import OperatorSource, check_operator_file, resolve_task
@@ -66,7 +66,7 @@ def cmd_simulate(args) -> int:
         if not images and not others:
             raise UsageError(f"--input {inp}: no files")
         stems = output_stems(images)
-        names = [p.relative_to(inp).as_posix() if inp.is_dir() else p.name for p in images]
+        names = input_names(images, inp)
         failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
         records = []
         from tqdm.auto import tqdm

@@ -4,10 +4,10 @@ kernel files (:class:`OperatorSource`)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from ..config import ConfigBundle, SamplerSpec, TaskConfig, parse_scalar, parse_task, steps_field
+from ..operators import noise_sigma_problem
 from .common import UsageError, match_file
 
 
@@ -32,9 +32,9 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
             raise UsageError(f"--param {item!r}: expected KEY=VALUE")
         params[key.strip()] = parse_scalar(value)
     noise = task.noise_sigma if args.noise_sigma is None else args.noise_sigma
-    if not (isinstance(noise, float) and math.isfinite(noise) and 0 <= noise <= 1):
-        raise UsageError(f"--noise-sigma must be a number in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), got {noise}"
-                         + (" (in 0-255 units? divide by 255)" if isinstance(noise, float) and noise > 1 else ""))
+    why = noise_sigma_problem(noise) if isinstance(noise, float) else f"must be a number, got {noise!r}"
+    if why:
+        raise UsageError(f"--noise-sigma {why}")
     source = "--param" if args.param else task.source
     return parse_task({"task": task.task, **params, "noise_sigma": float(noise)}, source)
 

@@ -1,6 +1,7 @@
 """Linear forward operators (blur, inpainting, super-resolution, denoising) and their makers."""
 
-from .base import LinearOperator, check_image, conjugate_gradient, per_image, prox_scales, randn_per_image
+from .base import (LinearOperator, check_image, conjugate_gradient, noise_sigma_problem, per_image, prox_scales,
+                   randn_per_image)
 from .blur import BlurOperator, mirror_indices
 from .denoising import Denoising
 from .factory import TASKS, build_operator, check_task_params
@@ -10,8 +11,10 @@ from .kernels import gaussian_kernel, load_kernel, motion_kernel, normalize_kern
 from .superres import SuperResolution, bicubic_matrix, keys_cubic
 
 __all__ = [
-    "LinearOperator", "check_image", "conjugate_gradient", "per_image", "prox_scales", "randn_per_image",
+    "LinearOperator", "check_image", "conjugate_gradient", "noise_sigma_problem", "per_image", "prox_scales",
+    "randn_per_image",
     "BlurOperator", "mirror_indices", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
-    "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "build_operator", "check_task_params", "CroppedOperator", "padded_size",
+    "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "build_operator", "check_task_params",
+    "CroppedOperator", "padded_size",
 ]

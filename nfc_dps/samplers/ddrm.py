@@ -96,7 +96,7 @@ def spectral_basis(operator: LinearOperator, y: Tensor, image_shape: tuple[int, 
         s = torch.where(s > cutoff, s, torch.zeros_like(s))
         y_bar = torch.where(s > 0, y / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(y))
         return SpectralBasis(lambda v: v, lambda v: v, s, y_bar)
-    padded = getattr(operator, "name", "") == "cropped"
+    padded = operator.image_region() is not None  # declared by a padded canvas (CroppedOperator)
     raise ValueError(
         f"DDRM needs a diagonalisable operator (circulant blur or denoising, inpainting mask), got "
         f"{type(operator).__name__}"
