@@ -57,6 +57,7 @@ from nfc_dps.priors.training_data import (
     center_crop,
     load_skimage_image,
 )
+from nfc_dps.training.data import to_channels
 from nfc_dps.training.plot import read_loss_csv, render_loss_png
 
 SIGMAS = (0.05, 0.1, 0.2)
@@ -81,19 +82,25 @@ def psnr01(est: np.ndarray, ref: np.ndarray) -> float:
     return float(10 * np.log10(1.0 / err))
 
 
+def photo(name: str, channels: int) -> np.ndarray:
+    """A package photograph as (H, W, channels) float32 in [0, 1]: RGB, or BT.601 luma for a 1-channel
+    prior (the conversion ``train-prior`` trains gray priors on)."""
+    return to_channels(load_skimage_image(name), channels)
+
+
 def noise(shape: tuple[int, ...], *key: int) -> np.ndarray:
     return np.random.default_rng(list(key)).standard_normal(shape).astype(np.float32)
 
 
 def training_job_pids() -> list[int]:
-    """PIDs of running ``train_prior.py`` processes (read from /proc; Linux only)."""
+    """PIDs of running training jobs, ``train_prior.py`` or ``train-prior`` (read from /proc; Linux only)."""
     pids = []
     for d in Path("/proc").glob("[0-9]*"):
         try:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "train_prior.py" in cmd and int(d.name) != os.getpid():
+        if ("train_prior.py" in cmd or "train-prior" in cmd) and int(d.name) != os.getpid():
             pids.append(int(d.name))
     return sorted(pids)
 
@@ -194,10 +201,12 @@ def prior_variants(prior: Prior, tile: int | None) -> dict[str, tuple[str, Prior
 
 
 def prior_denoise(prior: Prior, noisy01: np.ndarray, sigma01: float) -> np.ndarray:
-    """[0, 1] HWC noisy image -> [0, 1] HWC estimate (clipped), through model units."""
+    """[0, 1] HWC noisy image -> [0, 1] HWC estimate (clipped), through model units; reflect-padded
+    to the prior's size multiple and cropped back (an untiled network needs it)."""
     x = torch.from_numpy(np.ascontiguousarray(noisy01.transpose(2, 0, 1)))[None].float() * 2 - 1
+    h, w, m = x.shape[-2], x.shape[-1], prior.size_multiple
     with torch.inference_mode():
-        out = prior(x, torch.full((1,), 2.0 * sigma01))
+        out = prior(reflect_pad(x, 0, (-h) % m, 0, (-w) % m), torch.full((1,), 2.0 * sigma01))[..., :h, :w]
     return ((out[0].permute(1, 2, 0).double().numpy() + 1) / 2).clip(0, 1)
 
 
@@ -225,12 +234,12 @@ def have_pywt() -> bool:
     return importlib.util.find_spec("pywt") is not None
 
 
-def tuning_crops(size: int, per_image: int, seed: int) -> list[tuple[str, np.ndarray]]:
+def tuning_crops(size: int, per_image: int, seed: int, channels: int = 3) -> list[tuple[str, np.ndarray]]:
     """Random ``size``^2 crops of the tuning photos (retried until not flat)."""
     rng = np.random.default_rng([seed, 7])
     crops = []
     for name in TUNE_IMAGES:
-        img = load_skimage_image(name)
+        img = photo(name, channels)
         h, w = img.shape[:2]
         s = min(size, h, w)
         got = 0
@@ -247,9 +256,10 @@ def tuning_crops(size: int, per_image: int, seed: int) -> list[tuple[str, np.nda
 
 def tune_baselines(sigmas, crops, seed: int, log) -> dict:
     """Per sigma: the TV factor and wavelet configuration maximising mean PSNR on ``crops``."""
+    gray = bool(crops) and crops[0][1].shape[-1] == 1  # no YCbCr variant for gray images
     wavelet_grid = [
         {"method": m, "wavelet": wv, "ycbcr": yc, "factor": f}
-        for m, wv, yc, f in product(WAVELET_METHODS, WAVELETS, (False, True), WAVELET_FACTORS)
+        for m, wv, yc, f in product(WAVELET_METHODS, WAVELETS, (False,) if gray else (False, True), WAVELET_FACTORS)
     ]
     use_wavelet = have_pywt()
     result: dict = {"crops": [n for n, _ in crops], "crop_size": int(crops[0][1].shape[0]) if crops else None,
@@ -281,7 +291,7 @@ def tune_baselines(sigmas, crops, seed: int, log) -> dict:
 
 
 def time_forward(prior: Prior, size: int, runs: int, sigma_model: float = 0.2) -> dict:
-    img = center_crop(load_skimage_image(HELDOUT_IMAGES[0]), size)
+    img = center_crop(photo(HELDOUT_IMAGES[0], prior.channels), size)
     x = torch.from_numpy(img.transpose(2, 0, 1).copy())[None] * 2 - 1
     x = x + sigma_model * torch.randn(x.shape, generator=torch.Generator().manual_seed(0))
     s = torch.full((1,), sigma_model)
@@ -459,10 +469,10 @@ def main() -> None:
     sigmas = [float(s) for s in args.sigmas]
 
     log(f"tuning TV/wavelet on training crops ({len(TUNE_IMAGES)} photos x {args.tune_per_image})")
-    crops = tuning_crops(args.tune_crop, args.tune_per_image, args.seed)
+    crops = tuning_crops(args.tune_crop, args.tune_per_image, args.seed, prior.channels)
     tuning = tune_baselines(sigmas, crops, args.seed, log)
 
-    images = {name: center_crop(load_skimage_image(name), args.crop) for name in HELDOUT_IMAGES}
+    images = {name: center_crop(photo(name, prior.channels), args.crop) for name in HELDOUT_IMAGES}
     per_image: dict = {name: {} for name in images}
     for ii, (name, x) in enumerate(images.items()):
         for si, s in enumerate(sigmas):

@@ -44,3 +44,30 @@ def test_the_step_is_the_exports_own_even_beside_a_newer_work_folder_state(tmp_p
     # an export that records no step falls back to the state saved with it
     _, info = report.snapshot_prior(_export(tmp_path / "export_old", None), tmp_path / "snap2")
     assert info["step"] == 6596
+
+
+def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path, monkeypatch):
+    """A 1-channel prior is evaluated on the photos' luma, and an untiled network on images whose
+    size is not its multiple (``--crop 0``: whole photos) is padded to it."""
+    import numpy as np
+
+    from nfc_dps import io as nio
+    from nfc_dps.training import TrainConfig, train_prior
+
+    images = tmp_path / "gray"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        nio.write_image(images / f"g{i}.png", rng.uniform(0, 1, (40, 40)), bit_depth=16)
+    train_prior(TrainConfig(workdir=tmp_path / "w", images=images, export=tmp_path / "p", steps=1, arch="unet-pixelnorm",
+                            widths=(8, 16), crop=16, batch=2, progress=False, eval_crop=32), log=lambda m: None)
+    report = _load_script()
+    out = tmp_path / "report.json"
+    monkeypatch.setattr("sys.argv", ["prior_report.py", "--prior", str(tmp_path / "p"), "--crop", "0", "--tune-crop", "24",
+                                     "--tune-per-image", "1", "--sigmas", "0.1", "--timing-runs", "1", "--no-overlap",
+                                     "--precision", "float32", "--out", str(out)])
+    report.main()
+    rows = json.loads(out.read_text())
+    text = json.dumps(rows)
+    assert "NaN" not in text and "Infinity" not in text
+    assert rows["prior"]["parameters"] > 0

@@ -367,6 +367,42 @@ def test_load_diffusers_prior_errors(saved_unet, tmp_path):
         load_diffusers_prior(tmp_path / "unknown")
 
 
+def test_load_diffusers_prior_refuses_what_it_cannot_map(saved_unet, tmp_path):
+    """A typo in the parameterisation, a non-VP scheduler, zero-terminal-SNR betas and a tile the
+    network cannot take are errors naming the file, not a silently different prior."""
+    import shutil
+
+    _, root = saved_unet
+    cases = {
+        "param": ({"parameterization": "EDM"}, None, r"nfc_dps_prior.json: parameterization 'EDM' is not one of edm, ddpm"),
+        "ve": ({}, {"_class_name": "ScoreSdeVeScheduler", "sigma_max": 1348.0}, r"scheduler_config.json: ScoreSdeVeScheduler"),
+        "zsnr": ({}, dict(SCHED, rescale_betas_zero_snr=True), r"scheduler_config.json: rescale_betas_zero_snr"),
+        "tile": ({"parameterization": "edm", "tile": 9}, None, r"nfc_dps_prior.json: tile 9 must be a positive multiple of 2"),
+    }
+    for name, (prior_json, sched, match) in cases.items():
+        shutil.copytree(root / "pipe", tmp_path / name)
+        if prior_json:
+            (tmp_path / name / "nfc_dps_prior.json").write_text(json.dumps(prior_json))
+        if sched is not None:
+            (tmp_path / name / "scheduler" / "scheduler_config.json").write_text(json.dumps(sched))
+        with pytest.raises(ValueError, match=match):
+            load_diffusers_prior(tmp_path / name, precision="float32")
+    shutil.copytree(root / "pipe", tmp_path / "ddim")  # another VP scheduler of the same betas loads
+    (tmp_path / "ddim" / "scheduler" / "scheduler_config.json").write_text(json.dumps(dict(SCHED, _class_name="DDIMScheduler")))
+    assert isinstance(load_diffusers_prior(tmp_path / "ddim", precision="float32"), EpsilonDenoiser)
+
+
+def test_native_bfloat16_on_cuda_needs_ampere(monkeypatch):
+    """torch's is_bf16_supported() counts emulation as support; auto precision must not."""
+    from nfc_dps.priors import diffusers_prior
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for major, native in ((7, False), (8, True), (9, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 5))
+        assert diffusers_prior.native_bfloat16("cuda") is native
+        assert diffusers_prior.resolve_precision("auto", "cuda") == ("bfloat16" if native else "float32")
+
+
 def test_channel_mismatch_is_reported(saved_unet):
     _, root = saved_unet
     prior = load_diffusers_prior(root / "bare")

@@ -309,3 +309,103 @@ def test_a_killed_run_resumes_its_cooldown(folder: Path, tmp_path: Path, monkeyp
     a = torch.load(no_decay / "state.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "straight" / "state.pt", weights_only=True)["model"]
     assert any(not torch.equal(a[k], b[k]) for k in a)  # the decay did change the updates
+
+
+def _interrupting_batch(monkeypatch, at_call: int, interrupt) -> None:
+    """CropSampler.batch that calls ``interrupt()`` on call ``at_call``, after drawing the batch:
+    inside the step, its random draws made."""
+    real_batch, calls = CropSampler.batch, []
+
+    def batch(self, n, gen):
+        out = real_batch(self, n, gen)
+        calls.append(n)
+        if len(calls) == at_call:
+            interrupt()
+        return out
+
+    monkeypatch.setattr(CropSampler, "batch", batch)
+
+
+def test_sigterm_finishes_the_step_then_saves(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM in the middle of a step: the step completes and is saved, and resuming it equals an
+    uninterrupted run (a state saved mid-step carried the next step's random draws)."""
+    import os
+    import signal
+
+    wd = tmp_path / "term"
+    _interrupting_batch(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(KeyboardInterrupt):
+        train_prior(_cfg(wd, folder, steps=100, save_every=100, log_every=1), log=_quiet)
+    assert torch.load(wd / "state.pt", weights_only=True)["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    monkeypatch.undo()
+    train_prior(_cfg(wd, folder, steps=6, save_every=100, log_every=1), log=_quiet)
+    train_prior(_cfg(tmp_path / "straight", folder, steps=6, save_every=100, log_every=1), log=_quiet)
+    _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
+
+
+def test_an_interrupt_inside_a_step_keeps_the_last_save(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    def interrupt() -> None:
+        raise KeyboardInterrupt("a second Ctrl-C")
+
+    wd = tmp_path / "hard"
+    _interrupting_batch(monkeypatch, 6, interrupt)  # inside step 6; step 4 was the last save
+    with pytest.raises(KeyboardInterrupt):
+        train_prior(_cfg(wd, folder, steps=100, save_every=2, log_every=1), log=_quiet)
+    assert torch.load(wd / "state.pt", weights_only=True)["step"] == 4
+    monkeypatch.undo()
+    train_prior(_cfg(wd, folder, steps=7, save_every=2, log_every=1), log=_quiet)
+    train_prior(_cfg(tmp_path / "straight", folder, steps=7, save_every=2, log_every=1), log=_quiet)
+    _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
+
+
+def test_final_export_replaces_an_older_export(folder: Path, tmp_path: Path) -> None:
+    wd, out = tmp_path / "w", tmp_path / "prior"
+    train_prior(_cfg(wd, folder, steps=2, export=out), log=_quiet)
+    train_prior(_cfg(wd, folder, steps=4), log=_quiet)  # no export: the folder still holds step 2
+    train_prior(_cfg(wd, folder, steps=4, export=out), log=_quiet)  # nothing to train: export step 4
+    assert json.loads((out / "train_info.json").read_text())["step"] == 4
+    ema = torch.load(wd / "state.pt", weights_only=True)["ema"]
+    exported = nfc_dps.load_prior(out, precision="float32").state_dict()
+    weights = {k.split("unet.", 1)[1]: v for k, v in exported.items() if "unet." in k}
+    assert all(torch.allclose(weights[k], ema[k].half().float()) for k in ema)
+
+
+def test_resume_keeps_each_file_on_its_side_of_the_split(folder: Path, tmp_path: Path) -> None:
+    """Removing the held-out file never moves a file trained on into the held-out set."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(folder / "sub", data)
+    wd = tmp_path / "w"
+    res = train_prior(_cfg(wd, data, steps=2, holdout=0.01, export=tmp_path / "p"), log=_quiet)
+    split = json.loads((wd / "train_config.json").read_text())
+    assert len(split["heldout_images"]) == 1 and res.heldout is not None  # the lowest hash, held out
+    (data / split["heldout_images"][0]).unlink()
+    train_prior(_cfg(wd, data, steps=3, holdout=0.01), log=_quiet)
+    after = json.loads((wd / "train_config.json").read_text())
+    assert after["heldout_images"] == [] and after["train_images"] == split["train_images"]
+    nio.write_image(data / "new.png", _smooth(np.random.default_rng(1), 48, 48, 3))
+    train_prior(_cfg(wd, data, steps=4, holdout=0.01), log=_quiet)  # a new file: the hash rule alone
+    assert "new.png" in json.loads((wd / "train_config.json").read_text())["train_images"]
+
+
+def test_resume_refuses_another_seed_and_ignores_init_from(folder: Path, tmp_path: Path) -> None:
+    wd = tmp_path / "w"
+    train_prior(_cfg(wd, folder, steps=2, export=tmp_path / "p"), log=_quiet)
+    with pytest.raises(TrainingError, match="--seed 0, this run asks for 7"):
+        train_prior(_cfg(wd, folder, steps=3, seed=7), log=_quiet)
+    warnings: list[str] = []
+    train_prior(_cfg(wd, folder, steps=3, init_from=tmp_path / "p"), log=_quiet, warn=warnings.append)
+    assert any("--init-from" in w and "is ignored" in w for w in warnings)
+
+
+def test_a_state_from_another_device_reseeds_with_a_warning(folder: Path, tmp_path: Path) -> None:
+    wd = tmp_path / "w"
+    train_prior(_cfg(wd, folder, steps=2), log=_quiet)
+    state = torch.load(wd / "state.pt", weights_only=True)
+    state["rng"], state["rng_device"] = torch.zeros(16, dtype=torch.uint8), "cuda"  # a CUDA generator's state
+    torch.save(state, wd / "state.pt")
+    warnings: list[str] = []
+    res = train_prior(_cfg(wd, folder, steps=3), log=_quiet, warn=warnings.append)
+    assert res.step == 3 and any("trained on cuda" in w for w in warnings)

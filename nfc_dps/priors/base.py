@@ -261,9 +261,12 @@ class TiledPrior(PriorWrapper):
     def __init__(self, inner: Prior, tile: int, overlap: bool = False, max_tiles: int = 128) -> None:
         if max_tiles < 1:
             raise ValueError(f"max_tiles must be >= 1, got {max_tiles}")
+        if tile < 1 or tile % inner.size_multiple:
+            raise ValueError(f"tile {tile} must be a positive multiple of {inner.size_multiple}, the image-size "
+                             f"multiple of the network it tiles")
         super().__init__(inner)
         self.tile, self.overlap, self.max_tiles = int(tile), overlap, int(max_tiles)
-        self.size_multiple = 1  # the tiles are padded to the inner prior's multiple
+        self.size_multiple = 1  # every tile has the tile's size, a multiple of the inner prior's
 
     def tiles_along(self, n: int) -> int:
         """Number of tiles covering an axis of ``n`` pixels (see the class docstring)."""

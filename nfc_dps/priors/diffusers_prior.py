@@ -56,14 +56,23 @@ def alphas_cumprod_from_config(cfg: dict) -> torch.Tensor:
 
 
 PRECISIONS = ("auto", "float32", "bfloat16")
+PARAMETERIZATIONS = ("edm", "ddpm")
+#: diffusers schedulers whose config is a discrete variance-preserving beta schedule (what
+#: :func:`alphas_cumprod_from_config` reads); others (e.g. ScoreSdeVeScheduler) are refused
+BETA_SCHEDULERS = frozenset({
+    "DDPMScheduler", "DDIMScheduler", "PNDMScheduler", "DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
+    "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler", "HeunDiscreteScheduler", "LMSDiscreteScheduler",
+    "KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler", "UniPCMultistepScheduler", "DEISMultistepScheduler",
+    "DDPMParallelScheduler", "DDIMParallelScheduler", "LCMScheduler", "TCDScheduler",
+})
 
 
 def native_bfloat16(device: str | torch.device) -> bool:
     """Whether ``device`` multiplies bfloat16 matrices in hardware (CUDA: Ampere or newer; CPU:
     the AVX512-BF16 or AMX-BF16 instructions, read from /proc/cpuinfo; elsewhere False)."""
     device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cuda":  # not is_bf16_supported()'s default, which counts emulation as support
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
     if device.type == "cpu":
         try:
             flags = Path("/proc/cpuinfo").read_text()
@@ -173,6 +182,10 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
         if unknown:
             raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
+    parameterization = prior_cfg.get("parameterization", "ddpm")
+    if parameterization not in PARAMETERIZATIONS:
+        raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: parameterization {parameterization!r} is not one of "
+                         f"{', '.join(PARAMETERIZATIONS)}")
     arch = prior_cfg.get("arch", DEFAULT_ARCH)
     if arch not in ARCHS:
         raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: arch {arch!r} is not one of {', '.join(ARCHS)}")
@@ -182,7 +195,7 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
     channels = int(unet.config.in_channels)
 
-    if prior_cfg.get("parameterization", "ddpm") == "edm":
+    if parameterization == "edm":
         prior: Prior = EDMDenoiser(
             network,
             channels=channels,
@@ -196,6 +209,13 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         sched = dict(DEFAULT_SCHEDULE)
         if sched_file.is_file():
             sched.update(_read_json(sched_file))
+            kind = sched.get("_class_name", "DDPMScheduler")
+            if kind not in BETA_SCHEDULERS:
+                raise ValueError(f"{sched_file}: {kind} is not a discrete beta-schedule (variance-preserving) "
+                                 f"scheduler; supported: {', '.join(sorted(BETA_SCHEDULERS))}")
+            if sched.get("rescale_betas_zero_snr"):
+                raise ValueError(f"{sched_file}: rescale_betas_zero_snr is not supported (its last timestep has "
+                                 f"infinite noise, no sigma to map it to)")
         if "prediction_type" in prior_cfg:
             sched["prediction_type"] = prior_cfg["prediction_type"]
         prior = EpsilonDenoiser(
@@ -212,5 +232,8 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         prior.power_law = (float(pl[0]), float(pl[1]))
     prior.precision = precision  # before tiling: TiledPrior copies it from the prior it wraps
     if prior_cfg.get("tile"):
-        prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
+        try:
+            prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
+        except ValueError as e:
+            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: {e}") from e
     return prior.to(device)

@@ -4,8 +4,9 @@ Images are float32 (H, W, C) arrays in [0, 1] (C = 1 or 3), read with :func:`nfc
 (any size, gray or RGB, 8- or 16-bit; alpha dropped). Two sources:
 
 * a user folder (``--images DIR``, scanned recursively): a file is held out for evaluation when a
-  hash of its path relative to the folder falls below the held-out fraction, so adding or
-  removing files never moves another file between the splits;
+  hash of its path relative to the folder falls below the held-out fraction (when none does,
+  the file with the lowest hash), so adding or removing files never moves another file between
+  the splits; a resumed run keeps every file it has seen on its side;
 * the built-in set (nfc_dps/priors/training_data.py): scikit-image's ``TRAIN_IMAGES`` for
   training, ``HELDOUT_IMAGES`` for evaluation (never trained on), plus dead-leaves images.
 
@@ -88,11 +89,15 @@ def scan_images(folder: Path, exclude: Sequence[Path] = ()) -> tuple[list[Path],
 
 
 def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: float,
-                exclude: Sequence[Path] = (), log: Callable[[str], None] = print) -> TrainingData:
+                exclude: Sequence[Path] = (), log: Callable[[str], None] = print,
+                previous: dict | None = None) -> TrainingData:
     """Read a user folder (see the module docstring). channels None: 1 when every image is gray, else 3.
 
     Unreadable files and training images smaller than ``crop`` are skipped and named (in
     ``skipped`` and through ``log``); no usable training image is a :class:`TrainingError`.
+    ``previous``: the split of the run being resumed, ``{"train": [...], "heldout": [...]}``
+    (relative paths): those files keep their side, whatever was added or removed since; only new
+    files are split by their hash.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -121,7 +126,10 @@ def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: fl
         channels = 1 if all(img.ndim == 2 for _, img in read) else 3
     scores = {name: heldout_score(name) for name, _ in read}
     held = {n for n in scores if scores[n] < holdout} if len(read) > 1 else set()
-    if holdout > 0 and len(read) > 1 and not held:
+    if previous is not None:  # a resumed run: a file trained on is never evaluated on, and vice versa
+        before_train, before_held = set(previous.get("train", ())), set(previous.get("heldout", ()))
+        held = {n for n in scores if n in before_held or (n not in before_train and n in held)}
+    elif holdout > 0 and len(read) > 1 and not held:
         held = {min(scores, key=scores.get)}
     if len(held) == len(read):
         held.discard(max(held, key=scores.get))

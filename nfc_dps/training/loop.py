@@ -19,6 +19,7 @@ denoising PSNR at every export) and ``train_config.json``.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import signal
 import sys
@@ -33,7 +34,7 @@ import torch
 from .. import io as nio
 from ..priors.archs import ARCHS, DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS, build_unet, size_independent
 from ..priors.base import EDMDenoiser
-from ..priors.diffusers_prior import _UNetCall
+from ..priors.diffusers_prior import _UNetCall, native_bfloat16
 from ..priors.training_data import images_power_law
 from .data import (BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, CropSampler, DeadLeaves, TrainingError, load_builtin,
                    load_folder, multiscale)
@@ -171,9 +172,11 @@ def _resolve(cfg: TrainConfig, saved: dict | None, init: dict | None) -> TrainCo
 
 
 def _precision(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 autocast on a CUDA GPU that multiplies bfloat16 in hardware, else float32
+    (a CPU keeps float32 under ``auto``: its bfloat16 gain on the training step is unmeasured)."""
     if name != "auto":
         return name
-    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device.type == "cuda" and native_bfloat16(device) else "float32"
 
 
 def _keep_rows(path: Path, upto: int) -> None:
@@ -196,6 +199,18 @@ def _append(path: Path, header: list[str], row: list) -> None:
         if new:
             w.writerow(header)
         w.writerow(row)
+
+
+def _check_resume(cfg: TrainConfig, state: dict, workdir: Path, warn: Callable[[str], None]) -> None:
+    """What a resumed run cannot change beyond the fingerprint: the seed (it fixes the dead-leaves
+    images, while the crop stream continues from the saved generator) is refused; ``init_from``
+    only starts a new work folder, so it is ignored with a warning."""
+    saved_seed = (state.get("args") or {}).get("seed", cfg.seed) if not state.get("legacy") else cfg.seed
+    if saved_seed != cfg.seed:
+        raise TrainingError(f"--workdir {workdir} was trained with --seed {saved_seed}, this run asks for {cfg.seed}; "
+                            f"use the same seed to resume, or another --workdir")
+    if cfg.init_from:
+        warn(f"--init-from {cfg.init_from} is ignored: {workdir} resumes its own weights at step {int(state['step'])}")
 
 
 def _default_log(msg: str) -> None:
@@ -221,6 +236,8 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     state_path = workdir / STATE_NAME
     state = read_state(state_path, device) if state_path.exists() else None
     saved = state["config"] if state else None
+    if state is not None:
+        _check_resume(cfg, state, workdir, warn)
     init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
     cfg = _resolve(cfg, saved, init)
     if saved is not None:  # the network's keys first: before minutes of data loading
@@ -228,7 +245,8 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         check_fingerprint(workdir, {k: saved.get(k) for k in net_keys},
                           {k: list(v) if k == "widths" else v for k, v in asdict(cfg).items() if k in net_keys})
     exclude = [workdir] + ([Path(cfg.export)] if cfg.export else [])
-    data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, warn) if cfg.images
+    previous_split = state.get("split") if state else None
+    data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, warn, previous_split) if cfg.images
             else load_builtin(cfg.channels))
     leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
     cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac)
@@ -255,9 +273,12 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         ema.load_state_dict(state["ema"])
         opt.load_state_dict(state["opt"])
         step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
-        if state["rng"] is not None:
+        if state["rng"] is not None and state.get("rng_device", device.type) == device.type:
             gen.set_state(state["rng"].cpu())
         else:
+            if state["rng"] is not None:
+                warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
+                     f"the crop stream is reseeded from (seed, step), so the run will not equal one on a single device")
             gen.manual_seed(cfg.seed * 1_000_003 + step)
         if isinstance(state.get("torch_rng"), torch.Tensor):
             torch.set_rng_state(state["torch_rng"].cpu())
@@ -282,6 +303,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         f"network {cfg.arch} {list(cfg.widths)} x{cfg.layers}, {n_params:,} parameters, {cfg.channels} channel(s), "
         f"crop {cfg.crop}, batch {cfg.batch}, {device} {precision}")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    split = {"train": [n for n, _ in data.train], "heldout": [n for n, _ in data.heldout]}
     nio.write_json(workdir / CONFIG_JSON, {"config": fp, "settings": settings, "precision": precision,
                                            "parameters": n_params, "train_images": [n for n, _ in data.train],
                                            "heldout_images": [n for n, _ in data.heldout],
@@ -301,7 +323,8 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     def save() -> None:
         write_state(state_path, {
             "model": net.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
-            "rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "args": settings, "config": fp,
+            "rng": gen.get_state(), "rng_device": device.type, "torch_rng": torch.get_rng_state(),
+            "args": settings, "config": fp, "split": split,
             "seconds": seconds0 + time.time() - t_wall, "crops": crops0 + (step - start_step) * cfg.batch})
         last["saved"] = step
         rows = read_loss_csv(workdir / LOSS_CSV) if (workdir / LOSS_CSV).is_file() else []
@@ -331,22 +354,44 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             log(f"step {step}: exported {cfg.export} (no held-out images: no PSNR)")
 
     def budget_left() -> bool:
-        return ((cfg.steps is None or step < cfg.steps)
+        return (stop["signal"] is None and (cfg.steps is None or step < cfg.steps)
                 and (cfg.minutes is None or clock() - t_start < cfg.minutes * 60))
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt("SIGTERM")
+    def export_is_current() -> bool:
+        """Whether cfg.export already holds this work folder's weights of this step."""
+        try:
+            info = json.loads((Path(cfg.export) / INFO_NAME).read_text())
+        except (OSError, ValueError):
+            return False
+        return (isinstance(info, dict) and info.get("step") == step and info.get("config") == fp
+                and info.get("settings", {}).get("workdir") == settings["workdir"])
 
-    old_handler = None
+    # SIGTERM and Ctrl-C finish the step in progress, then save and stop: a state saved in the
+    # middle of a step (its random draws made, Adam stepped, the step not counted) would resume
+    # into another run than the uninterrupted one. A second signal stops at once, keeping the
+    # last save.
+    stop: dict = {"signal": None}
+
+    def on_signal(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if stop["signal"] is not None:
+            raise KeyboardInterrupt(name)
+        stop["signal"] = name
+        log(f"{name}: stopping after step {step + 1} (send it again to stop at once, keeping the save of step "
+            f"{last['saved']})")
+
+    old_handlers = {}
     if threading.current_thread() is threading.main_thread():
-        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
+        old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     from tqdm.auto import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, unit="step", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     try:
         if cfg.steps is not None and step >= cfg.steps:
             log(f"the work folder is at step {step} >= --steps {cfg.steps}: nothing to train")
+        in_step = False
         while budget_left():
+            in_step = True
             if cfg.warmup or cfg.cooldown:
                 for g in opt.param_groups:
                     g["lr"] = learning_rate(cfg, step)
@@ -369,6 +414,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             crops_log += cfg.batch
             bar.update(1)
             sampler.sync_leaves(step)
+            in_step = False
             if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not budget_left():
                 mean = float(run_sum) / run_n
                 if not math.isfinite(mean):
@@ -384,18 +430,23 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             if step % cfg.save_every == 0:
                 save()
                 t_log = time.time()  # crops/s counts training, not saving and evaluating
+        if stop["signal"] is not None:
+            raise KeyboardInterrupt(stop["signal"])
     except KeyboardInterrupt:
-        if step > last["saved"]:
-            save()
-        log(f"interrupted: saved step {step} to {state_path}")
+        if in_step:  # stopped inside a step: its half-made changes are not saved
+            log(f"interrupted during step {step + 1}: the state of step {last['saved']} in {state_path} is kept")
+        else:
+            if step > last["saved"]:
+                save()
+            log(f"interrupted: saved step {step} to {state_path}")
         raise
     finally:
         bar.close()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
     if step > last["saved"]:
         save()
-    elif cfg.export and last["exported"] != step and not (Path(cfg.export) / INFO_NAME).is_file():
+    elif cfg.export and last["exported"] != step and not export_is_current():
         do_export()
     log(f"step {step}: state in {state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
     return TrainResult(step, last["loss"], time.time() - t_wall, n_params, last["heldout"], workdir,
