@@ -19,8 +19,9 @@ result is clipped to [0, 1]. A baseline that does not apply to an operator raise
   Inpainting: not applicable (a stationary Gaussian fill of a hole is a blur; use "biharmonic").
 * ``"tv"`` -- total-variation regularised least squares for any linear operator,
   min_x ||A x - y||^2 / 2 + lam TV(x), by FISTA (accelerated proximal gradient) with
-  scikit-image's Chambolle TV denoiser as the proximal step (weight = lam * step, vectorial TV
-  over colour channels), step 1/L with L = ||A^T A|| from power iterations, 100 iterations.
+  scikit-image's Chambolle TV denoiser as the proximal step (weight = lam * step; scikit-image
+  denoises each colour channel on its own: channel-wise, not vectorial, TV), step 1/L with
+  L = ||A^T A|| from power iterations, 100 iterations.
   lam = c_family * sigma_y (:data:`TV_LAMBDA_PER_SIGMA`), floored at 1e-4 for noiseless data.
   The constants were calibrated once on TRAINING images only (see :func:`calibrate_tv`; the
   held-out evaluation images were never used).

@@ -102,7 +102,8 @@ def fourier_gaussian_mean(H: Tensor, Y: Tensor, noise_var: float | Tensor, *, pr
         X = (conj(H) Y / noise_var + X_bar / c) / (|H|^2 W^2 / noise_var + 1 / c)   (precision form)
           = (c conj(H) Y + noise_var X_bar) / (c |H|^2 + noise_var)                (covariance form)
 
-    Pass exactly one of ``prior_precision`` (1 / c; 0 = a flat prior; needs noise_var > 0) or
+    Pass exactly one of ``prior_precision`` (1 / c; 0 = a flat prior, where |H| = 0 gives X_bar, or 0
+    without a prior mean; needs noise_var > 0) or
     ``prior_var`` (c >= 0; noise_var = 0 allowed; where c |H|^2 + noise_var = 0 nothing is
     measured and the result is X_bar, or 0 without a prior mean). ``weight2``: an optional real
     frequency weight W^2 on the likelihood (precision form only); Y is then the caller's weighted
@@ -120,7 +121,13 @@ def fourier_gaussian_mean(H: Tensor, Y: Tensor, noise_var: float | Tensor, *, pr
         num = H.conj() * Y / noise_var
         if prior_mean is not None:
             num = num + prior_mean * prior_precision
-        return num / (gain2 / noise_var + prior_precision)
+        den = gain2 / noise_var + prior_precision
+        if not bool((den == 0).any()):
+            return num / den
+        # a flat prior (precision 0) at a frequency that H does not pass (|H| = 0): nothing is
+        # known there; the limit of the solution as the precision goes to 0 is the prior mean
+        fallback = prior_mean if prior_mean is not None else torch.zeros((), dtype=num.dtype, device=num.device)
+        return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), fallback)
     if weight2 is not None:
         raise ValueError("weight2 is supported in the precision form only")
     den = H.abs().square() * prior_var + noise_var

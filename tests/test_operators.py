@@ -187,6 +187,33 @@ def test_prox_infinite_r_is_limit(name):
     assert torch.allclose(mixed[0], x[0]) and torch.allclose(mixed[1], op.prox(y, z, 0.1, 0.5)[1])
 
 
+@pytest.mark.parametrize("name", [n for n in OPERATORS if n not in CG_OPERATORS])
+def test_closed_form_prox_is_accurate_in_float32_at_large_r(name):
+    """float32 against float64 at DDNM's r = 157 and beyond: a closed form must not amplify the
+    round-off of its null space by r^2 (bicubic SR's did: errors of order 1 at r = 157)."""
+    shape = (1, 3, 32, 32)
+    op = _make(name, shape)
+    x = _rand(shape, 12)
+    y = op.measure(x, 0.05, torch.Generator().manual_seed(13))
+    z = _rand(shape, 14)
+    for r in (157.0, 1e6, math.inf):
+        want = op.prox(y, z, 0.05, r)
+        got = op.prox(y.float(), z.float(), 0.05, r).double()
+        assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), r
+
+
+def test_circular_prox_at_infinite_r_keeps_z_where_the_kernel_passes_nothing():
+    """A 2-tap box kernel has H = 0 at the Nyquist frequency: with r = inf (no prior term) that
+    frequency is not determined by y; the r -> inf limit keeps z's, never NaN."""
+    op = BlurOperator(np.array([[0.5, 0.5]]), "circular")
+    z = _rand((1, 1, 4, 4), 15)
+    y = op.A(_rand((1, 1, 4, 4), 16))
+    x = op.prox(y, z, 0.1, math.inf)
+    assert torch.isfinite(x).all()
+    assert _rel(op.A(x), y) < 1e-9
+    assert _rel(x, op.prox(y, z, 0.1, 1e12)) < 1e-6
+
+
 @pytest.mark.parametrize("name", list(OPERATORS))
 def test_prox_rejects_bad_scales(name):
     shape = SHAPES[0]

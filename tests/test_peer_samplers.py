@@ -361,3 +361,43 @@ def test_ddnm_scaled_rule_on_blur_is_per_frequency():
         assert float((out - truth).square().mean()) < 2.5 * mmse  # near an exact posterior sample's 2 x MMSE
     with pytest.raises(ValueError, match="singular_cutoff"):
         DDNMConfig(singular_cutoff=-1.0)
+
+
+class _TruthPrior(Prior):
+    """A denoiser that always answers the true image: what is left in x is the samplers' noise."""
+
+    def __init__(self, truth: torch.Tensor) -> None:
+        super().__init__()
+        self.truth, self.channels, self.sigma_max, self.sigma_min = truth, truth.shape[1], 80.0, 0.002
+
+    def denoise(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        return self.truth.expand_as(x).to(x.dtype)
+
+
+def test_ddnm_scaled_rule_counts_the_row_space_noise_of_average_sr() -> None:
+    """A^+ n of 4x block averaging is nearest upsampling: std 4 sigma_y on each orthonormal
+    direction of the row space. The scalar rule must count that, so that x at the next level holds
+    noise of std sigma_next there (it held up to 3-4x that when the rule counted sigma_y)."""
+    import torch.nn.functional as F
+
+    from nfc_dps.api import image_generators
+
+    op, f = SuperResolution(4, "average"), 4
+    assert ddnm_mod.row_space_noise(op, 16, 16, 0.1) == pytest.approx(0.4)
+    assert ddnm_mod.row_space_noise(Inpainting(random_mask(16, 16, 0.5, 0)), 16, 16, 0.1) == pytest.approx(0.1)
+    assert ddnm_mod.row_space_noise(SuperResolution(4, "bicubic"), 16, 16, 0.1) == 0.1  # uneven: the approximation
+    truth = torch.rand(1, 1, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    b = 32
+    y = op.measure(truth.expand(b, -1, -1, -1), 0.05, image_generators(range(b), 1))
+    seen = []
+    cfg = DDNMConfig(num_steps=50, eta=1.0, correction="scaled")
+    sample_ddnm(_TruthPrior(2 * truth - 1), op, y, 0.05, (b, 1, 16, 16), cfg, image_generators(range(100, 100 + b), 1),
+                callback=lambda d: seen.append((d["step"], d["x"] - (2 * truth - 1))))
+    sigmas, _ = sigma_grid(50, cfg.sigma_max, cfg.schedule)
+    checked = 0
+    for i, err in seen:
+        if 0.05 < float(sigmas[i + 1]) < 0.5:  # below the measurement noise (0.1 in model units) x 4
+            row = f * F.avg_pool2d(err, f)  # coordinates on the orthonormal row-space basis
+            assert float(row.std()) == pytest.approx(float(sigmas[i + 1]), rel=0.15)
+            checked += 1
+    assert checked >= 3

@@ -114,3 +114,25 @@ def test_wrappers_answer_for_the_prior_they_wrap():
         assert (wrapper.channels, wrapper.sigma_min, wrapper.sigma_max, wrapper.precision) == (1, 0.01, 20.0, "bfloat16")
         assert wrapper.spectrum_is_exact and torch.equal(wrapper.spectrum(16, 16), inner.spectrum(16, 16))
     assert SelfEnsemblePrior(inner).size_multiple == 4 and TiledPrior(inner, 8).size_multiple == 1
+
+
+def test_a_prior_of_one_size_keeps_the_shape_on_non_square_images():
+    """A quarter turn would hand a 16x24 oracle a 24x16 image: for priors built for one size the
+    ensemble takes the four shape-keeping symmetries in turn, and restore() runs (it raised)."""
+    import nfc_dps
+    from nfc_dps.samplers.self_ensemble import SHAPE_KEEPING
+
+    prior = GaussianSpectralPrior((16, 24), alpha=2.0, pixel_std=0.5, channels=1)
+    assert prior.fixed_size == (16, 24) and SelfEnsemblePrior(prior).fixed_size == (16, 24)
+    assert RecordingPrior().fixed_size is None
+    x = torch.randn(1, 1, 16, 24, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    wrapped, sigma = SelfEnsemblePrior(prior), torch.full((1,), 0.3, dtype=torch.float64)
+    for j in range(6):
+        k = SHAPE_KEEPING[j % 4]
+        assert torch.equal(wrapped.denoise(x, sigma), dihedral_inverse(prior.denoise(dihedral(x, k), sigma), k))
+    op = nfc_dps.build_operator("deblur_gaussian", image_size=(16, 24), kernel_size=5, kernel_std=1.0)
+    y = op.measure(torch.rand(1, 1, 16, 24, generator=torch.Generator().manual_seed(4)), 0.025,
+                   torch.Generator().manual_seed(5))
+    for method in ("nfc", "dpir"):
+        out = nfc_dps.restore(y, op, prior=prior, method=method, progress=False)
+        assert out.image.shape == (1, 1, 16, 24) and torch.isfinite(out.image).all()

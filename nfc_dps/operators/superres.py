@@ -178,7 +178,8 @@ class SuperResolution(LinearOperator):
             x = r^2 b - r^4 / (sigma_y^2 + r^2 / s^2) A^T A b,  b = A^T y / sigma_y^2 + z / r^2,
             evaluated in the projector form below (stable for large r).
         bicubic: A^T A = (D_h^T D_h) kron (D_w^T D_w) = (U_h kron U_w) diag(l_h l_w^T) (...)^T,
-            x = U_h [ (U_h^T b U_w) / (l_h l_w^T / sigma_y^2 + 1 / r^2) ] U_w^T.
+            x = U_h [ (U_h^T b U_w) / (l_h l_w^T / sigma_y^2 + 1 / r^2) ] U_w^T, evaluated in the
+            residual form below.
         """
         self._check_image(z, "z")
         check_image(y, "y")
@@ -195,18 +196,19 @@ class SuperResolution(LinearOperator):
             b = self.A_adjoint(y) / s2 + torch.where(inf, torch.zeros_like(z), z / r2)
             pz = self._project(z)
             return z - pz + kappa * self._project(b)
-        r2f = torch.where(inf, torch.ones_like(r2), r2)  # finite stand-in; inf images handled below
-        b = self.A_adjoint(y) / s2 + z / r2f
+        # Residual form, x = z + U [(U^T A^T (y - A z) U) g] U^T with g = 1 / (l + sigma_y^2 / r^2)
+        # on A's row space (l > 0) and 0 on its null space: the null-space eigenvalues come out of
+        # eigh as round-off (~1e-16), which the textbook form above would divide by 1 / r^2, i.e.
+        # amplify by r^2 (float32 errors of order 1 at DDNM's r = 157). r = inf needs no branch: g
+        # = 1 / l there, the least-squares solution of A x = y closest to z.
         h, w = z.shape[-2:]
         Uh, Uw = self._mat(h, "U", z), self._mat(w, "U", z)
-        lh, lw = self._mat(h, "lam", z), self._mat(w, "lam", z)
-        bt = Uh.transpose(0, 1) @ b @ Uw
-        x = Uh @ (bt / (lh[:, None] * lw[None, :] / s2 + 1.0 / r2f)) @ Uw.transpose(0, 1)
-        if bool(inf.any()):
-            # r -> inf limit: the least-squares solution of A x = y closest to z
-            lim = z + self.A_pinv(y - self.A(z))
-            x = torch.where(inf, lim, x)
-        return x
+        lam = self._mat(h, "lam", z)[:, None] * self._mat(w, "lam", z)[None, :]
+        row_space = lam > 1e-10 * lam.max()
+        ratio = torch.where(inf, torch.zeros_like(r2), s2 / torch.where(inf, torch.ones_like(r2), r2))
+        g = torch.where(row_space, 1.0 / (lam + ratio), torch.zeros((), dtype=z.dtype, device=z.device))
+        ct = Uh.transpose(0, 1) @ self.A_adjoint(y - self.A(z)) @ Uw
+        return z + Uh @ (ct * g) @ Uw.transpose(0, 1)
 
     def _project(self, v: Tensor) -> Tensor:
         """Block means broadcast back (average method): s^2 A^T A, an orthogonal projector."""

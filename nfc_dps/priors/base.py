@@ -70,6 +70,13 @@ class Prior(nn.Module):
     precision: str = "float32"
 
     @property
+    def fixed_size(self) -> tuple[int, int] | None:
+        """(H, W) when the prior takes images of that one size only (the Gaussian oracles), else
+        None; wrappers answer for the prior they wrap."""
+        inner = getattr(self, "inner", None)
+        return inner.fixed_size if isinstance(inner, Prior) else None
+
+    @property
     def spectrum_is_exact(self) -> bool:
         """True when ``spectrum`` is the prior's exact power spectrum (a Gaussian prior's, which
         overrides this), not a power law fitted to training images; wrappers answer for the

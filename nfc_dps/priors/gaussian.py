@@ -144,6 +144,10 @@ class GaussianSpectralPrior(Prior):
             f"omega0={self.omega0:.4g}, mean={self.mean:.4g}, channels={self.channels}"
         )
 
+    @property
+    def fixed_size(self) -> tuple[int, int]:
+        return self.size
+
     def _check_size(self, x: Tensor, what: str = "image") -> None:
         if tuple(x.shape[-2:]) != self.size:
             raise ValueError(

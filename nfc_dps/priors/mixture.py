@@ -106,6 +106,10 @@ class GaussianMixturePrior(Prior):
         self.sigma_min, self.sigma_max, self.size_multiple = 1e-4, 1e4, 1
 
     @property
+    def fixed_size(self) -> tuple[int, int]:
+        return self.size
+
+    @property
     def num_components(self) -> int:
         return int(self.means.shape[0])
 

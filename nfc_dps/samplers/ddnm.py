@@ -15,9 +15,11 @@ Range-space correction, ``correction=``:
 * ``"scaled"`` -- DDNM+'s scalar rule: x0_hat' = x0_hat + lam_i A^+(y - A x0_hat) with
   lam_i = 1 and gamma_i = sqrt(sigma_{i+1}^2 - sigma_y^2) while sigma_{i+1} >= sigma_y, else
   lam_i = sigma_{i+1} / sigma_y and gamma_i = 0: the correction's noise lam_i A^+ n is counted
-  against the next level's noise budget. It treats A^+ n as white noise of std sigma_y, which is
-  exact for inpainting, denoising and block-average SR (A A^T = c I) and an approximation for
-  bicubic SR, where A^+ amplifies the noise (use "prox" there). For circulant blur the rule is
+  against the next level's noise budget. Where A A^T = c I (inpainting and denoising: c = 1;
+  block-average SR by s: c = 1 / s^2) A^+ n is noise of std sigma_y / sqrt(c) on each
+  orthonormal direction of A's row space, and sigma_y / sqrt(c) is what the rule counts
+  (:func:`row_space_noise`); for bicubic SR it counts sigma_y, an approximation, since A^+
+  amplifies the noise unevenly there (use "prox"). For circulant blur the rule is
   applied per singular value in Fourier, as DDNM+'s SVD form: lam_k = min(1, s_k sigma_{i+1} /
   sigma_y), frequencies with s_k <= ``singular_cutoff`` dropped (:func:`scaled_rule_fourier`).
 * ``"prox"`` -- DDNM+ (prox variant), our noise-aware form: x0_hat' = prox(y, x0_hat, sigma_y,
@@ -87,6 +89,18 @@ PRESETS = {
 }
 
 
+def row_space_noise(operator: LinearOperator, h: int, w: int, noise: float) -> float:
+    """The std of A^+ n on each orthonormal direction of A's row space, for n white of std ``noise``:
+    noise / sqrt(c) when the nonzero eigenvalues of A^T A, as the operator declares them, all equal
+    c (A A^T = c I); ``noise`` itself when they differ or are not declared (an approximation)."""
+    lam = operator.gram_eigenvalues(h, w)
+    if lam is None or not bool((lam > 0).any()):
+        return noise
+    nonzero = lam[lam > 1e-12 * lam.max()]
+    c = float(nonzero.max())
+    return noise / math.sqrt(c) if float(nonzero.min()) >= c * (1 - 1e-9) else noise
+
+
 def scaled_rule_fourier(H: Tensor, residual: Tensor, sigma_next: float, noise: float, cutoff: float
                         ) -> tuple[Tensor, Tensor]:
     """DDNM+'s noise-aware rule per singular value of a circulant operator (A = F* diag(H) F).
@@ -125,6 +139,8 @@ def sample_ddnm(
     sigmas, _ = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
 
     H = operator.transfer_function(*image_shape[-2:], dtype=y.dtype, device=y.device) if operator.is_circulant else None
+    if cfg.correction == "scaled" and H is None and noise > 0:
+        row_noise = row_space_noise(operator, *image_shape[-2:], noise)
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):
@@ -141,8 +157,8 @@ def sample_ddnm(
                                                     cfg.singular_cutoff)
             x0_c = x0_hat + correction
         else:
-            lam = 1.0 if sigma_next >= noise else sigma_next / noise
-            gamma = math.sqrt(max(sigma_next**2 - (lam * noise) ** 2, 0.0))
+            lam = 1.0 if sigma_next >= row_noise else sigma_next / row_noise
+            gamma = math.sqrt(max(sigma_next**2 - (lam * row_noise) ** 2, 0.0))
             x0_c = x0_hat + lam * operator.A_pinv(prob.y - operator.A(x0_hat))
         if isinstance(gamma, Tensor):  # per-frequency re-noising weights
             direction = (1 - cfg.eta**2) ** 0.5 * eps

@@ -5,7 +5,9 @@ Deep Denoiser Prior", TPAMI 2021): the k-th call of the denoiser sees its input 
 Over an iterative method's calls the eight orientations take turns, so the orientation-dependent
 part of the network's error (and of a tiled prior's seams) partly averages out across iterations at
 no extra network evaluation. A denoiser that is itself equivariant (a Gaussian prior with a
-spectrum invariant under the square's symmetries) is unchanged by it.
+spectrum invariant under the square's symmetries) is unchanged by it. A quarter turn swaps H and
+W: on a non-square image a prior built for one size (:attr:`Prior.fixed_size`) takes only the four
+symmetries that keep the shape (identity, mirror, half turn, half turn and mirror), in turn.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from ..priors.base import Prior, PriorWrapper
 
 #: the symmetries of the square: 4 quarter turns, each with or without a left-right mirror
 DIHEDRAL_ORDER = 8
+#: those of them that keep a non-square image's shape (no quarter turn), as indices k of dihedral()
+SHAPE_KEEPING = (0, 4, 2, 6)
 
 
 def dihedral(x: Tensor, k: int) -> Tensor:
@@ -44,6 +48,9 @@ class SelfEnsemblePrior(PriorWrapper):
         self.calls = 0
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
-        k = self.calls % DIHEDRAL_ORDER
+        if x.shape[-2] == x.shape[-1] or self.fixed_size is None:
+            k = self.calls % DIHEDRAL_ORDER
+        else:
+            k = SHAPE_KEEPING[self.calls % len(SHAPE_KEEPING)]
         self.calls += 1
         return dihedral_inverse(self.inner.denoise(dihedral(x, k), sigma), k)
