@@ -426,6 +426,9 @@ class ConfigBundle:
     simulation: dict[str, Any] | None = None
     simulation_dir: Path | None = None
     sources: list[str] = field(default_factory=list)
+    #: the prior a run record (resolved_config.json) names, and that file: informational (the
+    #: prior is chosen with --prior), for a warning when another one is in use
+    recorded_prior: tuple[str, str] | None = None
 
 
 def _merge_sampler(bundle: ConfigBundle, data: Mapping[str, Any], source: str) -> None:
@@ -463,6 +466,8 @@ def load_config(paths: Sequence[str | Path], bundle: ConfigBundle | None = None)
                 if not isinstance(data["sampler"], Mapping):
                     raise ConfigError(f"{src}: key 'sampler' must be a mapping, got {data['sampler']!r}")
                 _merge_sampler(bundle, data["sampler"], f"{src} (sampler)")
+            if isinstance(data.get("prior"), str):
+                bundle.recorded_prior = (data["prior"], src)
             if data.get("seed") is not None:
                 bundle.seed = _coerce(data["seed"], 0, f"{src}: key 'seed'")
             if data.get("num_samples") is not None:

@@ -570,6 +570,24 @@ def list_folder(folder: str | Path) -> tuple[list[Path], list[Path]]:
     return images, others
 
 
+def images_in_subfolders(folder: str | Path, exclude: Sequence[Path] = ()) -> int:
+    """How many image files lie in ``folder``'s non-hidden subfolders (which :func:`list_folder`
+    leaves out), not counting those under ``exclude`` (e.g. an output folder inside it)."""
+    folder, skip = Path(folder), [p.resolve() for p in exclude]
+    count = 0
+    for sub in folder.iterdir():
+        if sub.name.startswith(".") or not sub.is_dir() or sub.suffix.lower() in IMAGE_EXTENSIONS:
+            continue
+        for p in sub.rglob("*"):
+            rel = p.relative_to(folder)
+            if any(part.startswith(".") for part in rel.parts) or p.suffix.lower() not in IMAGE_EXTENSIONS:
+                continue
+            rp = p.resolve()
+            if p.is_file() and not any(s == rp or s in rp.parents for s in skip):
+                count += 1
+    return count
+
+
 def unusable_reason(path: str | Path) -> str:
     """Why ``path`` (one of :func:`list_folder`'s ``others``) is not an input image."""
     path = Path(path)

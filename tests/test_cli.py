@@ -315,17 +315,46 @@ def test_output_name_collisions_are_refused_up_front(tmp_path, prior_dir, capsys
     out = tmp_path / "out"
     assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
     assert {r["name"]: r["output"] for r in rows(out)} == {"a.jpg": "a_jpg.png", "a.png": "a_png.png"}
-    for clash, other in [("a_png.png", "a.png"), ("a.PNG", "a.png")]:
-        write_image(inp / clash, smooth(phase=2))
-        before = {p.name: p.read_bytes() for p in out.glob("*.png")}
-        stamp = (out / "results.csv").stat().st_mtime_ns
-        assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 2
-        err = capsys.readouterr().err
-        assert str(inp / other) in err and str(inp / clash) in err and "would both be written" in err, err
-        assert "Traceback" not in err
-        assert {p.name: p.read_bytes() for p in out.glob("*.png")} == before  # nothing overwritten
-        assert (out / "results.csv").stat().st_mtime_ns == stamp
-        (inp / clash).unlink()
+    # within one run: a.png and a.PNG cannot both be a_png.png (on a case-insensitive disk)
+    fresh = tmp_path / "fresh"
+    write_image(inp / "a.PNG", smooth(phase=2))
+    assert run("restore", "-i", inp, "-o", fresh, "--task", "denoise", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert str(inp / "a.png") in err and str(inp / "a.PNG") in err and "would both be written" in err, err
+    # against an earlier run: a.PNG would take the name a.png's output has there
+    before = {p.name: p.read_bytes() for p in out.glob("*.png")}
+    stamp = (out / "results.csv").stat().st_mtime_ns
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert str(inp / "a.PNG") in err and "an earlier run wrote for a.png" in err and "Traceback" not in err, err
+    assert {p.name: p.read_bytes() for p in out.glob("*.png")} == before  # nothing overwritten
+    assert (out / "results.csv").stat().st_mtime_ns == stamp
+    (inp / "a.PNG").unlink()
+    # a file named like another's output gets a name of its own; the others keep theirs
+    write_image(inp / "a_png.png", smooth(phase=3))
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    assert {r["name"]: r["output"] for r in rows(out)} == {"a.jpg": "a_jpg.png", "a.png": "a_png.png",
+                                                            "a_png.png": "a_png_png.png"}
+    assert {p.name: p.read_bytes() for p in out.glob("*.png") if p.name in before} == before
+
+
+def test_output_names_stay_with_their_inputs_across_runs(tmp_path, prior_dir):
+    """An output name belongs to the input an earlier run wrote it for: adding a.jpg beside a.png
+    neither renames a.png's output nor overwrites it, and a rerun skips each image with its own."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_image(inp / "a.png", smooth())
+    out = tmp_path / "out"
+    assert run("restore", "-i", inp / "a.png", "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    first = (out / "a.png").read_bytes()
+    write_image(inp / "a.jpg", smooth(phase=1))
+    assert run("restore", "-i", inp / "a.jpg", "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    assert (out / "a.png").read_bytes() == first and (out / "a_jpg.png").is_file()
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    assert {r["name"]: (r["output"], r["status"]) for r in rows(out)} == {
+        "a.png": ("a.png", "skipped"), "a.jpg": ("a_jpg.png", "skipped")}
+    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "a_jpg.png"]  # no orphaned copy
+
 
 
 def test_broken_links_and_folders_named_like_images_are_reported(tmp_path, prior_dir, capsys):
@@ -670,6 +699,100 @@ def test_readme_flow_simulate_folder_as_restore_input(tmp_path, prior_dir):
     assert [x["name"] for x in r] == ["im0.png", "im1.png"] and all(x["psnr"] for x in r)
     task = json.loads((out / "resolved_config.json").read_text())["task"]
     assert task["task"] == "deblur_kernel" and task["kernel_path"] == str((tmp_path / "meas" / "kernels").resolve())
+
+
+def test_simulate_again_removes_what_it_wrote_for_images_gone_since(tmp_path, prior_dir):
+    """A simulate folder reflects its simulation.json: measurements of images that an earlier run
+    simulated and this one does not are removed, so restore cannot pick up a stale one."""
+    make_images(tmp_path / "clean", 2)
+    sim = tmp_path / "sim"
+    argv = ["simulate", "-i", tmp_path / "clean", "-o", sim, "--task", "deblur_motion", "--param", "kernel_size=7"]
+    assert run(*argv) == 0
+    (tmp_path / "clean" / "im1.png").unlink()
+    assert run(*argv) == 0
+    names = lambda sub: sorted(p.name for p in (sim / sub).iterdir())  # noqa: E731
+    assert names("measurements") == names("ground_truth") == ["im0.png"]
+    assert names("kernels") == ["im0.npy", "im0.png"]
+    # restoring with the flags the folder was simulated with: the task's own parameters are noted
+    # and dropped (the recorded kernel files define the operator), not an error
+    out = tmp_path / "out"
+    assert run("restore", "-i", sim, "-o", out, "--task", "deblur_motion", "--param", "kernel_size=7",
+               prior=prior_dir) == 0
+    assert [r["name"] for r in rows(out)] == ["im0.png"]
+
+
+def test_output_folder_may_not_be_the_mask_or_kernel_folder(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    masks = tmp_path / "masks"
+    masks.mkdir()
+    write_image(masks / "im0.png", np.ones((32, 32), np.float32))
+    before = (masks / "im0.png").read_bytes()
+    assert run("restore", "-i", tmp_path / "in", "-o", masks, "--task", "inpaint_mask", "--mask", masks,
+               prior=prior_dir) == 2
+    assert "is the input folder" in capsys.readouterr().err
+    assert (masks / "im0.png").read_bytes() == before
+
+
+def test_flag_errors_come_before_the_output_folder_is_made(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "denoise", "--threads", "0",
+               prior=prior_dir) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_interrupted_run_keeps_the_records_of_images_written(tmp_path, prior_dir, monkeypatch):
+    """Ctrl-C after an image is written: the rerun skips it (its record was saved on the way out)."""
+    from nfc_dps.cli import restore as restore_cli
+
+    make_images(tmp_path / "in", 3)
+    real, calls = restore_cli.RestoreRun._restore_jobs, []
+
+    def interrupted(self, jobs):
+        calls.append(len(jobs))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(self, jobs)
+
+    monkeypatch.setattr(restore_cli.RunRecords, "save", lambda self, final=False: None)  # only the final write
+    monkeypatch.setattr(restore_cli.RestoreRun, "_restore_jobs", interrupted)
+    out = tmp_path / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 130
+    monkeypatch.undo()
+    assert list(json.loads((out / "manifest.json").read_text())["images"]) == ["im0.png"]
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    assert [r["status"] for r in rows(out)] == ["skipped", "done", "done"]
+
+
+def test_images_in_subfolders_are_named_not_silently_skipped(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    make_images(tmp_path / "in" / "sub", 2)
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "in" / "out", "--task", "denoise",
+               prior=prior_dir) == 0
+    assert "2 image(s) in subfolders" in capsys.readouterr().err
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "in" / "out", "--task", "denoise",
+               prior=prior_dir) == 0  # its own outputs inside the input folder are not counted
+    assert "2 image(s) in subfolders" in capsys.readouterr().err
+
+
+def test_a_relative_param_path_is_recorded_absolute(tmp_path, prior_dir, monkeypatch, capsys):
+    """resolved_config.json must restore from any folder: a relative --param kernel_path is
+    recorded as the absolute path it meant; a different prior than the recorded one is named."""
+    make_images(tmp_path / "in", 1)
+    np.save(tmp_path / "k.npy", np.full((3, 3), 1 / 9))
+    monkeypatch.chdir(tmp_path)
+    assert run("restore", "-i", "in", "-o", "out", "--task", "deblur_kernel", "--param", "kernel_path=k.npy",
+               prior=prior_dir) == 0
+    resolved = tmp_path / "out" / "resolved_config.json"
+    assert json.loads(resolved.read_text())["task"]["kernel_path"] == str(tmp_path / "k.npy")
+    capsys.readouterr()
+    assert run("restore", "-i", "in", "-o", "out2", "--config", resolved, prior=prior_dir) == 0
+    assert "was written with the prior" not in capsys.readouterr().err
+    # with another prior (a copy of the same weights): the record's is named in a warning
+    import shutil
+
+    shutil.copytree(prior_dir, tmp_path / "other_prior")
+    assert run("restore", "-i", "in", "-o", "out3", "--config", resolved, prior=str(tmp_path / "other_prior")) == 0
+    assert "was written with the prior" in capsys.readouterr().err
 
 
 def test_simulate_sr_crops_to_factor(tmp_path):

@@ -613,3 +613,19 @@ def test_check_image_sum_overflow_is_not_an_error():
         x[0, 0, 1, 2] = bad
         with pytest.raises(ValueError, match="NaN or Inf"):
             check_image(x)
+
+
+def test_mask_files_are_read_upright_like_the_images(tmp_path):
+    """A mask saved by a camera app with an EXIF orientation lies on the image the way the image is
+    read (nfc_dps.io applies the orientation to images; the mask reader applied none)."""
+    from nfc_dps.io import read_image
+
+    pixels = np.zeros((16, 16), np.uint8)
+    pixels[:, :8] = 255  # left half observed, as stored
+    img = Image.fromarray(pixels)
+    exif = img.getexif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    img.save(tmp_path / "mask.png", exif=exif)
+    upright, _ = read_image(tmp_path / "mask.png")
+    assert np.array_equal(load_mask(tmp_path / "mask.png").numpy(), (upright > 0.5).astype(np.float32))
+    assert not np.array_equal(upright > 0.5, pixels > 0)  # the orientation does turn it

@@ -16,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("out_dir", help="output folder (then use --prior OUT_DIR)")
     c.add_argument("--preset", required=True, help="ffhq256 or imagenet256")
     c.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
+    c.add_argument("--trust-pickle", action="store_true",
+                   help="load a checkpoint that pickles objects besides tensors (runs code from the file: only "
+                        "for files you trust); by default only plain tensors are read")
     c.add_argument("--quiet", "-q", action="store_true")
     c.set_defaults(func=cmd_convert_adm)
 
@@ -37,7 +40,8 @@ def cmd_convert_adm(args) -> int:
         raise UsageError(f"checkpoint {ckpt}: no such file")
     log = Log(args.quiet)
     try:
-        out = adm.convert_adm_checkpoint(ckpt, args.out_dir, args.preset, overwrite=args.overwrite)
+        out = adm.convert_adm_checkpoint(ckpt, args.out_dir, args.preset, overwrite=args.overwrite,
+                                         trust_pickle=args.trust_pickle)
     except (FileExistsError, NotADirectoryError) as e:
         raise UsageError(str(e)) from e
     except (ValueError, KeyError, RuntimeError, OSError) as e:

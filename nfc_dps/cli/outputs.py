@@ -127,18 +127,38 @@ def npy_bytes(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def output_stems(paths: Sequence[Path]) -> list[str]:
+def output_stems(paths: Sequence[Path], names: Sequence[str] | None = None,
+                 earlier: dict[str, str] | None = None) -> list[str]:
     """Output name stem per input: its stem, or stem_ext (extension in lower case) where inputs
     share a stem (a.png, a.jpg -> a_png, a_jpg). Names are compared ignoring letter case, so an
     output folder also works on case-insensitive disks; inputs whose output names would still
     coincide (a.png and a.PNG; a_png.png beside a.png and a.jpg) are a UsageError naming both:
-    no output is ever written twice."""
+    no output is ever written twice.
+
+    ``earlier`` maps input names (``names``, one per path) to the stems that earlier runs into the
+    same folder gave them: an input keeps its stem, and no input takes another's, so adding a
+    file never renames an output nor overwrites one (a.png restored as a.png, then a.jpg added:
+    a.jpg becomes a_jpg)."""
+    names = [p.name for p in paths] if names is None else list(names)
+    earlier = dict(earlier or {})
+    held = {stem.casefold(): name for name, stem in earlier.items()}
     counts = Counter(p.stem.casefold() for p in paths)
-    stems = [f"{p.stem}_{p.suffix.lstrip('.').lower()}" if counts[p.stem.casefold()] > 1 else p.stem for p in paths]
+    stems = []
+    for p, name in zip(paths, names):
+        if name in earlier:
+            stems.append(earlier[name])
+            continue
+        with_ext = f"{p.stem}_{p.suffix.lstrip('.').lower()}"
+        plain = p.stem if counts[p.stem.casefold()] == 1 else with_ext
+        stems.append(with_ext if held.get(plain.casefold(), name) != name else plain)
     owner: dict[str, Path] = {}
-    for p, stem in zip(paths, stems):
+    for p, name, stem in zip(paths, names, stems):
         first = owner.setdefault(stem.casefold(), p)
         if first is not p:
             raise UsageError(f"{first} and {p} would both be written as {stem}.png (output names ignore letter "
                              f"case); rename one of them")
+        other = held.get(stem.casefold(), name)
+        if other != name:
+            raise UsageError(f"{p} would be written as {stem}.png, which an earlier run wrote for {other}; rename "
+                             f"it, or use another --output")
     return stems

@@ -44,6 +44,21 @@ def outputs_ok(out: Path, entry: dict[str, Any], main_output: str) -> bool:
     return bool(entry.get("outputs"))
 
 
+def recorded_stems(out: Path) -> dict[str, str]:
+    """Input name -> the stem of the main output that ``out``'s manifest.json records for it (an
+    unreadable manifest records none: :class:`RunRecords` then says so and redoes every image)."""
+    try:
+        images = json.loads((out / MANIFEST).read_text()).get("images")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    stems = {}
+    for name, entry in (images.items() if isinstance(images, dict) else ()):
+        outputs = entry.get("outputs") if isinstance(entry, dict) else None
+        if isinstance(outputs, list) and outputs and isinstance(outputs[0], str) and "/" not in outputs[0]:
+            stems[name] = Path(outputs[0]).stem
+    return stems
+
+
 class RunRecords:
     """manifest.json, results.csv and summary.json of the run in ``out``.
 
@@ -68,6 +83,7 @@ class RunRecords:
     @property
     def images(self) -> dict[str, Any]:
         return self.manifest["images"]
+
 
     def _load_manifest(self, overwrite: bool) -> dict[str, Any]:
         empty = {"kind": "nfc_dps.manifest", "images": {}}

@@ -24,7 +24,7 @@ from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVE
                      open_prior, parse_device, prior_key, set_threads, sha256_file, sha256_json, to_numpy)
 from .flags import common_flags, precision_flag, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
-from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok
+from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
 
 
@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     f"  std/<name>.png|.npy   per-pixel posterior std (K > 1); PNG gray 1.0 = std {1 / STD_PNG_SCALE:g}\n"
                     "  samples/<name>_<j>.png  the K samples (--save-samples)\n"
                     "  results.csv, summary.json  per-image status, seed, PSNR/SSIM (--gt), NFE, time; failures\n"
-                    "  resolved_config.json  every setting, seeds and versions (reusable with --config)\n"
+                    "  resolved_config.json  every setting, seeds and versions (reusable with --config; the prior\n"
+                    "                        it names is chosen with --prior)\n"
                     "  manifest.json         finished images: a rerun skips them (resume); --overwrite redoes them\n"
                     "Each image's seed is a hash of --seed and its file name: adding or removing files changes no\n"
                     "other result. <name> is the input's stem, or stem_ext where inputs share a stem (a_png, a_jpg);\n"
@@ -132,6 +133,13 @@ def cmd_restore(args) -> int:
                      f"{bundle.simulation_dir}) for task {requested!r}")
             bundle.task = recorded
             args.task = None
+            from ..operators import TASKS
+
+            dropped = [p for p in args.param or [] if p.partition("=")[0].strip() not in TASKS[recorded.task]]
+            if dropped:  # parameters of the simulated operator, which the recorded files now fix
+                log.info(f"ignoring {', '.join('--param ' + p for p in dropped)}: the simulation's "
+                         f"{recorded.task} files define the operator")
+                args.param = [p for p in args.param if p not in dropped]
     task = resolve_task(args, bundle)
     gt_dir = Path(args.gt) if args.gt else None
     if inp is None and sim is not None:
@@ -180,14 +188,15 @@ def cmd_restore(args) -> int:
     if samples > 1 and spec.build().is_deterministic:
         raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
                          f"would be the same); for posterior samples and a std map add --preset fast")
-    out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []))
     device = parse_device(args.device)
+    set_threads(args.threads)
+    operator_files = [Path(task.params[k]) for k in ("mask_path", "kernel_path") if k in task.params]
+    out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []) + operator_files)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
         device = resolve_device("cuda", dist)
     if dist.rank > 0:  # one voice for the progress and the summary; every rank still reports its failures
         log = Log(quiet=True)
-    set_threads(args.threads)
 
     with run_lock(out, dist):
         if dist.rank == 0:
@@ -199,12 +208,21 @@ def cmd_restore(args) -> int:
         dist.barrier()  # every rank reads the complete manifest
         if inp.is_dir():
             images, others = nio.list_folder(inp)
+            nested = nio.images_in_subfolders(inp, [out]) if dist.rank == 0 else 0
+            if nested:
+                log.error(f"warning: {nested} image(s) in subfolders of {inp} are not restored (restore reads the "
+                          f"folder's top level; pass a subfolder as --input to restore its images)")
         else:
             images, others = ([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp])
         if not images and not others:
             raise UsageError(f"--input {inp}: no files to restore")
-        stems = output_stems(images)
+        names = input_names(images, inp)
+        stems = output_stems(images, names, {} if args.overwrite else recorded_stems(out))
         prior = open_prior(args.prior, device, args.precision)
+        in_use = prior_key(args.prior)["path"]
+        if bundle.recorded_prior and bundle.recorded_prior[0] != in_use:
+            log.error(f"warning: {bundle.recorded_prior[1]} was written with the prior {bundle.recorded_prior[0]}; "
+                      f"this run uses {in_use} (pass --prior {bundle.recorded_prior[0]} to restore with that one)")
         cfg = spec.build()
         record = resolved_config(task, spec, seed, samples, prior=prior_key(args.prior)["path"],
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
@@ -215,7 +233,6 @@ def cmd_restore(args) -> int:
                 nio.write_json(out / RESOLVED_JSON, record)
             except OSError as e:
                 raise UsageError(cannot_write(e)) from e
-        names = input_names(images, inp)
         items = [Item(i, p, names[i], stems[i], image_seed(seed, names[i])) for i, p in enumerate(images)]
         # torchrun: rank r restores the r-th, (r + world)-th, ... file of the sorted list; the
         # results do not depend on the rank (each image's seed comes from its name)
@@ -294,6 +311,10 @@ class RestoreRun:
                 self._restore_jobs(group)
                 self.records.save()
             self.records.save(final=True)
+        except KeyboardInterrupt:
+            with contextlib.suppress(OSError):  # the images written so far are skipped by the rerun
+                self.records.write(final=False)
+            raise
         except OutputError as e:
             with contextlib.suppress(OSError):  # keep the records of what is done, if they still fit
                 self.records.write(final=False)

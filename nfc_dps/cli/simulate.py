@@ -4,6 +4,7 @@ in simulation.json, which ``restore --config OUT/simulation.json`` reads back.""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,28 @@ def _restore_task_for(task: TaskConfig, has_kernel: bool, has_mask: bool) -> dic
     return task.as_dict()
 
 
+def _files_of(rec: dict[str, Any]) -> list[str]:
+    """The files (relative to the output folder) that one image's simulation record wrote."""
+    files = [rec.get(k) for k in ("measurement", "ground_truth", "kernel", "mask")]
+    if rec.get("kernel"):
+        files.append(str(Path(rec["kernel"]).with_suffix(".png")))  # its picture beside the .npy
+    return [f for f in files if isinstance(f, str)]
+
+
+def _previous_records(out: Path, log: Log) -> list[dict[str, Any]]:
+    """The image records of the simulation.json an earlier run left in ``out`` (none if unreadable)."""
+    path = out / SIMULATION_JSON
+    if not path.is_file():
+        return []
+    try:
+        records = json.loads(path.read_text()).get("images", [])
+    except (OSError, ValueError, AttributeError) as e:
+        log.error(f"warning: ignoring the unreadable {path} of an earlier run ({e})")
+        return []
+    return [r for r in records if isinstance(r, dict) and isinstance(r.get("name"), str)
+            and isinstance(r.get("measurement"), str)] if isinstance(records, list) else []
+
+
 def cmd_simulate(args) -> int:
     """Run ``simulate``; exit status 1 when some image failed."""
     import torch
@@ -65,8 +88,11 @@ def cmd_simulate(args) -> int:
         images, others = nio.list_folder(inp) if inp.is_dir() else (([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp]))
         if not images and not others:
             raise UsageError(f"--input {inp}: no files")
-        stems = output_stems(images)
         names = input_names(images, inp)
+        # an earlier simulation into this folder: its images keep their names, and what it wrote
+        # for images this run does not simulate is removed below (restore reads the folder)
+        previous = _previous_records(out, log)
+        stems = output_stems(images, names, {r["name"]: Path(r["measurement"]).stem for r in previous})
         failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
         records = []
         from tqdm.auto import tqdm
@@ -132,6 +158,13 @@ def cmd_simulate(args) -> int:
             nio.write_json(out / SIMULATION_JSON, sim)
         except OSError as e:
             raise UsageError(cannot_write(e)) from e
+        written = {f for rec in records for f in _files_of(rec)}
+        stale = [f for rec in previous for f in _files_of(rec) if f not in written and (out / f).is_file()
+                 and out in (out / f).resolve().parents]  # only files inside the folder
+        for f in stale:
+            (out / f).unlink()
+        if stale:
+            log.info(f"removed {len(stale)} file(s) an earlier simulation wrote into {out} for images not simulated now")
     log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}] -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")
     return EXIT_FAILED if failures else EXIT_OK

@@ -30,7 +30,10 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--param {item!r}: expected KEY=VALUE")
-        params[key.strip()] = parse_scalar(value)
+        key, value = key.strip(), parse_scalar(value)
+        if key in ("mask_path", "kernel_path") and isinstance(value, str):
+            value = str(Path(value).expanduser().resolve())  # as --mask / --kernel: recorded absolute
+        params[key] = value
     noise = task.noise_sigma if args.noise_sigma is None else args.noise_sigma
     why = noise_sigma_problem(noise) if isinstance(noise, float) else f"must be a number, got {noise!r}"
     if why:

@@ -161,8 +161,9 @@ def motion_kernel(size: int = 61, intensity: float = 0.5, generator: int | np.ra
 def read_array(path: str | Path, what: str) -> np.ndarray:
     """Read a .npy array or an image file (PNG, JPEG, TIFF, ...) as float64.
 
-    Images are converted to gray and scaled to [0, 1] by their integer range (8/16-bit); .npy
-    arrays are returned as stored. Errors name the file.
+    Images are turned upright by their EXIF orientation (as input images are), converted to gray
+    and scaled to [0, 1] by their integer range (8/16-bit); .npy arrays are returned as stored.
+    Errors name the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -183,11 +184,14 @@ def read_array(path: str | Path, what: str) -> np.ndarray:
         if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
             raise ValueError(f"{what} file {str(path)!r} holds non-numeric data of dtype {arr.dtype}")
         return arr.astype(np.float64)
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
-            img.load()
+        with Image.open(path) as opened:
+            opened.load()
+            # the EXIF orientation, as for input images (nfc_dps.io.read_image): a mask must lie
+            # on the image the way the image is read
+            img = ImageOps.exif_transpose(opened)
             if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
                 arr = np.asarray(img).astype(np.float64)
                 scale = 65535.0 if img.mode.startswith("I;16") or arr.max(initial=0) > 255 else 255.0

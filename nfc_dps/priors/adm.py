@@ -430,7 +430,7 @@ def load_adm_state_dict(ckpt_path: str | Path, trust_pickle: bool = False) -> di
             raise ValueError(
                 f"{path}: torch.load(weights_only=True) failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
                 "The file is corrupt or pickles objects besides tensors. If you trust it, pass "
-                "trust_pickle=True, or re-save it elsewhere as a plain state dict: "
+                "trust_pickle=True (nfc-dps convert-adm --trust-pickle), or re-save it elsewhere as a plain state dict: "
                 "torch.save(model.state_dict(), 'adm.pt')"
             ) from e
     for wrapper in ("state_dict", "model", "ema"):
@@ -482,7 +482,8 @@ def convert_adm_checkpoint(
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"output {out} exists and is not a folder")
     if (out / "unet" / "config.json").exists() and not overwrite:
-        raise FileExistsError(f"{out / 'unet'} already holds a model; pass overwrite=True to replace it")
+        raise FileExistsError(f"{out / 'unet'} already holds a model; pass overwrite=True "
+                              f"(nfc-dps convert-adm --overwrite) to replace it")
     sd = load_adm_state_dict(ckpt_path, trust_pickle=trust_pickle)
     converted = convert_adm_state_dict(sd, p)
     del sd
