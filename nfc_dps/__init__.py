@@ -2,7 +2,8 @@
 
 Public API (images in [0, 1], sigma_y in [0, 1] pixel units):
 
-* :func:`restore` - restore measurement(s) with a sampler ("nfc", "daps", "dps", "diffpir", "ddnm");
+* :func:`restore` - restore measurement(s) with a sampler ("nfc", "daps", "dps", "diffpir", "ddnm",
+  "ddrm", "dpir");
 * :func:`load_prior` - a local diffusers folder, or the embedded default prior;
 * :func:`build_operator` - a forward operator by task name.
 """

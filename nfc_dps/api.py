@@ -1,6 +1,7 @@
 """The Python API: ``restore`` a measurement with a diffusion prior.
 
-    >>> import nfc_dps
+    >>> import torch, nfc_dps
+    >>> x = torch.rand(2, 3, 64, 64)                          # images in [0, 1]
     >>> op = nfc_dps.build_operator("deblur_gaussian", image_size=(64, 64))
     >>> y = op.measure(x, sigma_y=0.025, generator=torch.Generator().manual_seed(0))
     >>> out = nfc_dps.restore(y, op, sigma_y=0.025)          # embedded default prior

@@ -52,10 +52,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--images", default=None, help="folder of images (paper protocol; optional for local)")
     p.add_argument("--image-names", default="", help="comma list of scikit-image names (local; default held-out four)")
     p.add_argument("--num-images", type=int, default=None, help="use the first N images (oracle: N images, default 30)")
-    p.add_argument("--size", type=int, default=None, help="image size (local 64, paper 256, oracle 64, profile 256)")
+    p.add_argument("--size", type=int, default=None, help="image size (local 64, paper 256, oracle 64, mixture 32, profile 256)")
     p.add_argument("--zoom", type=int, default=2, help="local: centre crop of size*zoom px area-averaged by zoom")
-    p.add_argument("--tasks", default="", help=f"comma list (default {','.join(DEFAULT_TASKS)}; also: denoise)")
-    p.add_argument("--methods", default="", help=f"comma list (default {','.join(DEFAULT_METHODS)})")
+    p.add_argument("--tasks", default="", help=f"comma list (default {','.join(DEFAULT_TASKS)}; also: denoise; "
+                                               f"mixture: its settings, default all; profile: deblur_gaussian)")
+    p.add_argument("--methods", default="", help=f"comma list (default {','.join(DEFAULT_METHODS)}; oracle: "
+                                                 f"nfc,daps,dps,diffpir,ddnm,ddrm,wiener,tv; mixture: every sampler; "
+                                                 f"profile: nfc,daps)")
     p.add_argument("--budgets", default="", help="comma list of NFE budgets, e.g. 20,50,100 (default: preset NFE)")
     p.add_argument("--preset", default=None, help="sampler preset (local/oracle/profile: fast; paper: paper)")
     p.add_argument("--samples", type=int, default=1, help="K posterior samples per image; K > 1 adds a 'mean of K' row")

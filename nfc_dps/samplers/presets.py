@@ -1,4 +1,6 @@
-"""Named presets for NFC and DAPS. ``paper`` reproduces the published settings (1000 NFE);
+"""Named presets for NFC and DAPS. ``deterministic`` (NFC only, its default) is the plug-and-play
+continuation: a Wiener start, 16 levels from DPIR's first level down to max(0.02, sigma_y / 2)
+in model units, no re-noising, no random draw (16 NFE). ``paper`` reproduces the published settings (1000 NFE);
 ``fast`` is 100 NFE: NFC with the exact Gaussian-conditional inner step, DAPS with its own
 Langevin inner loop (as published). ``fast_psnr`` (NFC only) is ``fast`` with the conditional
 mean as the inner step (``inner_temperature=0``), ``renoise="matched"`` and the geometric
@@ -36,7 +38,8 @@ NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, r
 # the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
 # conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from sigma_max
 # "auto" (DPIR's 49/255 in [0, 1] units; for inpainting 0.1 in model units, nfc.top_sigma) down
-# to half the measurement noise, with DPIR's periodical geometric self-ensemble (docs/benchmarks.md:
+# to half the measurement noise or sigma_min 0.02, whichever is larger, with DPIR's periodical
+# geometric self-ensemble (docs/benchmarks.md:
 # the 256-px tier)
 NFC_PRESETS["deterministic"] = NFCConfig(
     num_levels=16, ode_steps=1, sigma_max="auto", sigma_min=0.02, noise_floor=0.5, inner="exact",
