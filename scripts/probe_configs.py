@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """PSNR of sampler configs on the harness's measurements, for quick design probes.
 
-Each config is a JSON object {"task", "method", "preset"?, <field overrides>...}; the PSNR printed
-is the mean over the images (dB, outputs clipped to [0, 1]). Measurements are the local
+Each config is a JSON object {"task", "method", "preset"?, <field overrides>...}; without "preset"
+the method's default is used, as restore() does (NFC: "deterministic"; the benchmark's ``nfc``
+column is "fast"). The PSNR printed is the mean over the images (dB, outputs clipped to [0, 1]),
+after the config and the preset it ran. Measurements are the local
 protocol's (the same seeds as ``scripts/benchmark.py``), cached under --out.
 
     python scripts/probe_configs.py --size 256 --images coffee,chelsea \\
@@ -21,6 +23,7 @@ import torch
 from nfc_dps.bench.measurements import load_images, measurement
 from nfc_dps.bench.spec import CLASSICAL_METHODS, BenchSpec, task_specs
 from nfc_dps.api import restore
+from nfc_dps.samplers import get_method
 from nfc_dps.baselines import restore_classical
 from nfc_dps.metrics import restoration_metrics
 from nfc_dps.priors.default import load_prior
@@ -47,16 +50,18 @@ def main() -> None:
     for entry in json.loads(args.configs):
         cfg = dict(entry)
         task, method, preset = cfg.pop("task"), cfg.pop("method"), cfg.pop("preset", None)
-        t0, values = time.time(), []
+        t0, values, ran = time.time(), [], "classical"
         for name, img in images:
             op, x, y, meta = measurement(spec, tasks[task], name, img)
             if method in CLASSICAL_METHODS:
                 xr = restore_classical(method, op, y, spec.sigma_y)
             else:
-                xr = restore(y, op, prior=prior, method=method, preset=preset, sigma_y=spec.sigma_y,
-                             seed=meta["sampler_seed"], progress=False, **cfg).image
+                res = restore(y, op, prior=prior, method=method, preset=preset, sigma_y=spec.sigma_y,
+                              seed=meta["sampler_seed"], progress=False, **cfg)
+                xr, ran = res.image, f"preset {preset or get_method(method).default_preset}, {res.nfe} NFE"
             values.append(restoration_metrics(xr, x)["psnr"])
-        print(json.dumps(entry), f"{sum(values) / len(values):.3f} dB", f"{time.time() - t0:.0f} s", flush=True)
+        print(json.dumps(entry), f"[{ran}]", f"{sum(values) / len(values):.3f} dB", f"{time.time() - t0:.0f} s",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -195,7 +195,9 @@ def test_method_entries_name_their_preset_and_deterministic_rows_come_once(tiny_
     rows = read_rows(out / "results.csv")
     assert [(r["method"], r["estimator"]) for r in rows] == [
         ("nfc", "sample"), ("nfc", "mean2"), ("nfc:deterministic", "deterministic"), ("dpir", "deterministic")]
-    assert all(r["nfe"] == "2" and not r["note"] for r in rows)
+    assert [r["nfe"] for r in rows] == ["2", "4", "2", "2"] and not any(r["note"] for r in rows)  # the mean: 2 chains
+    sample, mean = rows[0], rows[1]
+    assert float(sample["seconds"]) == pytest.approx(float(mean["seconds"]) / 2, abs=1e-3)  # one chain's share
     assert "nfc:deterministic @2" in (out / "summary.md").read_text()
     with pytest.raises(ValueError, match="unknown method"):
         method_runs(BenchSpec(methods=("tv:fast",)))
@@ -374,3 +376,66 @@ def test_a_failed_row_is_retried_by_a_rerun(tiny_prior, tmp_path, monkeypatch):
 def test_bad_settings_exit_2_naming_the_flag(tmp_path, capsys, flags, needle):
     assert main(["--protocol", "local", "--out", str(tmp_path / "run"), "--methods", "tv", *flags]) == 2
     assert needle in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_a_folder_refuses_rows_of_other_images_or_precision(tiny_prior, tmp_path, capsys):
+    """Rows of another --images folder (same file names) or another network precision are not
+    mixed into an existing --out; the tables average over this run's images only."""
+    from nfc_dps.io import write_image
+
+    folders = {}
+    for tag, level in (("a", 0.2), ("b", 0.8)):
+        folders[tag] = tmp_path / tag
+        folders[tag].mkdir()
+        write_image(folders[tag] / "p.png", np.full((16, 16, 3), level, np.float32))
+    out = tmp_path / "out"
+    grid = ["--protocol", "local", "--out", str(out), "--size", "16", "--zoom", "1", "--tasks", "deblur_gaussian",
+            "--threads", "1", "--no-images", "--no-plots"]
+    assert main(grid + ["--images", str(folders["a"]), "--methods", "tv"]) == 0
+    assert main(grid + ["--images", str(folders["b"]), "--methods", "tv,wiener"]) == 2
+    assert "not this run's image" in capsys.readouterr().err
+    net = base_args(tiny_prior, tmp_path / "net", "--tasks", "deblur_gaussian", "--methods", "nfc", "--no-images",
+                    "--no-plots", "--image-names", "camera")
+    assert main(net + ["--precision", "float32"]) == 0
+    assert main(net + ["--precision", "bfloat16"]) == 2
+    assert "network precision: float32 -> bfloat16" in capsys.readouterr().err
+    wider = base_args(tiny_prior, tmp_path / "net", "--tasks", "deblur_gaussian", "--methods", "tv", "--no-images",
+                      "--no-plots", "--image-names", "astronaut")
+    assert main(wider + ["--precision", "float32"]) == 0
+    summary = (tmp_path / "net" / "summary.md").read_text()
+    assert "not in this run (camera)" in summary and "| nfc" not in summary  # its only row is camera's
+
+
+def test_bad_flags_are_one_line_errors(tiny_prior, tmp_path, capsys):
+    cases = [
+        (["--threads", "-1"], "--threads must be >= 1"),
+        (["--num-images", "0"], "--num-images must be >= 1"),
+        (["--size", "0"], "--size must be >= 1"),
+        (["--tasks", "foo"], "--tasks foo: unknown"),
+        (["--methods", "tv", "--set", "tv.lam=5"], "a classical method has no sampler settings"),
+        (["--methods", "nfc", "--set", "nfcc.inner=langevin"], "not a diffusion column"),
+        (["--methods", "nfc", "--set", "nfc.num_levels=abc"], "num_levels"),
+    ]
+    for extra, message in cases:
+        args = base_args(tiny_prior, tmp_path / "x", "--no-images", "--no-plots")
+        args = [a for i, a in enumerate(args) if not (args[i - 1] == "--threads" and extra[0] == "--threads")
+                and not (a == "--threads" and extra[0] == "--threads")]
+        assert main(args + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (extra, err)
+    oracle = ["--protocol", "oracle", "--out", str(tmp_path / "o"), "--size", "16", "--num-images", "1", "--threads", "1"]
+    for extra, message in ((["--set", "nfc.inner=langevin"], "--set: the oracle protocol"),
+                           (["--samples", "2"], "--samples: the oracle protocol"),
+                           (["--methods", "foo"], "--methods foo: the oracle protocol runs")):
+        assert main(oracle + extra) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_mixture_and_grid_do_not_share_a_folder(tmp_path, capsys):
+    out = tmp_path / "shared"
+    assert main(["--protocol", "local", "--out", str(out), "--size", "16", "--zoom", "1", "--tasks", "deblur_gaussian",
+                 "--methods", "tv", "--image-names", "camera", "--threads", "1", "--no-images", "--no-plots"]) == 0
+    before = (out / "results.csv").read_text()
+    assert main(["--protocol", "mixture", "--out", str(out), "--threads", "1"]) == 2
+    assert "holds results of another protocol" in capsys.readouterr().err
+    assert (out / "results.csv").read_text() == before

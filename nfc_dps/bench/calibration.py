@@ -191,6 +191,13 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
     from .spec import MethodRun, not_applicable
     from ..io import atomic_write_text
 
+    from .mixture import SETTINGS
+    from .spec import task_specs
+
+    known = ["gaussian"] + [f"mixture-{s}" for s in SETTINGS] + [f"embedded-{t}" for t in task_specs("local", 64, "circular")]
+    unknown = [s for s in settings if s not in known]
+    if unknown:
+        raise ValueError(f"unknown calibration setting(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     t_start = time.perf_counter()
     device = torch.device("cpu")
     rows: list[dict[str, Any]] = []

@@ -100,16 +100,34 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     why = noise_sigma_problem(args.sigma_y)
     if why:
         raise ValueError(f"--sigma-y {why}")
-    for flag, value in (("--samples", args.samples), ("--zoom", args.zoom)):
-        if value < 1:
+    for flag, value in (("--samples", args.samples), ("--zoom", args.zoom), ("--num-images", args.num_images),
+                        ("--size", args.size), ("--threads", args.threads)):
+        if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if protocol == "oracle":
+        fixed = [flag for flag, given in (("--set", args.overrides), ("--preset", args.preset),
+                                          ("--samples", args.samples != 1)) if given]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: the oracle protocol runs its fixed configurations "
+                             f"(nfc_dps.bench.oracle.oracle_configs), which these flags would not change")
     default_size = 256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture" else 64
     if args.profile and not (args.out):
         args.out = Path("runs/bench/profile")
     tasks = _str_list(args.tasks) or (("deblur_gaussian",) if args.profile else DEFAULT_TASKS)
     methods = _str_list(args.methods) or (("nfc", "daps") if args.profile else DEFAULT_METHODS)
-    if protocol == "oracle" and not _str_list(args.methods):
-        methods = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "wiener", "tv")
+    if protocol == "oracle":
+        allowed = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "wiener", "tv")
+        methods = _str_list(args.methods) or allowed
+        unknown = [m for m in methods if m not in allowed]
+        if unknown:
+            raise ValueError(f"--methods {','.join(unknown)}: the oracle protocol runs {','.join(allowed)}")
+    elif protocol != "mixture" or args.profile:
+        from .spec import task_specs
+
+        known = task_specs("paper" if protocol == "paper" else "local", 64, "circular")
+        unknown = [t for t in tasks if t not in known]
+        if unknown:
+            raise ValueError(f"--tasks {','.join(unknown)}: unknown; choose from {', '.join(known)}")
     if protocol == "mixture":  # empty: every setting and every registered sampler (nfc_dps.bench.mixture)
         tasks, methods = _str_list(args.tasks), _str_list(args.methods)
     return BenchSpec(
@@ -131,10 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the profile, the oracle, the mixture protocol or the grid; 0, or 2 with a one-line error."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
         spec = spec_from_args(args)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         if args.profile:
             run_profile(spec)
         elif spec.protocol == "oracle":
@@ -145,7 +163,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             run_mixture(spec)
         else:
             run(spec)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:  # TypeError: a --set value of the wrong type
         print(f"benchmark: error: {e}", file=sys.stderr)
         return 2
     return 0

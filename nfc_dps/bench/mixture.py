@@ -196,6 +196,10 @@ def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]
     from ..samplers import counting, get_method
 
     t_start = time.perf_counter()
+    saved = Path(spec.out) / "config.json"
+    if saved.is_file() and "prestated_setting" not in json.loads(saved.read_text() or "{}"):
+        raise ValueError(f"{spec.out} holds results of another protocol ({saved}); the mixture protocol would "
+                         f"overwrite them: use another --out")
     names = list(spec.tasks) or list(SETTINGS)
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:

@@ -20,7 +20,7 @@ from .instruments import machine_description
 from ..distributed import init_distributed, resolve_device
 from .runner import check_folder_record, folder_record
 from .spec import BenchSpec
-from .tables import PartWriter, all_rows, fmt, group_rows, mean_std, merge_results, numbers, row_key
+from .tables import PartWriter, all_rows, fmt, group_rows, is_failed, mean_std, merge_results, numbers, row_key
 
 
 def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
@@ -91,7 +91,7 @@ def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict
         seeds = [stable_seed(spec.seed, "oracle-sampler", nm) for nm in names]
         task = f"gauss_blur{std:g}"
         existing = all_rows(out)
-        done = {row_key(r) for r in existing}
+        done = {row_key(r) for r in existing if not is_failed(r)}  # failed rows are retried
         configs = {f"{label}@{b}": cfg for b in spec.budgets or (50, 200) for label, method, cfg in oracle_configs(b)
                    if method in spec.methods}
         record, notes = check_folder_record(spec, out / "config.json", folder_record(spec, configs, None),

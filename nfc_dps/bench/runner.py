@@ -19,6 +19,7 @@ import torch
 from ..distributed import Dist, init_distributed, resolve_device
 from ..io import atomic_write_text
 from ..priors.default import prior_identity
+from ..priors.diffusers_prior import resolve_precision
 from .instruments import PeakMemory, lpips_status, machine_description, row_metrics, save_png
 from .measurements import load_images, measurement
 from .plots import make_plots
@@ -85,16 +86,19 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
                         torch.cuda.synchronize(device)
                     secs = time.perf_counter() - t0
                 if ests == ["deterministic"]:
-                    outs = {"deterministic": (res.image, res.nfe)}
-                elif spec.samples > 1:
-                    outs = {"sample": (res.samples[0], res.nfe), f"mean{spec.samples}": (res.image, res.nfe)}
+                    outs = {"deterministic": (res.image, res.nfe, secs)}
+                elif spec.samples > 1:  # K chains in one call: a sample costs one chain, the mean all K
+                    k = spec.samples
+                    outs = {"sample": (res.samples[0], res.nfe, secs / k), f"mean{k}": (res.image, k * res.nfe, secs)}
                 else:
-                    outs = {"sample": (res.image, res.nfe)}
-            for est, (xr, nfe) in outs.items():
+                    outs = {"sample": (res.image, res.nfe, secs)}
+            if run.method in CLASSICAL_METHODS:
+                outs = {est: (xr, nfe, secs) for est, (xr, nfe) in outs.items()}
+            for est, (xr, nfe, row_secs) in outs.items():
                 if (task.name, image, run.label, est, budget_str(run)) in done:
                     continue
                 met = row_metrics(xr, x)
-                writer.write(result_row(spec, task.name, image, run, est, nfe=nfe, seconds=secs, peak_mem_mb=mem.mb,
+                writer.write(result_row(spec, task.name, image, run, est, nfe=nfe, seconds=row_secs, peak_mem_mb=mem.mb,
                                   seed=seed if run.method not in CLASSICAL_METHODS else "", **met))
                 if spec.save_images:
                     save_png(spec.out / "images" / task.name / image / f"{run.label.replace(':', '-')}-{est}-{budget_str(run)}.png",
@@ -120,10 +124,13 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
     # hashed once (config.json and summary.md record the same); a classical-only grid uses no prior
     prior_info = prior_record(spec.prior) if needs_prior else None
+    # bfloat16 and float32 rows differ: the resolved precision is part of what the folder's rows are
+    precision = resolve_precision(spec.precision, device) if needs_prior else None
     # every rank checks: an error on one rank only would leave the others waiting
     existing = all_rows(out)
-    record, notes_on_folder = check_folder_record(spec, cfg_path, folder_record(spec, column_configs(runs), prior_info),
-                                                  {f"{r['method']}@{r['budget']}" for r in existing})
+    record, notes_on_folder = check_folder_record(
+        spec, cfg_path, folder_record(spec, column_configs(runs), prior_info, precision),
+        {f"{r['method']}@{r['budget']}" for r in existing})
     d.barrier()
     if d.rank == 0:
         for note in notes_on_folder:
@@ -175,8 +182,14 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
         rows = merge_results(spec, names)
         header = _header(spec, d, device, time.perf_counter() - t_start, names, prior_info)
         atomic_write_text(cfg_path, json.dumps({**record, "header": header}, indent=1, default=str))
-        plots = make_plots(spec, rows, names, log) if spec.plots else []
-        atomic_write_text(out / "summary.md", summary_markdown(spec, rows, header, notes, plots))
+        # the tables average over this run's images only (results.csv keeps every row of the folder)
+        table_rows = [r for r in rows if r["image"] in set(names)]
+        others = sorted({r["image"] for r in rows} - set(names))
+        if others:
+            notes.append(f"results.csv also holds rows of {len(others)} image(s) not in this run "
+                         f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); the tables leave them out")
+        plots = make_plots(spec, table_rows, names, log) if spec.plots else []
+        atomic_write_text(out / "summary.md", summary_markdown(spec, table_rows, header, notes, plots))
         log(f"wrote {out / 'results.csv'} ({len(rows)} rows) and {out / 'summary.md'}")
     d.barrier()
     if d.initialised:
@@ -191,15 +204,19 @@ def column_configs(runs: list[MethodRun]) -> dict[str, Any]:
     return {f"{r.label}@{budget_str(r)}": r.config for r in runs if r.config is not None}
 
 
-def folder_record(spec: BenchSpec, configs: dict[str, Any], prior: dict[str, Any] | None) -> dict[str, Any]:
+def folder_record(spec: BenchSpec, configs: dict[str, Any], prior: dict[str, Any] | None,
+                  precision: str | None = None) -> dict[str, Any]:
     """What config.json records so that a rerun into the same folder adds rows only of the same
     configuration: the spec's fingerprint, the resolved sampler config of every diffusion column
     (``configs``: "label@budget" -> config dataclass; the row key leaves them out) and the prior's
-    content hash (``prior``: its :func:`prior_record`, None when the grid uses no prior)."""
+    content hash (``prior``: its :func:`prior_record`, None when the grid uses no prior) and the
+    network's resolved ``precision``."""
     record: dict[str, Any] = {"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
                               "configs": {column: dataclasses.asdict(c) for column, c in configs.items()}}
     if prior is not None:
         record["prior_sha256"] = prior.get("sha256")
+    if precision is not None:
+        record["precision"] = precision
     return json.loads(json.dumps(record, default=str))  # tuples -> lists, as they are read back
 
 
@@ -223,6 +240,8 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
     Returns the record to save (the configs of the folder's columns that have rows, and this
     run's) and notes for the log (a folder written before configs were recorded)."""
     saved = _saved(cfg_path)
+    if "prestated_setting" in saved:  # the mixture protocol's record: its rows have other columns
+        raise ValueError(f"{spec.out} holds results of the mixture protocol ({cfg_path}); use another --out")
     problems, notes = [], []
     old_fp = saved.get("fingerprint")
     if old_fp is not None and old_fp != record["fingerprint"]:
@@ -231,6 +250,9 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
     old_sha, new_sha = saved.get("prior_sha256"), record.get("prior_sha256")
     if diffusion_rows and old_sha and new_sha and old_sha != new_sha:
         problems.append(f"prior (sha256 of its files): {old_sha} -> {new_sha}")
+    old_prec, new_prec = saved.get("precision"), record.get("precision")
+    if diffusion_rows and old_prec and new_prec and old_prec != new_prec:
+        problems.append(f"network precision: {old_prec} -> {new_prec} (--precision)")
     old_configs = {k: v for k, v in saved.get("configs", {}).items() if k in columns_with_rows}
     for column, cfg in record["configs"].items():
         if column in old_configs and old_configs[column] != cfg:
@@ -245,6 +267,8 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
     merged = {**record, "configs": {**old_configs, **record["configs"]}}
     if not new_sha and old_sha and diffusion_rows:
         merged["prior_sha256"] = old_sha
+    if not new_prec and old_prec and diffusion_rows:
+        merged["precision"] = old_prec
     return merged, notes
 
 
@@ -257,8 +281,6 @@ def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, name
             prior: dict[str, Any] | None) -> dict[str, Any]:
     """The settings list at the top of summary.md (``prior``: its :func:`prior_record`, None when
     the grid uses no network; images, noise, machine, ...)."""
-    from ..priors.diffusers_prior import resolve_precision
-
     mach = machine_description()
     h: dict[str, Any] = {}
     if spec.label:

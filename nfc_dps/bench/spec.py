@@ -141,7 +141,14 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
 
 
 def method_runs(spec: BenchSpec) -> list[MethodRun]:
-    """The grid's columns: each classical method once, each diffusion method at every budget."""
+    """The grid's columns: each classical method once, each diffusion method at every budget.
+    Every ``--set`` must name a diffusion column of the grid (``nfc``, or ``nfc:deterministic``)."""
+    columns = set(spec.methods) | {entry.partition(":")[0] for entry in spec.methods}
+    for key in spec.overrides:
+        if key.partition(":")[0] not in DIFFUSION_METHODS or key not in columns:
+            what = "a classical method has no sampler settings" if key in CLASSICAL_METHODS else \
+                f"not a diffusion column of --methods {','.join(spec.methods)}"
+            raise ValueError(f"--set {key}.{next(iter(spec.overrides[key]))}=...: {what}")
     runs = []
     for entry in spec.methods:
         m, _, preset = entry.partition(":")
@@ -150,7 +157,11 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
         elif m in DIFFUSION_METHODS:
             overrides = {**spec.overrides.get(m, {}), **(spec.overrides.get(entry, {}) if preset else {})}
             for b in spec.budgets or (None,):
-                cfg = method_config(m, preset or spec.preset, b, overrides)
+                try:
+                    cfg = method_config(m, preset or spec.preset, b, overrides)
+                except TypeError as e:  # a --set value of the wrong type, caught by a comparison
+                    given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+                    raise ValueError(f"{entry}: a setting of the wrong type ({given}): {e}") from e
                 runs.append(MethodRun(m, int(cfg.nfe), cfg, preset or None))
         else:
             raise ValueError(f"unknown method {entry!r}; choose from {', '.join(DEFAULT_METHODS)} "

@@ -176,7 +176,9 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
     L += ["", "Values: mean ± std over images (std with ddof=1). PSNR in dB and SSIM (scikit-image "
           "conventions) on outputs clipped to [0, 1], data_range 1. A posterior *sample*'s expected squared "
           "error is twice the posterior mean's, so compare single samples with `mean of K` rows and with the "
-          "classical (deterministic) baselines accordingly. `@N` = NFE budget; classical rows use no network. "
+          "classical (deterministic) baselines accordingly. `@N` = NFE budget of one chain (a `mean of K` row "
+          "costs K times that: its NFE and seconds count all K chains, a single sample's one chain's share); "
+          "classical rows use no network. "
           "Peak memory: on CPU the growth of the process's resident memory during the call (memory already held "
           "from earlier calls is not counted, so small runs often show ~0); on CUDA the allocator's peak above "
           "its level at entry.", ""]
