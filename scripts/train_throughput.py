@@ -13,6 +13,7 @@ medians over timed steps after warm-up.
 
     python scripts/train_throughput.py --threads 1 --steps 8
     python scripts/train_throughput.py --threads 2 --steps 8 --precision bfloat16   # autocast on the CPU too
+    python scripts/train_throughput.py --threads 2 --steps 8 --layout channels_last  # or --compile
     python scripts/train_throughput.py --device cuda --batch 256 --widths 64,128,256 --layers 2 --crop 64
 """
 
@@ -79,12 +80,17 @@ def main() -> None:
     ap.add_argument("--data-batches", type=int, default=40, help="timed data-only batches per pipeline")
     ap.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
                     help="network compute precision (auto: bfloat16 autocast on CUDA, float32 else; as train-prior)")
+    ap.add_argument("--layout", choices=("auto", "channels_last", "contiguous"), default="auto",
+                    help="memory layout of the network (auto: channels_last on CUDA, contiguous else; as train-prior)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the network (the warm-up steps then include the compilation)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     precision = args.precision if args.precision != "auto" else ("bfloat16" if dev.type == "cuda" else "float32")
-    fmt = torch.channels_last if dev.type == "cuda" else torch.contiguous_format
+    channels_last = dev.type == "cuda" if args.layout == "auto" else args.layout == "channels_last"
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
 
     data = load_builtin(3)
     pool = multiscale([im for _, im in data.train], DEFAULT_SCALES, args.crop)
@@ -96,7 +102,8 @@ def main() -> None:
     net = build_unet("unet", 3, tuple(int(w) for w in args.widths.split(",")), args.layers, args.crop).to(dev, memory_format=fmt)
     ema = build_unet("unet", 3, tuple(int(w) for w in args.widths.split(",")), args.layers, args.crop).to(dev, memory_format=fmt)
     opt = torch.optim.Adam(net.parameters(), lr=2e-4, fused=dev.type == "cuda")
-    den = EDMDenoiser(_UNetCall(net, precision, dev.type == "cuda"))
+    call = _UNetCall(net, precision, channels_last)
+    den = EDMDenoiser(torch.compile(call) if args.compile else call)
     params, ema_params = list(net.parameters()), list(ema.parameters())
 
     def step(x0: torch.Tensor) -> None:
@@ -121,6 +128,7 @@ def main() -> None:
     }
     info = {"device": str(dev), "threads": args.threads, "batch": b, "crop": args.crop, "widths": args.widths,
             "layers": args.layers, "parameters": sum(p.numel() for p in params), "precision": precision,
+            "layout": "channels_last" if channels_last else "contiguous", "compiled": args.compile,
             "crops_per_s": {k: round(v, 1) for k, v in res.items()}}
     print(json.dumps(info, indent=2))
 

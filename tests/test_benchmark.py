@@ -439,3 +439,24 @@ def test_mixture_and_grid_do_not_share_a_folder(tmp_path, capsys):
     assert main(["--protocol", "mixture", "--out", str(out), "--threads", "1"]) == 2
     assert "holds results of another protocol" in capsys.readouterr().err
     assert (out / "results.csv").read_text() == before
+
+
+def test_the_oracle_retries_a_failed_row(tmp_path, monkeypatch):
+    """A row that failed (an out-of-memory, say) is run again by the next invocation, as the grid's are."""
+    from nfc_dps.samplers import METHODS
+
+    args = ["--protocol", "oracle", "--out", str(tmp_path / "o"), "--size", "16", "--num-images", "1",
+            "--budgets", "4", "--methods", "ddnm", "--threads", "1"]
+
+    def failing(*a, **k):
+        raise RuntimeError("simulated out-of-memory")
+
+    import dataclasses
+
+    monkeypatch.setitem(METHODS, "ddnm", dataclasses.replace(METHODS["ddnm"], sample=failing))
+    assert main(args) == 0
+    assert "simulated out-of-memory" in [r for r in read_rows(tmp_path / "o" / "results.csv") if r["method"] == "ddnm"][0]["note"]
+    monkeypatch.undo()
+    assert main(args) == 0
+    row = [r for r in read_rows(tmp_path / "o" / "results.csv") if r["method"] == "ddnm"]
+    assert len(row) == 1 and not row[0]["note"] and row[0]["psnr"]
