@@ -701,6 +701,22 @@ def test_readme_flow_simulate_folder_as_restore_input(tmp_path, prior_dir):
     assert task["task"] == "deblur_kernel" and task["kernel_path"] == str((tmp_path / "meas" / "kernels").resolve())
 
 
+def test_overwrite_keeps_output_names_and_gone_outputs_free_theirs(tmp_path, prior_dir):
+    from nfc_dps.cli.records import recorded_stems
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_image(inp / "a.png", smooth())
+    out = tmp_path / "out"
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    write_image(inp / "a.jpg", smooth(phase=1))
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--overwrite", prior=prior_dir) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "a_jpg.png"]  # a.png not renamed a_png.png
+    assert recorded_stems(out) == {"a.png": "a", "a.jpg": "a_jpg"}
+    (out / "a_jpg.png").unlink()  # an output that is gone frees its name
+    assert recorded_stems(out) == {"a.png": "a"}
+
+
 def test_simulate_again_removes_what_it_wrote_for_images_gone_since(tmp_path, prior_dir):
     """A simulate folder reflects its simulation.json: measurements of images that an earlier run
     simulated and this one does not are removed, so restore cannot pick up a stale one."""
@@ -708,9 +724,16 @@ def test_simulate_again_removes_what_it_wrote_for_images_gone_since(tmp_path, pr
     sim = tmp_path / "sim"
     argv = ["simulate", "-i", tmp_path / "clean", "-o", sim, "--task", "deblur_motion", "--param", "kernel_size=7"]
     assert run(*argv) == 0
-    (tmp_path / "clean" / "im1.png").unlink()
-    assert run(*argv) == 0
     names = lambda sub: sorted(p.name for p in (sim / sub).iterdir())  # noqa: E731
+    # adding one image with the same settings keeps the others (simulated one run at a time)
+    write_image(tmp_path / "new.png", smooth(phase=5))
+    assert run(*[tmp_path / "new.png" if a == tmp_path / "clean" else a for a in argv]) == 0
+    assert names("measurements") == ["im0.png", "im1.png", "new.png"]
+    recorded = json.loads((sim / "simulation.json").read_text())["images"]
+    assert sorted(r["name"] for r in recorded) == ["im0.png", "im1.png", "new.png"]
+    # other settings: what the earlier runs wrote for images not simulated now goes
+    (tmp_path / "clean" / "im1.png").unlink()
+    assert run(*argv, "--noise-sigma", "0.05") == 0
     assert names("measurements") == names("ground_truth") == ["im0.png"]
     assert names("kernels") == ["im0.npy", "im0.png"]
     # restoring with the flags the folder was simulated with: the task's own parameters are noted

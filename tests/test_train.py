@@ -392,9 +392,12 @@ def test_resume_keeps_each_file_on_its_side_of_the_split(folder: Path, tmp_path:
 
 def test_resume_refuses_another_seed_and_ignores_init_from(folder: Path, tmp_path: Path) -> None:
     wd = tmp_path / "w"
-    train_prior(_cfg(wd, folder, steps=2, export=tmp_path / "p"), log=_quiet)
-    with pytest.raises(TrainingError, match="--seed 0, this run asks for 7"):
+    train_prior(_cfg(wd, folder, steps=2, seed=5, export=tmp_path / "p"), log=_quiet)
+    with pytest.raises(TrainingError, match="--seed 5, this run asks for 7"):
         train_prior(_cfg(wd, folder, steps=3, seed=7), log=_quiet)
+    train_prior(_cfg(wd, folder, steps=3), log=_quiet)  # no --seed: the work folder's own
+    train_prior(_cfg(tmp_path / "straight", folder, steps=3, seed=5), log=_quiet)
+    _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
     warnings: list[str] = []
     train_prior(_cfg(wd, folder, steps=3, init_from=tmp_path / "p"), log=_quiet, warn=warnings.append)
     assert any("--init-from" in w and "is ignored" in w for w in warnings)
@@ -409,3 +412,23 @@ def test_a_state_from_another_device_reseeds_with_a_warning(folder: Path, tmp_pa
     warnings: list[str] = []
     res = train_prior(_cfg(wd, folder, steps=3), log=_quiet, warn=warnings.append)
     assert res.step == 3 and any("trained on cuda" in w for w in warnings)
+
+
+def test_sigterm_during_the_last_export_lets_it_finish(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """A time-limit SIGTERM that lands in the final save and export (a run ending on its budget
+    between saves) no longer kills the process half-way: the export completes, then it stops."""
+    import os
+    import signal
+
+    real = train_loop.export_prior
+
+    def export_then_term(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_loop, "export_prior", export_then_term)
+    with pytest.raises(KeyboardInterrupt):
+        train_prior(_cfg(tmp_path / "w", folder, steps=3, save_every=100, export=tmp_path / "p"), log=_quiet)
+    assert json.loads((tmp_path / "p" / "train_info.json").read_text())["step"] == 3
+    assert torch.load(tmp_path / "w" / "state.pt", weights_only=True)["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

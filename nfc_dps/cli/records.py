@@ -45,8 +45,9 @@ def outputs_ok(out: Path, entry: dict[str, Any], main_output: str) -> bool:
 
 
 def recorded_stems(out: Path) -> dict[str, str]:
-    """Input name -> the stem of the main output that ``out``'s manifest.json records for it (an
-    unreadable manifest records none: :class:`RunRecords` then says so and redoes every image)."""
+    """Input name -> the stem of the main output that ``out``'s manifest.json records for it, where
+    that output still exists (an unreadable manifest records none: :class:`RunRecords` then says so
+    and redoes every image)."""
     try:
         images = json.loads((out / MANIFEST).read_text()).get("images")
     except (OSError, ValueError, AttributeError):
@@ -54,7 +55,8 @@ def recorded_stems(out: Path) -> dict[str, str]:
     stems = {}
     for name, entry in (images.items() if isinstance(images, dict) else ()):
         outputs = entry.get("outputs") if isinstance(entry, dict) else None
-        if isinstance(outputs, list) and outputs and isinstance(outputs[0], str) and "/" not in outputs[0]:
+        if (isinstance(outputs, list) and outputs and isinstance(outputs[0], str) and "/" not in outputs[0]
+                and (out / outputs[0]).is_file()):  # a name whose output is gone is free again
             stems[name] = Path(outputs[0]).stem
     return stems
 

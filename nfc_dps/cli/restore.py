@@ -47,7 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "  manifest.json         finished images: a rerun skips them (resume); --overwrite redoes them\n"
                     "Each image's seed is a hash of --seed and its file name: adding or removing files changes no\n"
                     "other result. <name> is the input's stem, or stem_ext where inputs share a stem (a_png, a_jpg);\n"
-                    "inputs whose output names would coincide (a.png and a.PNG) are refused before any work.")
+                    "an input keeps the name an earlier run into the folder gave it, and no input takes another's\n"
+                    "(a.png restored as a.png, then a.jpg added: a_jpg). Inputs whose output names would still\n"
+                    "coincide (a.png and a.PNG) are refused before any work. Images in subfolders of --input are\n"
+                    "not restored (a warning counts them).")
     r.add_argument("--input", "-i", default=None,
                    help="measurement image or folder (default with a simulation.json config: its measurements)")
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
@@ -190,8 +193,9 @@ def cmd_restore(args) -> int:
                          f"would be the same); for posterior samples and a std map add --preset fast")
     device = parse_device(args.device)
     set_threads(args.threads)
-    operator_files = [Path(task.params[k]) for k in ("mask_path", "kernel_path") if k in task.params]
-    out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []) + operator_files)
+    operator_folders = [Path(task.params[k]) for k in ("mask_path", "kernel_path")
+                        if k in task.params and Path(task.params[k]).is_dir()]
+    out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []) + operator_folders)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
         device = resolve_device("cuda", dist)
@@ -208,7 +212,8 @@ def cmd_restore(args) -> int:
         dist.barrier()  # every rank reads the complete manifest
         if inp.is_dir():
             images, others = nio.list_folder(inp)
-            nested = nio.images_in_subfolders(inp, [out]) if dist.rank == 0 else 0
+            nested = nio.images_in_subfolders(inp, [out, *([gt_dir] if gt_dir else []), *operator_folders]) \
+                if dist.rank == 0 else 0
             if nested:
                 log.error(f"warning: {nested} image(s) in subfolders of {inp} are not restored (restore reads the "
                           f"folder's top level; pass a subfolder as --input to restore its images)")
@@ -217,10 +222,14 @@ def cmd_restore(args) -> int:
         if not images and not others:
             raise UsageError(f"--input {inp}: no files to restore")
         names = input_names(images, inp)
-        stems = output_stems(images, names, {} if args.overwrite else recorded_stems(out))
+        stems = output_stems(images, names, recorded_stems(out))  # --overwrite too: no orphaned outputs
         prior = open_prior(args.prior, device, args.precision)
         in_use = prior_key(args.prior)["path"]
-        if bundle.recorded_prior and bundle.recorded_prior[0] != in_use:
+        recorded = bundle.recorded_prior
+        # the embedded default installed elsewhere (another checkout or machine) is the same prior
+        same = recorded is not None and (recorded[0] == in_use or (
+            args.prior is None and Path(recorded[0]).parts[-2:] == ("assets", "default_prior")))
+        if recorded is not None and not same:
             log.error(f"warning: {bundle.recorded_prior[1]} was written with the prior {bundle.recorded_prior[0]}; "
                       f"this run uses {in_use} (pass --prior {bundle.recorded_prior[0]} to restore with that one)")
         cfg = spec.build()

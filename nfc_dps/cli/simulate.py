@@ -22,7 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("simulate", help="clean images -> measurements, with kernels, masks and seeds recorded",
                        description="Writes measurements/, ground_truth/ (cropped to a multiple of the SR factor), "
                                    "kernels/<name>.npy|.png, masks/<name>.png and simulation.json, which "
-                                   "'restore --config OUT/simulation.json' reads back (operators from the saved files).")
+                                   "'restore --config OUT/simulation.json' reads back (operators from the saved files). "
+                                   "Into a folder an earlier simulate wrote: with the same settings its other images "
+                                   "are kept (add images one run at a time); with other settings (task, noise, seed, "
+                                   "bit depth) what it wrote for images not simulated now is removed, and said so.")
     s.add_argument("--input", "-i", required=True, help="clean image or folder")
     s.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     task_flags(s, "base seed (default 0); each image's operator and noise seeds come from it and the image's "
@@ -50,18 +53,21 @@ def _files_of(rec: dict[str, Any]) -> list[str]:
     return [f for f in files if isinstance(f, str)]
 
 
-def _previous_records(out: Path, log: Log) -> list[dict[str, Any]]:
-    """The image records of the simulation.json an earlier run left in ``out`` (none if unreadable)."""
+def _previous_simulation(out: Path, log: Log) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(image records, settings) of the simulation.json an earlier run left in ``out``; settings:
+    its simulated task, seed and bit depth. Nothing when there is none or it is unreadable."""
     path = out / SIMULATION_JSON
     if not path.is_file():
-        return []
+        return [], {}
     try:
-        records = json.loads(path.read_text()).get("images", [])
+        sim = json.loads(path.read_text())
+        records = sim.get("images", [])
     except (OSError, ValueError, AttributeError) as e:
         log.error(f"warning: ignoring the unreadable {path} of an earlier run ({e})")
-        return []
-    return [r for r in records if isinstance(r, dict) and isinstance(r.get("name"), str)
-            and isinstance(r.get("measurement"), str)] if isinstance(records, list) else []
+        return [], {}
+    records = [r for r in records if isinstance(r, dict) and isinstance(r.get("name"), str)
+               and isinstance(r.get("measurement"), str)] if isinstance(records, list) else []
+    return records, {k: sim.get(k) for k in ("simulated_task", "simulation_seed", "bit_depth")}
 
 
 def cmd_simulate(args) -> int:
@@ -89,9 +95,10 @@ def cmd_simulate(args) -> int:
         if not images and not others:
             raise UsageError(f"--input {inp}: no files")
         names = input_names(images, inp)
-        # an earlier simulation into this folder: its images keep their names, and what it wrote
-        # for images this run does not simulate is removed below (restore reads the folder)
-        previous = _previous_records(out, log)
+        # an earlier simulation into this folder: its images keep their names; those this run does
+        # not simulate stay when it had the same settings (adding an image to a folder), else what
+        # it wrote for them is removed below (restore reads the folder)
+        previous, previous_settings = _previous_simulation(out, log)
         stems = output_stems(images, names, {r["name"]: Path(r["measurement"]).stem for r in previous})
         failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
         records = []
@@ -137,6 +144,15 @@ def cmd_simulate(args) -> int:
             except Exception as e:  # noqa: BLE001 - report, continue with the others
                 failures.append({"name": path.name, "error": failure_reason(e)})
                 log.error(f"FAILED {path.name}: {failures[-1]['error']}")
+        settings = json.loads(json.dumps({"simulated_task": task.as_dict(), "simulation_seed": seed}))
+        same = (previous_settings.get("bit_depth") in (None, args.bit_depth)  # None: written before it was recorded
+                and all(previous_settings.get(k) == v for k, v in settings.items()))
+        kept = []
+        if previous and same:
+            kept = [r for r in previous if r["name"] not in set(names)
+                    and all((out / f).is_file() for f in _files_of(r))]
+            any_kernel = any_kernel or any("kernel" in r for r in kept)
+            any_mask = any_mask or any("mask" in r for r in kept)
         sim = {
             "kind": KIND_SIMULATION,
             "task": _restore_task_for(task, any_kernel, any_mask),
@@ -148,7 +164,8 @@ def cmd_simulate(args) -> int:
             "measurements": "measurements", "ground_truth": "ground_truth",
             "units": f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}); measurements are "
                      f"clipped to [0, 1] and stored as {args.bit_depth}-bit PNG",
-            "images": records,
+            "images": records + kept,
+            "bit_depth": args.bit_depth,
             "command": "simulate", "inputs": str(inp.resolve()),
             "versions": package_versions(),
         }
@@ -158,13 +175,15 @@ def cmd_simulate(args) -> int:
             nio.write_json(out / SIMULATION_JSON, sim)
         except OSError as e:
             raise UsageError(cannot_write(e)) from e
-        written = {f for rec in records for f in _files_of(rec)}
+        written = {f for rec in records + kept for f in _files_of(rec)}
         stale = [f for rec in previous for f in _files_of(rec) if f not in written and (out / f).is_file()
                  and out in (out / f).resolve().parents]  # only files inside the folder
         for f in stale:
             (out / f).unlink()
         if stale:
-            log.info(f"removed {len(stale)} file(s) an earlier simulation wrote into {out} for images not simulated now")
-    log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}] -> {out}\n"
+            log.error(f"note: removed {len(stale)} file(s) an earlier simulation with other settings (task, noise, "
+                      f"seed or bit depth) wrote into {out} for images not simulated now")
+    log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}]"
+             + (f", kept the {len(kept)} of an earlier run with the same settings" if kept else "") + f" -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")
     return EXIT_FAILED if failures else EXIT_OK

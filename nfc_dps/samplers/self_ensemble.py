@@ -37,7 +37,8 @@ def dihedral_inverse(x: Tensor, k: int) -> Tensor:
 
 
 class SelfEnsemblePrior(PriorWrapper):
-    """Wraps a prior: call number j (from 0) denoises ``dihedral(x, j % 8)`` and maps the result back.
+    """Wraps a prior: call number j (from 0) denoises ``dihedral(x, j % 8)`` and maps the result back
+    (for a prior built for one size, on a non-square image: ``dihedral(x, SHAPE_KEEPING[j % 4])``).
 
     Deterministic and independent of the batch (every image of a call gets the same symmetry);
     a fresh wrapper starts again at the identity. Network evaluations are those of the wrapped prior.

@@ -69,7 +69,9 @@ def add_arguments(p: argparse.ArgumentParser, workdir_default: Path | None = Non
     p.add_argument("--p-std", type=float, default=1.2, help="std of ln sigma (default 1.2)")
     p.add_argument("--save-every", type=int, default=200, help="save (and export) every N steps (default 200)")
     p.add_argument("--log-every", type=int, default=50, help="loss.csv row every N steps (default 50)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights' initialisation and the crop stream")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the weights' initialisation and the crop stream (default 0; a resumed work folder "
+                        "keeps its own, and another value is refused)")
     p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="auto (default): bfloat16 autocast on a CUDA GPU that has it, float32 on CPU")
     p.add_argument("--init-from", type=Path, default=None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -73,7 +74,7 @@ class TrainConfig:
     p_std: float = 1.2
     save_every: int = 200
     log_every: int = 50
-    seed: int = 0
+    seed: int | None = None  # None: 0 for a new work folder, the work folder's own when resuming
     device: str = "cpu"
     precision: str = "auto"  # auto: bfloat16 autocast on a CUDA GPU that has it, else float32
     init_from: Path | None = None  # warm start a new work folder from a prior folder
@@ -201,16 +202,20 @@ def _append(path: Path, header: list[str], row: list) -> None:
         w.writerow(row)
 
 
-def _check_resume(cfg: TrainConfig, state: dict, workdir: Path, warn: Callable[[str], None]) -> None:
-    """What a resumed run cannot change beyond the fingerprint: the seed (it fixes the dead-leaves
-    images, while the crop stream continues from the saved generator) is refused; ``init_from``
+def _resume_seed(cfg: TrainConfig, state: dict, workdir: Path, warn: Callable[[str], None]) -> int:
+    """The seed of a resumed run: the work folder's own (it fixes the dead-leaves images, while the
+    crop stream continues from the saved generator); another value given is refused. ``init_from``
     only starts a new work folder, so it is ignored with a warning."""
-    saved_seed = (state.get("args") or {}).get("seed", cfg.seed) if not state.get("legacy") else cfg.seed
-    if saved_seed != cfg.seed:
-        raise TrainingError(f"--workdir {workdir} was trained with --seed {saved_seed}, this run asks for {cfg.seed}; "
-                            f"use the same seed to resume, or another --workdir")
+    args = state.get("args")
+    if state.get("legacy") or not isinstance(args, dict):  # the earlier script's state: its crops are reseeded
+        return 0 if cfg.seed is None else cfg.seed
+    saved = 0 if args.get("seed") is None else int(args["seed"])
+    if cfg.seed is not None and cfg.seed != saved:
+        raise TrainingError(f"--workdir {workdir} was trained with --seed {saved}, this run asks for {cfg.seed}; "
+                            f"leave --seed out (or give {saved}) to resume, or use another --workdir")
     if cfg.init_from:
         warn(f"--init-from {cfg.init_from} is ignored: {workdir} resumes its own weights at step {int(state['step'])}")
+    return saved
 
 
 def _default_log(msg: str) -> None:
@@ -236,8 +241,8 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     state_path = workdir / STATE_NAME
     state = read_state(state_path, device) if state_path.exists() else None
     saved = state["config"] if state else None
-    if state is not None:
-        _check_resume(cfg, state, workdir, warn)
+    cfg = replace(cfg, seed=_resume_seed(cfg, state, workdir, warn) if state is not None
+                  else (0 if cfg.seed is None else cfg.seed))
     init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
     cfg = _resolve(cfg, saved, init)
     if saved is not None:  # the network's keys first: before minutes of data loading
@@ -366,10 +371,11 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         return (isinstance(info, dict) and info.get("step") == step and info.get("config") == fp
                 and info.get("settings", {}).get("workdir") == settings["workdir"])
 
-    # SIGTERM and Ctrl-C finish the step in progress, then save and stop: a state saved in the
-    # middle of a step (its random draws made, Adam stepped, the step not counted) would resume
-    # into another run than the uninterrupted one. A second signal stops at once, keeping the
-    # last save.
+    # SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
+    # one included), then save and stop: a state saved in the middle of a step (its random draws
+    # made, Adam stepped, the step not counted) would resume into another run than the
+    # uninterrupted one. A second signal stops at once, keeping the last save. The handler only
+    # sets a flag and writes one line straight to stderr (no logging inside a signal handler).
     stop: dict = {"signal": None}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -377,19 +383,19 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         if stop["signal"] is not None:
             raise KeyboardInterrupt(name)
         stop["signal"] = name
-        log(f"{name}: stopping after step {step + 1} (send it again to stop at once, keeping the save of step "
-            f"{last['saved']})")
+        os.write(2, f"\n{name}: stopping after this step (send it again to stop at once)\n".encode())
 
-    old_handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     from tqdm.auto import tqdm
 
+    in_step = False
+    old_handlers: dict = {}
     bar = tqdm(total=cfg.steps, initial=step, unit="step", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     try:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old_handlers[sig] = signal.signal(sig, on_signal)
         if cfg.steps is not None and step >= cfg.steps:
             log(f"the work folder is at step {step} >= --steps {cfg.steps}: nothing to train")
-        in_step = False
         while budget_left():
             in_step = True
             if cfg.warmup or cfg.cooldown:
@@ -430,6 +436,10 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             if step % cfg.save_every == 0:
                 save()
                 t_log = time.time()  # crops/s counts training, not saving and evaluating
+        if step > last["saved"]:  # the last save and export, still under the signal handlers
+            save()
+        elif cfg.export and last["exported"] != step and not export_is_current():
+            do_export()
         if stop["signal"] is not None:
             raise KeyboardInterrupt(stop["signal"])
     except KeyboardInterrupt:
@@ -444,10 +454,6 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         bar.close()
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
-    if step > last["saved"]:
-        save()
-    elif cfg.export and last["exported"] != step and not export_is_current():
-        do_export()
     log(f"step {step}: state in {state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
     return TrainResult(step, last["loss"], time.time() - t_wall, n_params, last["heldout"], workdir,
                        Path(cfg.export) if cfg.export else None, data.skipped)
