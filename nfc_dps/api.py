@@ -81,7 +81,8 @@ def as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
             raise TypeError(f"measurement of dtype {y.dtype.name} is not supported: pass floats in [0, 1], "
                             f"or uint8 (divided by 255) / uint16 (divided by 65535) images")
         gray = y.ndim == 2
-        t = torch.from_numpy(np.ascontiguousarray(y))
+        # native byte order (a big-endian 16-bit TIFF or FITS array), and a writable copy for torch
+        t = torch.from_numpy(np.array(y, dtype=y.dtype.newbyteorder("="), copy=True))
         t = t[None, None] if gray else t.permute(2, 0, 1)[None]
 
         def back(x: Tensor) -> np.ndarray:

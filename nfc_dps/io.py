@@ -184,6 +184,8 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
     try:
         im = Image.open(path)
     except UnidentifiedImageError as e:
+        if path.suffix.lower() in (".tif", ".tiff"):  # layouts Pillow does not open (16-bit gray + alpha, float RGB)
+            return _read_tiff_deep(path, "TIFF", None)
         raise ImageReadError(path, "not a readable image (corrupt, or not a PNG/JPEG/TIFF/BMP file)") from e
     with im:
         fmt = im.format or "?"
@@ -206,6 +208,8 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
             return _split(path, fmt, mode, bits, arr, orientation, False)
         if mode in ("I;16", "I;16L", "I;16B", "I;16N"):
             arr = np.asarray(im).astype(np.float32)[..., None] / 65535.0
+            if fmt == "TIFF" and im.tag_v2.get(262) == 0:  # "min is white" (Pillow inverts only 8-bit ones)
+                arr = 1.0 - arr
             return _split(path, fmt, mode, 16, arr, orientation, False)
         if mode == "I":
             raw = np.asarray(im)
@@ -237,23 +241,54 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
         return _split(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"))
 
 
-def _read_tiff_deep(path: Path, mode: str, orientation: int) -> tuple[np.ndarray, ImageInfo]:
-    """16-bit colour TIFFs, which Pillow reduces to 8 bits."""
+def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.ndarray, ImageInfo]:
+    """TIFFs Pillow reduces to 8 bits (16-bit colour) or does not open (16-bit gray + alpha, float
+    colour), read with tifffile from the first page's own tags: planar or interleaved samples,
+    extra samples (associated alpha is divided out, as Pillow does for 8-bit files; unspecified
+    ones are dropped), "min is white" gray inverted. ``orientation`` None: the page's tag 274."""
     import tifffile
 
-    raw = tifffile.imread(path, key=0)
-    if raw.ndim == 3 and raw.shape[0] in (2, 3, 4) and raw.shape[-1] not in (2, 3, 4):
-        raw = np.moveaxis(raw, 0, -1)  # planar configuration
-    if raw.ndim != 3 or raw.shape[-1] not in (2, 3, 4):
-        raise ImageReadError(path, f"unsupported TIFF layout {raw.shape}")
+    try:
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages[0]
+            raw = page.asarray()
+            planar = int(page.planarconfig) == 2
+            extras = [int(e) for e in page.extrasamples]  # 0 unspecified, 1 associated alpha, 2 unassociated
+            photometric = int(page.photometric)
+            if orientation is None:
+                tag = page.tags.get(274)
+                orientation = int(tag.value) if tag is not None else 1
+    except (tifffile.TiffFileError, ValueError, OSError, IndexError) as e:
+        raise ImageReadError(path, f"not a readable image (corrupt TIFF: {e})") from e
+    if raw.ndim == 3 and planar:
+        raw = np.moveaxis(raw, 0, -1)
+    if raw.ndim == 2:
+        raw = raw[..., None]
+    colour = raw.shape[-1] - len(extras) if raw.ndim == 3 else 0
+    if colour not in (1, 3):
+        raise ImageReadError(path, f"unsupported TIFF layout {raw.shape} ({len(extras)} extra sample(s))")
     if raw.dtype == np.uint16:
         arr, bits = raw.astype(np.float32) / 65535.0, 16
     elif raw.dtype == np.uint8:
         arr, bits = raw.astype(np.float32) / 255.0, 8
+    elif raw.dtype.kind == "f":
+        arr, bits = raw.astype(np.float32), 32
+        if not np.isfinite(arr).all() or arr.min() < 0 or arr.max() > 1:
+            raise ImageReadError(path, "float image values must be finite and lie in [0, 1]")
     else:
         raise ImageReadError(path, f"unsupported TIFF sample type {raw.dtype}")
-    has_alpha = raw.shape[-1] in (2, 4)
-    return _split(path, "TIFF", mode + ";16" if bits == 16 else mode, bits, arr, orientation, has_alpha)
+    alpha_at = next((colour + i for i, e in enumerate(extras) if e in (1, 2)), None)
+    pixels = arr[..., :colour]
+    if photometric == 0 and colour == 1:
+        pixels = 1.0 - pixels
+    if alpha_at is not None:
+        alpha = arr[..., alpha_at:alpha_at + 1]
+        if extras[alpha_at - colour] == 1:  # premultiplied colour: straight colour, as Pillow returns it
+            pixels = np.where(alpha > 0, np.clip(pixels / np.maximum(alpha, 1e-12), 0, 1), 0.0)
+        pixels = np.concatenate([pixels, alpha], -1)
+    label = ("LA" if colour == 1 else "RGBA") if alpha_at is not None else ("L" if colour == 1 else "RGB")
+    return _split(path, "TIFF", f"{label};{bits}" if bits != 8 else label, bits, pixels.astype(np.float32),
+                  orientation, alpha_at is not None)
 
 
 def _png_chunks(data: bytes, path: Path):
@@ -466,15 +501,26 @@ def _png16_bytes(q: np.ndarray) -> bytes:
             + chunk(b"IDAT", zlib.compress(filtered.tobytes(), 6)) + chunk(b"IEND", b""))
 
 
+def _unit_values(a: np.ndarray, what: str) -> np.ndarray:
+    """Floats (and bools) as they are; uint8 / uint16 divided by 255 / 65535, as restore() reads
+    them; other integer types a TypeError (clipping them to [0, 1] would turn them binary)."""
+    if a.dtype.kind in "fb":
+        return a
+    if a.dtype.name in ("uint8", "uint16"):
+        return a.astype(np.float64) / (255.0 if a.dtype.name == "uint8" else 65535.0)
+    raise TypeError(f"{what} of dtype {a.dtype.name}: pass floats in [0, 1], or uint8 / uint16 images")
+
+
 def encode_image(array: np.ndarray, fmt: str, bit_depth: int = 8, alpha: np.ndarray | None = None) -> bytes:
-    """Encode a [0, 1] float image (H, W) / (H, W, C) as PNG, JPEG, TIFF or BMP bytes."""
-    a = np.asarray(array)
+    """Encode a [0, 1] float image (H, W) / (H, W, C) as PNG, JPEG, TIFF or BMP bytes (uint8 and
+    uint16 arrays are taken as 0..255 and 0..65535)."""
+    a = _unit_values(np.asarray(array), "image")
     if a.ndim == 3 and a.shape[2] == 1:
         a = a[..., 0]
     if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (3, 4)):
         raise ValueError(f"image must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got shape {a.shape}")
     if alpha is not None:
-        alpha = np.asarray(alpha)
+        alpha = _unit_values(np.asarray(alpha), "alpha")
         if alpha.shape != a.shape[:2]:
             raise ValueError(f"alpha of shape {alpha.shape} does not match the image's {a.shape[:2]}")
         if a.ndim == 3 and a.shape[2] == 4:
@@ -496,13 +542,11 @@ def encode_image(array: np.ndarray, fmt: str, bit_depth: int = 8, alpha: np.ndar
         return buf.getvalue()
     if bit_depth == 16:
         raise ValueError(f"{fmt} cannot store 16-bit images; write PNG or TIFF")
-    if fmt == "JPEG" and c in (2, 4):
-        raise ValueError("JPEG cannot store an alpha channel; write PNG")
+    if fmt in ("JPEG", "BMP") and c in (2, 4):  # a 32-bit BMP's fourth byte is read back as padding
+        raise ValueError(f"{fmt} cannot store an alpha channel; write PNG or TIFF")
     from PIL import Image
 
     im = Image.fromarray(q[..., 0] if c == 1 else q)
-    if fmt == "BMP" and c == 2:
-        im = im.convert("RGBA")
     buf = io.BytesIO()
     kwargs = {"quality": 95} if fmt == "JPEG" else {"compression": "tiff_deflate"} if fmt == "TIFF" else {}
     im.save(buf, format=fmt, **kwargs)
@@ -515,8 +559,9 @@ _WRITE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".tif": "TIFF"
 def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: np.ndarray | None = None) -> Path:
     """Write a [0, 1] float image atomically; the format follows the extension.
 
-    Values are clipped to [0, 1] and rounded, never rescaled. ``alpha`` (H, W) in [0, 1] is
-    appended as an alpha channel. Raises FloatingPointError (nothing written) if the image holds
+    Values are clipped to [0, 1] and rounded, never rescaled (uint8 / uint16 arrays are taken as
+    0..255 / 0..65535, as restore() takes them). ``alpha`` (H, W) in [0, 1] is appended as an
+    alpha channel (PNG, TIFF; JPEG and BMP refuse it). Raises FloatingPointError (nothing written) if the image holds
     NaN or Inf, ValueError for an unknown extension or a depth the format cannot store.
     """
     path = Path(path)
@@ -525,7 +570,8 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
         raise ValueError(f"{path}: cannot write {path.suffix or 'files without extension'!r}; "
                          f"use one of {', '.join(_WRITE_FORMATS)}")
     a = np.asarray(array)
-    if not np.isfinite(a).all() or (alpha is not None and not np.isfinite(np.asarray(alpha)).all()):
+    if (a.dtype.kind == "f" and not np.isfinite(a).all()) or (
+            alpha is not None and np.asarray(alpha).dtype.kind == "f" and not np.isfinite(np.asarray(alpha)).all()):
         raise FloatingPointError(f"{path}: image contains NaN or Inf; not written")
     try:
         data = encode_image(a, fmt, bit_depth, alpha)

@@ -166,3 +166,21 @@ def test_ddrm_on_a_padded_canvas_says_why_it_does_not_apply():
         nfc_dps.restore(y, Denoising(), prior=Multiple8(), method="ddrm", sigma_y=0.02, progress=False)
     assert nfc_dps.restore(y[..., :8, :8], Denoising(), prior=Multiple8(), method="ddrm", sigma_y=0.02,
                            progress=False).image.shape == (1, 3, 8, 8)
+
+
+def test_big_endian_numpy_input_gives_the_native_result():
+    """A big-endian array (numpy's view of a big-endian 16-bit TIFF, FITS data) restores as its
+    native-order twin does; torch.from_numpy refused it."""
+    native = (image() * 65535).astype(np.uint16)
+    want = run(native).image
+    got = run(native.astype(">u2")).image
+    assert np.array_equal(got, want)
+    assert np.array_equal(run(native.astype(np.float32).astype(">f4") / 65535).image, run(native.astype(np.float32) / 65535).image)
+
+
+def test_the_embedded_default_is_only_the_shipped_weights(monkeypatch, tmp_path):
+    from nfc_dps.priors.default import ENV_VAR, prior_identity
+
+    assert prior_identity(None)["embedded_default"] and prior_identity("")["embedded_default"]
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))  # another folder named by the variable: not the shipped prior
+    assert not prior_identity(None)["embedded_default"]

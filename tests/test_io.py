@@ -254,3 +254,39 @@ def test_list_images_sorted(tmp_path):
     assert "unsupported file type '.txt'" in reasons[1] and "is a folder" in reasons[2]
     with pytest.raises(NotADirectoryError):
         list_images(tmp_path / "b.png")
+
+
+def test_tiff_layouts_pillow_does_not_read(tmp_path):
+    """16-bit gray + alpha (what write_image writes), planar 16-bit RGB of width 3, "min is white"
+    16-bit gray, associated alpha and float RGB: read as what they hold, or refused by name."""
+    import tifffile
+
+    x = _img(h=5, w=3, c=3, seed=4)
+    a = np.linspace(0.2, 1.0, 15, dtype=np.float32).reshape(5, 3)
+    g = x[..., 0]
+    p = write_image(tmp_path / "la16.tif", g, bit_depth=16, alpha=a)
+    y, info = read_image(p)
+    assert y.shape == (5, 3) and info.has_alpha and np.abs(info.alpha - a).max() < 1e-4 and np.abs(y - g).max() < 1e-4
+    q = np.rint(x * 65535).astype(np.uint16)
+    tifffile.imwrite(tmp_path / "planar.tif", np.moveaxis(q, -1, 0), photometric="rgb", planarconfig="separate")
+    y, info = read_image(tmp_path / "planar.tif")
+    assert y.shape == (5, 3, 3) and not info.has_alpha and np.abs(y - x).max() < 1e-4
+    tifffile.imwrite(tmp_path / "white.tif", q[..., 0], photometric="miniswhite")
+    assert np.abs(read_image(tmp_path / "white.tif")[0] - (1 - x[..., 0])).max() < 1e-4
+    premultiplied = np.concatenate([q * a[..., None], np.rint(a * 65535)[..., None]], -1).astype(np.uint16)
+    tifffile.imwrite(tmp_path / "assoc.tif", premultiplied, photometric="rgb", extrasamples=["assocalpha"])
+    y, info = read_image(tmp_path / "assoc.tif")
+    assert np.abs(y - x).max() < 1e-3 and np.abs(info.alpha - a).max() < 1e-4
+    tifffile.imwrite(tmp_path / "float.tif", x.astype(np.float32), photometric="rgb")
+    assert np.abs(read_image(tmp_path / "float.tif")[0] - x).max() < 1e-6
+
+
+def test_integer_arrays_are_written_as_their_range_and_bmp_refuses_alpha(tmp_path):
+    u8 = np.array([[0, 5, 10, 255]], np.uint8)
+    assert np.array_equal(np.rint(read_image(write_image(tmp_path / "a.png", u8))[0] * 255), u8)
+    u16 = np.array([[0, 1000, 2000, 65535]], np.uint16)
+    assert np.array_equal(np.rint(read_image(write_image(tmp_path / "b.png", u16, 16))[0] * 65535), u16)
+    with pytest.raises(TypeError, match="int32"):
+        write_image(tmp_path / "c.png", np.zeros((2, 2), np.int32))
+    with pytest.raises(ValueError, match="BMP cannot store an alpha channel"):
+        write_image(tmp_path / "d.bmp", np.zeros((2, 2), np.float32), alpha=np.ones((2, 2), np.float32))

@@ -44,7 +44,7 @@ def prior_identity(path: str | Path | None, contents: bool = False) -> dict[str,
     """What identifies the prior folder ``path`` (None or "": the embedded default), without loading it.
 
     Keys: "path" (the folder as given, or the default's), "resolved" (absolute), "embedded_default"
-    (``path is None``), "files" ({path relative to the folder: [size in bytes, mtime in ns]},
+    (no path given and $NFC_DPS_DEFAULT_PRIOR unset: the shipped weights), "files" ({path relative to the folder: [size in bytes, mtime in ns]},
     sorted; empty when the folder is missing). With ``contents`` and at least one file, also
     "sha256" (16 hex digits over the names and bytes of its .safetensors / .bin / .json files,
     which reads them all) and "modified" (the newest file's local time, ISO 8601 to the second).
@@ -52,7 +52,8 @@ def prior_identity(path: str | Path | None, contents: bool = False) -> dict[str,
     folder = Path(path) if path else default_prior_path()
     files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
     stats = [p.stat() for p in files]
-    info: dict[str, Any] = {"path": str(folder), "resolved": str(folder.resolve()), "embedded_default": path is None,
+    embedded = not path and not os.environ.get(ENV_VAR)  # the shipped weights, not a folder the variable names
+    info: dict[str, Any] = {"path": str(folder), "resolved": str(folder.resolve()), "embedded_default": embedded,
                             "files": {str(p.relative_to(folder)): [st.st_size, st.st_mtime_ns]
                                       for p, st in zip(files, stats)}}
     if contents and files:
