@@ -256,8 +256,9 @@ def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: f
                        precondition=None) -> Tensor:
     """Solve apply(x) = b for a symmetric positive definite ``apply``, independently per image.
 
-    ``precondition``: optional SPD approximation of apply's inverse (preconditioned CG). Stops when
-    every image's residual norm is below tol * ||b||. Shapes (B, ...).
+    ``precondition``: optional SPD approximation of apply's inverse (preconditioned CG). Each image
+    stops when its residual norm is below tol * ||b|| (the loop when every image has, or after
+    ``max_iter`` iterations), so its result is the one it would get alone. Shapes (B, ...).
     """
     def dot(a: Tensor, c: Tensor) -> Tensor:
         return (a * c).flatten(1).sum(1).view(-1, *([1] * (a.ndim - 1)))
@@ -270,10 +271,13 @@ def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: f
     rr, rz = dot(r, r), dot(r, z)
     b_norm2 = dot(b, b).clamp_min(tiny)
     for _ in range(max_iter):
-        if bool((rr <= (tol**2) * b_norm2).all()):
+        # an image that has converged stops there (its step is 0), as it would alone: a result
+        # never depends on the other images of the batch
+        active = rr > (tol**2) * b_norm2
+        if not bool(active.any()):
             break
         ap = apply(p)
-        alpha = rz / dot(p, ap).clamp_min(tiny)
+        alpha = torch.where(active, rz / dot(p, ap).clamp_min(tiny), torch.zeros_like(rz))
         x = x + alpha * p
         r = r - alpha * ap
         z = r if precondition is None else precondition(r)

@@ -304,8 +304,9 @@ def sample_nfc(
     if needs_spectrum:
         with phase("spectrum"):
             spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
-    # the band lives on the measurement grid: an image-grid radius r is r * H / h there (SR)
-    grid_ratio = image_shape[-1] / prob.y.shape[-1]
+    # the band lives on the measurement grid: an image-grid radius r is r * s there (SR by s; the
+    # canvas width over y's would count a padded canvas's border too)
+    grid_ratio = float(operator.downsampling_factor or 1)
     # the CG preconditioner's view of the operator, which no level changes
     coverage = None
     if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
