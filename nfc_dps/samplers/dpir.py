@@ -88,7 +88,8 @@ PRESETS = {
 
 
 def dpir_sigmas(cfg: DPIRConfig, sigma_y_model: float) -> list[float]:
-    """The geometric schedule, model units: sigma_max down to max(sigma_min, noise_floor * sigma_y)."""
+    """The geometric schedule, model units: sigma_max down to max(sigma_min, noise_floor * sigma_y)
+    (every step at sigma_max where that floor reaches it: measurement noise above DPIR's first level)."""
     low = min(cfg.sigma_max, max(cfg.sigma_min, cfg.noise_floor * sigma_y_model))
     if cfg.num_steps == 1:
         return [cfg.sigma_max]

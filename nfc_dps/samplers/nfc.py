@@ -231,7 +231,9 @@ def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) 
 
 def level_sigmas(cfg: NFCConfig, operator: LinearOperator, sigma_y: float, prior_sigma_max: float) -> list[float]:
     """The N + 1 levels sigma_0 > ... > sigma_{N-1} > sigma_N = 0 (model units): EDM's rho-schedule
-    from ``top_sigma`` (capped at the prior's sigma_max) down to max(sigma_min, noise_floor sigma_y)."""
+    from ``top_sigma`` (capped at the prior's sigma_max) down to max(sigma_min, noise_floor sigma_y).
+    Where that floor reaches the top (measurement noise above the first level, or a sigma_min above
+    the inpainting top of 0.1), all N levels sit at the top: N steps at one noise level."""
     sigma_top = min(top_sigma(cfg.sigma_max, operator, sigma_y), prior_sigma_max)
     sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * sigma_y))
     return karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
