@@ -717,6 +717,32 @@ def test_overwrite_keeps_output_names_and_gone_outputs_free_theirs(tmp_path, pri
     assert recorded_stems(out) == {"a.png": "a"}
 
 
+def test_an_interrupted_overwrite_run_keeps_every_output_name(tmp_path, prior_dir, monkeypatch):
+    from nfc_dps.cli import restore as restore_cli
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_image(inp / "a.png", smooth())
+    out = tmp_path / "out"
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    write_image(inp / "a.jpg", smooth(phase=1))
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    real, calls = restore_cli.RestoreRun._restore_jobs, []
+
+    def interrupted(self, jobs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(self, jobs)
+
+    monkeypatch.setattr(restore_cli.RestoreRun, "_restore_jobs", interrupted)
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--overwrite", prior=prior_dir) == 130
+    monkeypatch.undo()
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--overwrite", prior=prior_dir) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "a_jpg.png"]
+    assert [r["status"] for r in rows(out)] == ["done", "done"]
+
+
 def test_simulate_again_removes_what_it_wrote_for_images_gone_since(tmp_path, prior_dir):
     """A simulate folder reflects its simulation.json: measurements of images that an earlier run
     simulated and this one does not are removed, so restore cannot pick up a stale one."""
@@ -731,6 +757,12 @@ def test_simulate_again_removes_what_it_wrote_for_images_gone_since(tmp_path, pr
     assert names("measurements") == ["im0.png", "im1.png", "new.png"]
     recorded = json.loads((sim / "simulation.json").read_text())["images"]
     assert sorted(r["name"] for r in recorded) == ["im0.png", "im1.png", "new.png"]
+    # an image that fails now (unreadable for a moment) keeps its earlier measurement
+    good = (tmp_path / "clean" / "im1.png").read_bytes()
+    (tmp_path / "clean" / "im1.png").write_bytes(b"not a png")
+    assert run(*argv) == 1
+    assert names("measurements") == ["im0.png", "im1.png", "new.png"]
+    (tmp_path / "clean" / "im1.png").write_bytes(good)
     # other settings: what the earlier runs wrote for images not simulated now goes
     (tmp_path / "clean" / "im1.png").unlink()
     assert run(*argv, "--noise-sigma", "0.05") == 0

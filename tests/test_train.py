@@ -432,3 +432,21 @@ def test_sigterm_during_the_last_export_lets_it_finish(folder: Path, tmp_path: P
     assert json.loads((tmp_path / "p" / "train_info.json").read_text())["step"] == 3
     assert torch.load(tmp_path / "w" / "state.pt", weights_only=True)["step"] == 3
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_second_signal_during_a_save_stops_at_once(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    import os
+    import signal
+
+    real, calls = train_loop.write_state, []
+
+    def write_twice_signalled(path, state):
+        calls.append(state["step"])
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # the second one raises inside this save
+        return real(path, state)
+
+    monkeypatch.setattr(train_loop, "write_state", write_twice_signalled)
+    with pytest.raises(KeyboardInterrupt):
+        train_prior(_cfg(tmp_path / "w", folder, steps=3, save_every=100), log=_quiet)
+    assert calls == [3]  # not saved a second time on the way out

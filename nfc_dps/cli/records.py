@@ -66,7 +66,8 @@ class RunRecords:
 
     ``about``: the run's settings, in summary.json after "command" and "complete" (input, output,
     task, method, ...); ``std_png_scale``: recorded when std maps are written (else None);
-    ``overwrite``: start from an empty manifest. ``images`` maps an input's name to its manifest
+    ``overwrite``: redo every image (:meth:`done` says no); the manifest's entries stay until each
+    image is redone, so an interrupted ``--overwrite`` run loses no output name. ``images`` maps an input's name to its manifest
     entry; ``rows`` are the results rows (done, skipped or failed), in any order. ``shard``: this
     rank's number under torchrun, its progress then goes to ``.shards/rank<shard>.json`` and
     :meth:`merge_shards` (rank 0) writes the folder's files; ``shard_names``: the inputs it owns.
@@ -77,7 +78,8 @@ class RunRecords:
         self.out, self.log, self.about, self.std_png_scale = out, log, about, std_png_scale
         self.t0 = time.perf_counter()
         self.manifest_path = out / MANIFEST
-        self.manifest = self._load_manifest(overwrite)
+        self.overwrite = overwrite
+        self.manifest = self._load_manifest()
         self.rows: list[dict[str, Any]] = []
         self._next_save = 0.0
         self.shard, self.shard_names = shard, list(shard_names or [])
@@ -87,9 +89,9 @@ class RunRecords:
         return self.manifest["images"]
 
 
-    def _load_manifest(self, overwrite: bool) -> dict[str, Any]:
+    def _load_manifest(self) -> dict[str, Any]:
         empty = {"kind": "nfc_dps.manifest", "images": {}}
-        if overwrite or not self.manifest_path.is_file():
+        if not self.manifest_path.is_file():
             return empty
         try:
             data = json.loads(self.manifest_path.read_text())

@@ -222,7 +222,18 @@ def cmd_restore(args) -> int:
         if not images and not others:
             raise UsageError(f"--input {inp}: no files to restore")
         names = input_names(images, inp)
-        stems = output_stems(images, names, recorded_stems(out))  # --overwrite too: no orphaned outputs
+        # rank 0 names the outputs (from the manifest and the outputs on disk, which other ranks
+        # may already be writing) and every rank uses its names; --overwrite too: no orphans
+        named, error = None, None
+        if dist.rank == 0:
+            try:
+                named = output_stems(images, names, recorded_stems(out))
+            except UsageError as e:
+                error = str(e)
+        named, error = dist.broadcast((named, error))
+        if error is not None:
+            raise UsageError(error)
+        stems = named
         prior = open_prior(args.prior, device, args.precision)
         in_use = prior_key(args.prior)["path"]
         recorded = bundle.recorded_prior
@@ -365,7 +376,7 @@ class RestoreRun:
             return row
         key = sha256_json([self.config_hash, input_sha, item.seed,
                             sha256_file(op_file) if op_file is not None and op_file.is_file() else None])
-        entry = self.records.images.get(item.name)
+        entry = None if self.records.overwrite else self.records.images.get(item.name)
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
                        size=entry.get("size"), alpha=entry.get("alpha", ""))

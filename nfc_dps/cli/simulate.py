@@ -148,9 +148,9 @@ def cmd_simulate(args) -> int:
         same = (previous_settings.get("bit_depth") in (None, args.bit_depth)  # None: written before it was recorded
                 and all(previous_settings.get(k) == v for k, v in settings.items()))
         kept = []
-        if previous and same:
-            kept = [r for r in previous if r["name"] not in set(names)
-                    and all((out / f).is_file() for f in _files_of(r))]
+        if previous and same:  # images not simulated now, or failing now (a read error keeps the good old files)
+            redone = set(names) - {f["name"] for f in failures}
+            kept = [r for r in previous if r["name"] not in redone and all((out / f).is_file() for f in _files_of(r))]
             any_kernel = any_kernel or any("kernel" in r for r in kept)
             any_mask = any_mask or any("mask" in r for r in kept)
         sim = {
@@ -181,8 +181,9 @@ def cmd_simulate(args) -> int:
         for f in stale:
             (out / f).unlink()
         if stale:
-            log.error(f"note: removed {len(stale)} file(s) an earlier simulation with other settings (task, noise, "
-                      f"seed or bit depth) wrote into {out} for images not simulated now")
+            log.error(f"note: removed {len(stale)} file(s) that an earlier simulation wrote into {out} and this one "
+                      f"does not keep (it ran with other settings: task, noise, seed or bit depth; or its record "
+                      f"of them was incomplete)")
     log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}]"
              + (f", kept the {len(kept)} of an earlier run with the same settings" if kept else "") + f" -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")

@@ -321,11 +321,12 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     power_law: list = []
     clock = time.process_time if cfg.clock == "cpu" else time.time
     t_start, t_wall = clock(), time.time()
-    last = {"saved": step, "exported": -1, "loss": None, "heldout": None}
+    last = {"saved": step, "exported": -1, "loss": None, "heldout": None, "saving": False}
     run_sum = torch.zeros((), device=device)
     run_n, t_log, crops_log = 0, time.time(), 0
 
     def save() -> None:
+        last["saving"] = True
         write_state(state_path, {
             "model": net.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
             "rng": gen.get_state(), "rng_device": device.type, "torch_rng": torch.get_rng_state(),
@@ -337,6 +338,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             render_loss_png(rows, workdir / LOSS_PNG, f"EDM training loss ({workdir}, {rows[-1]['step']} steps)")
         if cfg.export:
             do_export()
+        last["saving"] = False
 
     def do_export() -> None:
         from ..priors.default import load_prior
@@ -445,6 +447,8 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     except KeyboardInterrupt:
         if in_step:  # stopped inside a step: its half-made changes are not saved
             log(f"interrupted during step {step + 1}: the state of step {last['saved']} in {state_path} is kept")
+        elif last["saving"]:  # a second signal during a save: stop at once (the state file is written atomically)
+            log(f"interrupted during a save: {state_path} holds step {last['saved']}")
         else:
             if step > last["saved"]:
                 save()
