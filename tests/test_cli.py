@@ -701,23 +701,8 @@ def test_readme_flow_simulate_folder_as_restore_input(tmp_path, prior_dir):
     assert task["task"] == "deblur_kernel" and task["kernel_path"] == str((tmp_path / "meas" / "kernels").resolve())
 
 
-def test_overwrite_keeps_output_names_and_gone_outputs_free_theirs(tmp_path, prior_dir):
-    from nfc_dps.cli.records import recorded_stems
-
-    inp = tmp_path / "in"
-    inp.mkdir()
-    write_image(inp / "a.png", smooth())
-    out = tmp_path / "out"
-    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
-    write_image(inp / "a.jpg", smooth(phase=1))
-    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--overwrite", prior=prior_dir) == 0
-    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "a_jpg.png"]  # a.png not renamed a_png.png
-    assert recorded_stems(out) == {"a.png": "a", "a.jpg": "a_jpg"}
-    (out / "a_jpg.png").unlink()  # an output that is gone frees its name
-    assert recorded_stems(out) == {"a.png": "a"}
-
-
 def test_an_interrupted_overwrite_run_keeps_every_output_name(tmp_path, prior_dir, monkeypatch):
+    """--overwrite (interrupted, then rerun) keeps every output's name: none renamed, none orphaned."""
     from nfc_dps.cli import restore as restore_cli
 
     inp = tmp_path / "in"
@@ -739,8 +724,13 @@ def test_an_interrupted_overwrite_run_keeps_every_output_name(tmp_path, prior_di
     assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--overwrite", prior=prior_dir) == 130
     monkeypatch.undo()
     assert run("restore", "-i", inp, "-o", out, "--task", "denoise", "--overwrite", prior=prior_dir) == 0
-    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "a_jpg.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "a_jpg.png"]  # a.png not renamed a_png.png
     assert [r["status"] for r in rows(out)] == ["done", "done"]
+    from nfc_dps.cli.records import recorded_stems
+
+    assert recorded_stems(out) == {"a.png": "a", "a.jpg": "a_jpg"}
+    (out / "a_jpg.png").unlink()  # an output that is gone frees its name
+    assert recorded_stems(out) == {"a.png": "a"}
 
 
 def test_simulate_again_removes_what_it_wrote_for_images_gone_since(tmp_path, prior_dir):
