@@ -185,6 +185,9 @@ def fit_power_law(x: Tensor, r_min: float = 0.02, r_max: float = 0.5, bins: int 
     """
     if exact:
         return _fit_power_law_rings(x, r_min, r_max, spectrum)
+    if max(x.shape[-2:]) < 2:
+        raise ValueError(f"a {x.shape[-2]}x{x.shape[-1]} image has no frequency besides its mean: too small to fit "
+                         f"a power spectrum (images need at least 2 pixels along one side)")
     bins = max(4, min(bins, max(x.shape[-2:]) // 2))  # no empty rings on small images
     radii, power = radial_power_spectrum(x, bins)
     keep = (radii >= r_min) & (radii <= r_max)

@@ -108,3 +108,14 @@ def test_fit_power_law_recovers_exponent():
     x = torch.fft.ifft2(torch.fft.fft2(noise, norm="ortho") * amp, norm="ortho").real
     a, alpha = fit_power_law(x)
     assert torch.allclose(alpha, torch.full_like(alpha, 2.0), atol=0.15)
+
+
+def test_a_one_pixel_image_is_a_clear_error_not_nan():
+    import nfc_dps
+
+    with pytest.raises(ValueError, match="1x1 image has no frequency besides its mean"):
+        fit_power_law(torch.rand(1, 3, 1, 1))
+    op = nfc_dps.build_operator("denoise", image_size=(1, 1))
+    with pytest.raises(ValueError, match="too small to fit a power spectrum"):
+        nfc_dps.restore(torch.rand(1, 3, 1, 1), op, prior=nfc_dps.priors.GaussianSpectralPrior((1, 1), channels=3),
+                        progress=False, spectrum="measurement")
