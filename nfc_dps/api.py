@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .io import INTEGER_SCALES
 from .operators.base import LinearOperator, noise_sigma_problem
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
@@ -56,8 +57,6 @@ class Restoration:
     config: Any
 
 
-#: integer image dtypes ``restore`` accepts, and the value that maps to 1.0
-INTEGER_SCALES = {"uint8": 255.0, "uint16": 65535.0}
 
 
 def _unit_float(y: Tensor) -> Tensor:

@@ -40,6 +40,8 @@ __all__ = [
 
 #: file extensions read_image accepts (lower case)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+#: integer image dtypes taken as [0, 1] images (by write_image and restore), and the value that maps to 1.0
+INTEGER_SCALES = {"uint8": 255.0, "uint16": 65535.0}
 #: Pillow format names accepted (the file's content decides, not its extension)
 _FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "BMP", "DIB"}
 #: suffix of the temporary files of atomic writes
@@ -510,12 +512,13 @@ def _png16_bytes(q: np.ndarray) -> bytes:
 
 
 def _unit_values(a: np.ndarray, what: str) -> np.ndarray:
-    """Floats (and bools) as they are; uint8 / uint16 divided by 255 / 65535, as restore() reads
-    them; other integer types a TypeError (clipping them to [0, 1] would turn them binary)."""
+    """Floats (and bools) as they are; uint8 / uint16 divided by :data:`INTEGER_SCALES`, as
+    restore() reads them; other integer types a TypeError (clipping them to [0, 1] would turn
+    them binary)."""
     if a.dtype.kind in "fb":
         return a
-    if a.dtype.name in ("uint8", "uint16"):
-        return a.astype(np.float64) / (255.0 if a.dtype.name == "uint8" else 65535.0)
+    if a.dtype.name in INTEGER_SCALES:
+        return a.astype(np.float64) / INTEGER_SCALES[a.dtype.name]
     raise TypeError(f"{what} of dtype {a.dtype.name}: pass floats in [0, 1], or uint8 / uint16 images")
 
 
@@ -577,14 +580,12 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
     if fmt is None:
         raise ValueError(f"{path}: cannot write {path.suffix or 'files without extension'!r}; "
                          f"use one of {', '.join(_WRITE_FORMATS)}")
-    a = np.asarray(array)
-    if (a.dtype.kind == "f" and not np.isfinite(a).all()) or (
-            alpha is not None and np.asarray(alpha).dtype.kind == "f" and not np.isfinite(np.asarray(alpha)).all()):
-        raise FloatingPointError(f"{path}: image contains NaN or Inf; not written")
     try:
-        data = encode_image(a, fmt, bit_depth, alpha)
+        data = encode_image(array, fmt, bit_depth, alpha)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
+    except FloatingPointError as e:  # quantize's check, image and alpha together
+        raise FloatingPointError(f"{path}: {e}; not written") from e
     return atomic_write_bytes(path, data)
 
 
@@ -624,22 +625,30 @@ def list_folder(folder: str | Path) -> tuple[list[Path], list[Path]]:
     return images, others
 
 
+def scan_images(folder: str | Path, exclude: Sequence[Path] = ()) -> tuple[list[Path], list[Path]]:
+    """(images, others) under ``folder``, recursively, sorted by relative path.
+
+    Hidden files and folders are skipped, and so are the folders in ``exclude`` (e.g. a work or
+    output folder inside it). ``others`` are files of other types.
+    """
+    folder, skip = Path(folder), [p.resolve() for p in exclude]
+    images, others = [], []
+    for p in sorted(folder.rglob("*"), key=lambda q: q.relative_to(folder).as_posix()):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        rp = p.resolve()
+        if any(rp == s or s in rp.parents for s in skip) or p.is_dir():
+            continue
+        (images if p.suffix.lower() in IMAGE_EXTENSIONS else others).append(p)
+    return images, others
+
+
 def images_in_subfolders(folder: str | Path, exclude: Sequence[Path] = ()) -> int:
     """How many image files lie in ``folder``'s non-hidden subfolders (which :func:`list_folder`
     leaves out), not counting those under ``exclude`` (e.g. an output folder inside it)."""
-    folder, skip = Path(folder), [p.resolve() for p in exclude]
-    count = 0
-    for sub in folder.iterdir():
-        if sub.name.startswith(".") or not sub.is_dir() or sub.suffix.lower() in IMAGE_EXTENSIONS:
-            continue
-        for p in sub.rglob("*"):
-            rel = p.relative_to(folder)
-            if any(part.startswith(".") for part in rel.parts) or p.suffix.lower() not in IMAGE_EXTENSIONS:
-                continue
-            rp = p.resolve()
-            if p.is_file() and not any(s == rp or s in rp.parents for s in skip):
-                count += 1
-    return count
+    folder = Path(folder)
+    return sum(len(p.relative_to(folder).parts) > 1 for p in scan_images(folder, exclude)[0])
 
 
 def unusable_reason(path: str | Path) -> str:

@@ -163,7 +163,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             run_mixture(spec)
         else:
             run(spec)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:  # TypeError: a --set value of the wrong type
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"benchmark: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -193,11 +193,12 @@ def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]
     from .instruments import machine_description
     from ..operators import BlurOperator, gaussian_kernel
     from ..priors import GaussianMixturePrior
+    from .spec import MIXTURE_RECORD_KEY
     from ..samplers import counting, get_method
 
     t_start = time.perf_counter()
     saved = Path(spec.out) / "config.json"
-    if saved.is_file() and "prestated_setting" not in json.loads(saved.read_text() or "{}"):
+    if saved.is_file() and MIXTURE_RECORD_KEY not in json.loads(saved.read_text() or "{}"):
         raise ValueError(f"{spec.out} holds results of another protocol ({saved}); the mixture protocol would "
                          f"overwrite them: use another --out")
     names = list(spec.tasks) or list(SETTINGS)
@@ -296,7 +297,7 @@ def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]
     atomic_write_text(out / "drift.csv", _csv(drift_rows, DRIFT_COLUMNS))
     atomic_write_text(out / "summary.md", mixture_markdown(rows, header, bounds, k))
     atomic_write_text(out / "config.json", json.dumps({
-        "settings": {n: dataclasses.asdict(SETTINGS[n]) for n in names}, "prestated_setting": PRESTATED_SETTING,
+        "settings": {n: dataclasses.asdict(SETTINGS[n]) for n in names}, MIXTURE_RECORD_KEY: PRESTATED_SETTING,
         "header": header, "bounds_db": bounds}, indent=1, default=str))
     log(f"wrote {out / 'results.csv'}, {out / 'drift.csv'} and {out / 'summary.md'}")
     return rows

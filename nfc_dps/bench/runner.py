@@ -23,7 +23,7 @@ from ..priors.diffusers_prior import resolve_precision
 from .instruments import PeakMemory, lpips_status, machine_description, row_metrics, save_png
 from .measurements import load_images, measurement
 from .plots import make_plots
-from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
+from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, MIXTURE_RECORD_KEY, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
                    method_runs, not_applicable, task_specs)
 from .tables import PartWriter, all_rows, is_failed, merge_results, result_row, row_key, summary_markdown
 
@@ -73,7 +73,7 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
                     t0 = time.perf_counter()
                     xr = restore_classical(run.method, op, y, spec.sigma_y)
                     secs = time.perf_counter() - t0
-                outs = {"deterministic": (xr, 0)}
+                outs = {"deterministic": (xr, 0, secs)}
             else:
                 if dev_op is None:
                     dev_op = op if device.type == "cpu" else copy.deepcopy(op).to(device)
@@ -92,8 +92,6 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: 
                     outs = {"sample": (res.samples[0], res.nfe, secs / k), f"mean{k}": (res.image, k * res.nfe, secs)}
                 else:
                     outs = {"sample": (res.image, res.nfe, secs)}
-            if run.method in CLASSICAL_METHODS:
-                outs = {est: (xr, nfe, secs) for est, (xr, nfe) in outs.items()}
             for est, (xr, nfe, row_secs) in outs.items():
                 if (task.name, image, run.label, est, budget_str(run)) in done:
                     continue
@@ -183,8 +181,9 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
         header = _header(spec, d, device, time.perf_counter() - t_start, names, prior_info)
         atomic_write_text(cfg_path, json.dumps({**record, "header": header}, indent=1, default=str))
         # the tables average over this run's images only (results.csv keeps every row of the folder)
-        table_rows = [r for r in rows if r["image"] in set(names)]
-        others = sorted({r["image"] for r in rows} - set(names))
+        this_run = set(names)
+        table_rows = [r for r in rows if r["image"] in this_run]
+        others = sorted({r["image"] for r in rows} - this_run)
         if others:
             notes.append(f"results.csv also holds rows of {len(others)} image(s) not in this run "
                          f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); the tables leave them out")
@@ -240,7 +239,7 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
     Returns the record to save (the configs of the folder's columns that have rows, and this
     run's) and notes for the log (a folder written before configs were recorded)."""
     saved = _saved(cfg_path)
-    if "prestated_setting" in saved:  # the mixture protocol's record: its rows have other columns
+    if MIXTURE_RECORD_KEY in saved:  # the mixture protocol's record: its rows have other columns
         raise ValueError(f"{spec.out} holds results of the mixture protocol ({cfg_path}); use another --out")
     problems, notes = [], []
     old_fp = saved.get("fingerprint")

@@ -56,6 +56,10 @@ def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
 DEFAULT_TASKS = ("sr4", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
 
 
+#: the key that marks a config.json as the mixture protocol's (its rows have other columns than the grid's)
+MIXTURE_RECORD_KEY = "prestated_setting"
+
+
 @dataclass
 class BenchSpec:
     """Everything a benchmark run needs (built from the command line by :func:`spec_from_args`)."""
@@ -93,7 +97,7 @@ class BenchSpec:
         if self.protocol == "oracle":
             fp.update(num_images=self.num_images, oracle_alpha=self.oracle_alpha,
                       oracle_pixel_std=self.oracle_pixel_std)
-        if self.samples > 1:  # since the eleventh session: a mean-of-K row's NFE and seconds are the K chains'
+        if self.samples > 1:  # a mean-of-K row's NFE and seconds count all K chains (folders without this key: one chain's NFE)
             fp["mean_rows_count"] = "all chains"
         return fp
 
@@ -136,7 +140,11 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
     budget). ``budget=None`` keeps the preset."""
     from ..samplers import get_config
 
-    cfg = get_config(method, preset, **_nested(overrides or {}))
+    try:
+        cfg = get_config(method, preset, **_nested(overrides or {}))
+    except TypeError as e:  # a --set value of the wrong type, caught by a comparison in the config's checks
+        given = ", ".join(f"{k}={v!r}" for k, v in (overrides or {}).items())
+        raise ValueError(f"{method}: a setting of the wrong type ({given}): {e}") from e
     if budget is None:
         return cfg
     return cfg.with_nfe(budget)
@@ -159,11 +167,7 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
         elif m in DIFFUSION_METHODS:
             overrides = {**spec.overrides.get(m, {}), **(spec.overrides.get(entry, {}) if preset else {})}
             for b in spec.budgets or (None,):
-                try:
-                    cfg = method_config(m, preset or spec.preset, b, overrides)
-                except TypeError as e:  # a --set value of the wrong type, caught by a comparison
-                    given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-                    raise ValueError(f"{entry}: a setting of the wrong type ({given}): {e}") from e
+                cfg = method_config(m, preset or spec.preset, b, overrides)
                 runs.append(MethodRun(m, int(cfg.nfe), cfg, preset or None))
         else:
             raise ValueError(f"unknown method {entry!r}; choose from {', '.join(DEFAULT_METHODS)} "

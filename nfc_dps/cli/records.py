@@ -44,6 +44,14 @@ def outputs_ok(out: Path, entry: dict[str, Any], main_output: str) -> bool:
     return bool(entry.get("outputs"))
 
 
+def finished_outputs(entry: Any) -> list[str] | None:
+    """A manifest entry's outputs (paths relative to the folder, the main image first), or None
+    when the entry is not a record of finished outputs."""
+    outputs = entry.get("outputs") if isinstance(entry, dict) else None
+    ok = isinstance(outputs, list) and outputs and all(isinstance(o, str) for o in outputs)
+    return outputs if ok else None
+
+
 def recorded_stems(out: Path) -> dict[str, str]:
     """Input name -> the stem of the main output that ``out``'s manifest.json records for it, where
     that output still exists (an unreadable manifest records none: :class:`RunRecords` then says so
@@ -54,9 +62,8 @@ def recorded_stems(out: Path) -> dict[str, str]:
         return {}
     stems = {}
     for name, entry in (images.items() if isinstance(images, dict) else ()):
-        outputs = entry.get("outputs") if isinstance(entry, dict) else None
-        if (isinstance(outputs, list) and outputs and isinstance(outputs[0], str) and "/" not in outputs[0]
-                and (out / outputs[0]).is_file()):  # a name whose output is gone is free again
+        outputs = finished_outputs(entry)
+        if outputs and "/" not in outputs[0] and (out / outputs[0]).is_file():  # a name whose output is gone is free
             stems[name] = Path(outputs[0]).stem
     return stems
 
@@ -66,9 +73,9 @@ class RunRecords:
 
     ``about``: the run's settings, in summary.json after "command" and "complete" (input, output,
     task, method, ...); ``std_png_scale``: recorded when std maps are written (else None);
-    ``overwrite``: redo every image (:meth:`done` says no); the manifest's entries stay until each
-    image is redone, so an interrupted ``--overwrite`` run loses no output name. ``images`` maps an input's name to its manifest
-    entry; ``rows`` are the results rows (done, skipped or failed), in any order. ``shard``: this
+    ``overwrite``: redo every image (the restore loop skips none); the manifest's entries stay until
+    each image is redone, so an interrupted ``--overwrite`` run loses no output name. ``images``
+    maps an input's name to its manifest entry; ``rows`` are the results rows (done, skipped or failed), in any order. ``shard``: this
     rank's number under torchrun, its progress then goes to ``.shards/rank<shard>.json`` and
     :meth:`merge_shards` (rank 0) writes the folder's files; ``shard_names``: the inputs it owns.
     """
@@ -88,7 +95,6 @@ class RunRecords:
     def images(self) -> dict[str, Any]:
         return self.manifest["images"]
 
-
     def _load_manifest(self) -> dict[str, Any]:
         empty = {"kind": "nfc_dps.manifest", "images": {}}
         if not self.manifest_path.is_file():
@@ -101,8 +107,7 @@ class RunRecords:
             self.log.error(f"warning: ignoring unreadable {self.manifest_path} ({e}); redoing every image")
             return empty
         for name, entry in list(data["images"].items()):
-            outputs = entry.get("outputs") if isinstance(entry, dict) else None
-            if not (isinstance(outputs, list) and outputs and all(isinstance(o, str) for o in outputs)):
+            if finished_outputs(entry) is None:
                 self.log.error(f"warning: {self.manifest_path}: ignoring entry {name!r} (not a record of finished "
                                f"outputs: {type(entry).__name__}); redoing that image")
                 del data["images"][name]

@@ -205,8 +205,7 @@ class SuperResolution(LinearOperator):
         Uh, Uw = self._mat(h, "U", z), self._mat(w, "U", z)
         lam = self._mat(h, "lam", z)[:, None] * self._mat(w, "lam", z)[None, :]
         row_space = lam > 1e-10 * lam.max()
-        ratio = torch.where(inf, torch.zeros_like(r2), s2 / torch.where(inf, torch.ones_like(r2), r2))
-        g = torch.where(row_space, 1.0 / (lam + ratio), torch.zeros((), dtype=z.dtype, device=z.device))
+        g = torch.where(row_space, 1.0 / (lam + s2 / r2), torch.zeros((), dtype=z.dtype, device=z.device))  # s2/inf = 0
         ct = Uh.transpose(0, 1) @ self.A_adjoint(y - self.A(z)) @ Uw
         return z + Uh @ (ct * g) @ Uw.transpose(0, 1)
 

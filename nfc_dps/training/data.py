@@ -69,25 +69,6 @@ def heldout_score(relative: str) -> float:
     return int(hashlib.sha256(relative.encode()).hexdigest()[:12], 16) / 16**12
 
 
-def scan_images(folder: Path, exclude: Sequence[Path] = ()) -> tuple[list[Path], list[Path]]:
-    """(images, others) under ``folder``, recursively, sorted by relative path.
-
-    Hidden files and folders are skipped, and so are the folders in ``exclude`` (the work and
-    export folders, when they lie inside the image folder). ``others`` are files of other types.
-    """
-    skip = [p.resolve() for p in exclude]
-    images, others = [], []
-    for p in sorted(folder.rglob("*"), key=lambda q: q.relative_to(folder).as_posix()):
-        rel = p.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        rp = p.resolve()
-        if any(rp == s or s in rp.parents for s in skip) or p.is_dir():
-            continue
-        (images if p.suffix.lower() in nio.IMAGE_EXTENSIONS else others).append(p)
-    return images, others
-
-
 def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: float,
                 exclude: Sequence[Path] = (), log: Callable[[str], None] = print,
                 previous: dict | None = None) -> TrainingData:
@@ -102,7 +83,7 @@ def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: fl
     folder = Path(folder)
     if not folder.is_dir():
         raise TrainingError(f"--images {folder}: not a folder")
-    files, others = scan_images(folder, exclude)
+    files, others = nio.scan_images(folder, exclude)
     if not files:
         raise TrainingError(f"--images {folder}: no image files found (searched recursively for "
                             f"{', '.join(nio.IMAGE_EXTENSIONS)}" + (f"; {len(others)} other file(s) ignored" if others else "") + ")")

@@ -310,8 +310,8 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     split = {"train": [n for n, _ in data.train], "heldout": [n for n, _ in data.heldout]}
     nio.write_json(workdir / CONFIG_JSON, {"config": fp, "settings": settings, "precision": precision,
-                                           "parameters": n_params, "train_images": [n for n, _ in data.train],
-                                           "heldout_images": [n for n, _ in data.heldout],
+                                           "parameters": n_params, "train_images": split["train"],
+                                           "heldout_images": split["heldout"],
                                            "skipped": [{"file": f, "reason": r} for f, r in data.skipped]})
     for name in (LOSS_CSV, HELDOUT_CSV):
         _keep_rows(workdir / name, step)
