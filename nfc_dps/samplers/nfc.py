@@ -196,7 +196,10 @@ class NFCConfig(StepConfig):
 
     @property
     def nfe(self) -> int:
-        """Network evaluations per chain: levels x predictor steps."""
+        """Network evaluations per chain as budgeted: levels x predictor steps. A level at or below
+        ``ode_sigma_min`` takes one call instead of ``ode_steps`` (possible only when ``sigma_min``
+        or the noise floor is that low), so the counted NFE of a run (``RestoreResult.nfe``, what
+        the benchmark records) can be lower."""
         return self.num_levels * self.ode_steps
 
     @property
