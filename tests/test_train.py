@@ -70,7 +70,27 @@ def _same_state(a: Path, b: Path) -> None:
             assert torch.equal(sa[key][k], sb[key][k]), f"{key}.{k} differs"
     for pa, pb in zip(sa["opt"]["state"].values(), sb["opt"]["state"].values()):
         assert torch.equal(pa["exp_avg"], pb["exp_avg"]) and torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
-    assert torch.equal(sa["rng"], sb["rng"])
+    assert torch.equal(sa["rng"], sb["rng"]) and torch.equal(sa["torch_rng"], sb["torch_rng"])
+    assert sa["opt"]["param_groups"] == sb["opt"]["param_groups"]
+
+
+def _resume(cfg: TrainConfig, monkeypatch, from_step: int) -> None:
+    """Run ``cfg`` on a work folder saved at ``from_step`` and check that it resumed there: it says
+    so and draws only the batches of the steps left (a run that ignored the state and trained from
+    step 0 would end in the same state, training being deterministic)."""
+    real_batch, calls, lines = CropSampler.batch, [], []
+
+    def counting_batch(self, n, gen):
+        calls.append(n)
+        return real_batch(self, n, gen)
+
+    monkeypatch.setattr(CropSampler, "batch", counting_batch)
+    try:
+        res = train_prior(cfg, log=lines.append)
+    finally:
+        monkeypatch.setattr(CropSampler, "batch", real_batch)
+    assert any(line.startswith("resumed from") and line.endswith(f"at step {from_step}") for line in lines), lines
+    assert len(calls) == res.step - from_step
 
 
 def test_train_prior_cli_end_to_end(folder: Path, tmp_path: Path, capsys) -> None:
@@ -115,7 +135,7 @@ def test_resume_equals_uninterrupted(folder: Path, tmp_path: Path, monkeypatch) 
     kw = dict(dead_leaves=0.3, save_every=100)
     train_prior(_cfg(tmp_path / "a", folder, steps=7, **kw), log=_quiet)
     train_prior(_cfg(tmp_path / "b", folder, steps=3, **kw), log=_quiet)
-    train_prior(_cfg(tmp_path / "b", folder, steps=7, lr=2e-4, **kw), log=_quiet)
+    _resume(_cfg(tmp_path / "b", folder, steps=7, **kw), monkeypatch, from_step=3)
     _same_state(tmp_path / "a" / "state.pt", tmp_path / "b" / "state.pt")
 
 
@@ -139,8 +159,7 @@ def test_killed_run_reruns_from_its_last_save(folder: Path, tmp_path: Path, monk
     monkeypatch.setattr(CropSampler, "batch", real_batch)
     assert torch.load(wd / "state.pt", weights_only=True)["step"] == 4
     assert not list(wd.glob(".*tmp"))  # atomic saves leave no temporary file behind
-    res = train_prior(_cfg(wd, folder, steps=7, save_every=2, log_every=1), log=_quiet)
-    assert res.step == 7
+    _resume(_cfg(wd, folder, steps=7, save_every=2, log_every=1), monkeypatch, from_step=4)
     train_prior(_cfg(tmp_path / "straight", folder, steps=7, save_every=2, log_every=1), log=_quiet)
     _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
     steps = [int(r.split(",")[0]) for r in (wd / "loss.csv").read_text().split()[1:]]
@@ -301,7 +320,7 @@ def test_a_killed_run_resumes_its_cooldown(folder: Path, tmp_path: Path, monkeyp
     with pytest.raises(_Killed):
         train_prior(_cfg(tmp_path / "killed", folder, **kw), log=_quiet)
     monkeypatch.setattr(CropSampler, "batch", real_batch)
-    train_prior(_cfg(tmp_path / "killed", folder, **kw), log=_quiet)
+    _resume(_cfg(tmp_path / "killed", folder, **kw), monkeypatch, from_step=4)
     train_prior(_cfg(tmp_path / "straight", folder, **kw), log=_quiet)
     _same_state(tmp_path / "killed" / "state.pt", tmp_path / "straight" / "state.pt")
     no_decay = tmp_path / "no_decay"
@@ -339,7 +358,7 @@ def test_sigterm_finishes_the_step_then_saves(folder: Path, tmp_path: Path, monk
     assert torch.load(wd / "state.pt", weights_only=True)["step"] == 3
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
     monkeypatch.undo()
-    train_prior(_cfg(wd, folder, steps=6, save_every=100, log_every=1), log=_quiet)
+    _resume(_cfg(wd, folder, steps=6, save_every=100, log_every=1), monkeypatch, from_step=3)
     train_prior(_cfg(tmp_path / "straight", folder, steps=6, save_every=100, log_every=1), log=_quiet)
     _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
 
@@ -354,7 +373,7 @@ def test_an_interrupt_inside_a_step_keeps_the_last_save(folder: Path, tmp_path: 
         train_prior(_cfg(wd, folder, steps=100, save_every=2, log_every=1), log=_quiet)
     assert torch.load(wd / "state.pt", weights_only=True)["step"] == 4
     monkeypatch.undo()
-    train_prior(_cfg(wd, folder, steps=7, save_every=2, log_every=1), log=_quiet)
+    _resume(_cfg(wd, folder, steps=7, save_every=2, log_every=1), monkeypatch, from_step=4)
     train_prior(_cfg(tmp_path / "straight", folder, steps=7, save_every=2, log_every=1), log=_quiet)
     _same_state(wd / "state.pt", tmp_path / "straight" / "state.pt")
 
