@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
-import pytest
 import torch
 
 from nfc_dps.bench import mixture
@@ -43,8 +43,11 @@ def test_mixture_protocol_end_to_end(tmp_path):
     text = (out / "summary.md").read_text()
     assert "## Module effects" in text and "vs nfc-haar-off" in text and "## Mean over settings" in text
     cfg = json.loads((out / "config.json").read_text())
-    b = cfg["bounds_db"]["well-mild-lo"]
-    assert b["mmse"] == pytest.approx(b["sample"] + 10 * torch.log10(torch.tensor(2.0)).item())
+    # the bounds of every setting are recorded (their values come from the mixture posterior's
+    # exact MMSE, tested against dense Bayes in test_mixture_prior.py)
+    assert set(cfg["bounds_db"]) == {"well-mild-lo", "poor-strong-hi"}
+    assert all(set(b) >= {"mmse", "sample", "mean4"} and all(map(math.isfinite, b.values()))
+               for b in cfg["bounds_db"].values())
 
 
 def test_mixture_runs_follow_the_registry(monkeypatch):

@@ -154,7 +154,9 @@ def fit(out, y):
 )
 def test_gaussian_denoising_is_sane(fn, cfg, err_max, gain_tol):
     """Posterior-sample error is 2v and the output's gain on y is s^2/(s^2+sigma^2); each peer
-    must land near it (within err_max x 2v, gain within gain_tol + its bias toward y)."""
+    must land near it (within err_max x 2v, gain within gain_tol + its bias toward y). At this low
+    noise the posterior is close to y (gain 0.96) and y itself passes: this bounds the error only;
+    the next test checks that the peers denoise."""
     x0, y, v, gain = denoising_problem(0.05)
     out = fn(WhiteGaussianPrior(channels=1), Denoising(), y, 0.05, x0.shape, cfg, gens(range(4)))
     om, g, _ = fit(out, y)
@@ -163,12 +165,37 @@ def test_gaussian_denoising_is_sane(fn, cfg, err_max, gain_tol):
     assert gain - gain_tol < g < 1.0 + gain_tol  # between the posterior mean's gain and y itself
 
 
+@pytest.mark.parametrize(
+    "fn,cfg",
+    [
+        (sample_diffpir, DiffPIRConfig(num_steps=50)),
+        (sample_ddnm, DDNMConfig(num_steps=50)),
+        (sample_ddnm, DDNMConfig(num_steps=50, correction="scaled")),
+        (sample_ddrm, DDRMConfig(num_steps=50)),
+    ],
+    ids=["diffpir", "ddnm_prox", "ddnm_scaled", "ddrm"],
+)
+def test_gaussian_denoising_at_high_noise_moves_away_from_y(fn, cfg):
+    """sigma_y = 0.5 in [0, 1] units (1 in model units, twice the prior's std): the posterior's
+    gain on y is 0.2 and an exact posterior sample's error 2v = 0.4, while y itself has gain 1 and
+    error 1.0. Measured gains 0.23-0.54 and errors 0.69-0.94 x 2v. (DPS at step size 1 follows the
+    measurement here, gain 1.00: its step is tuned for low noise, so it is not in this test.)"""
+    x0, y, v, gain = denoising_problem(0.5)
+    out = fn(WhiteGaussianPrior(channels=1), Denoising(), y, 0.5, x0.shape, cfg, gens(range(4)))
+    om, g, _ = fit(out, y)
+    err = float(((om - x0) ** 2).mean())
+    assert err < 1.1 * 2 * v, err / (2 * v)
+    assert gain - 0.05 < g < 0.6, g
+
+
 def test_diffpir_matches_posterior_spread():
-    x0, y, v, gain = denoising_problem(0.05)
-    out = sample_diffpir(WhiteGaussianPrior(channels=1), Denoising(), y, 0.05, x0.shape, DiffPIRConfig(num_steps=50), gens(range(4)))
+    """At sigma_y = 0.5 ([0, 1] units) the posterior is far from y (gain 0.2 against y's 1): DiffPIR's
+    samples have its gain (measured 0.23) and its spread (residual variance 0.86 v)."""
+    x0, y, v, gain = denoising_problem(0.5)
+    out = sample_diffpir(WhiteGaussianPrior(channels=1), Denoising(), y, 0.5, x0.shape, DiffPIRConfig(num_steps=50), gens(range(4)))
     om, g, resid = fit(out, y)
-    assert abs(g - gain) < 0.05
-    assert 0.5 * v < resid < 2.0 * v  # the posterior spread, not a point estimate
+    assert abs(g - gain) < 0.05, g
+    assert 0.6 * v < resid < 1.5 * v, resid / v  # the posterior spread, not a point estimate
 
 
 def test_dps_unconditional_is_the_prior():

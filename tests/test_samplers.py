@@ -70,18 +70,23 @@ def test_nfc_within_bound_of_exact_posterior_sampler():
     cfg = NFCConfig(**EXACT, band=BandSchedule(cutoff="spectral", cutoff_start=0.1), detail=DetailSchedule(levels=1))
     out = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, cfg, gens(30)) * 2 - 1
     got = _psnr_model(out, x)
-    assert got >= bound - 0.3, (got, bound)
-    # an exact posterior sampler cannot beat the posterior mean (the MMSE bound) on average
-    assert got <= 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y)) + 0.3
+    # within 0.3 dB of an exact posterior sample, on either side: the posterior mean would score
+    # 3 dB above it (the MMSE bound) and the measurement itself 1.6 dB above
+    assert abs(got - bound) <= 0.3, (got, bound)
+    # and it is a sample: two independent chains differ by 2x the posterior variance per pixel
+    # (measured 0.98x it; a mean or the identity has no spread)
+    other = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, cfg, gens(30, offset=100)) * 2 - 1
+    spread = ((out - other) ** 2).mean().item() / 2
+    assert 0.85 <= spread / prior.mmse(H, SIGMA_Y) <= 1.15, spread / prior.mmse(H, SIGMA_Y)
 
 
 def test_daps_parity_modules_off_and_all_pass():
     prior, op, H, x, y_m = oracle_problem(2)
     base = dict(num_levels=6, ode_steps=2, inner="exact")
-    daps = sample_daps(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, NFCConfig(**base), gens(2))
-    off = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, x.shape,
-                     NFCConfig(**base, band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0)), gens(2))
-    assert torch.equal(daps, off)
+    # DAPS is NFC with the band's blend at 0 and no Haar levels (sample_daps runs exactly that)
+    daps = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, x.shape,
+                      NFCConfig(**base, band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0)), gens(2))
+    assert torch.equal(daps, sample_daps(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, NFCConfig(**base), gens(2)))
     # modules on, but the band all-pass (cutoff 1) and every Haar weight 1: the same numbers
     all_pass = NFCConfig(**base, band=BandSchedule(cutoff_start=1.0, blend_start=0.35),
                          detail=DetailSchedule(levels=2, low_weight=1.0, detail_weight=1.0))
@@ -92,12 +97,35 @@ def test_daps_parity_modules_off_and_all_pass():
     assert not torch.allclose(daps, nfc, atol=1e-4)
 
 
-def test_langevin_inner_runs_and_daps_parity():
+def test_langevin_inner_step_samples_the_conditional():
+    """DAPS's inner loop at temperature 1 draws from the exact inner step's Gaussian: its mean and,
+    per frequency band, the variance 1 / (|H|^2 / sigma_y^2 + 1 / v) (unadjusted Langevin's step
+    bias is a few % at step_fraction 0.1; measured ratios 1.00-1.03). A sampler of the mean alone,
+    or noise of the wrong scale, fails."""
+    from nfc_dps.samplers.gaussian_step import gaussian_conditional
+    from nfc_dps.samplers.nfc import langevin_refine
+
+    prior, op, H, x, y_m = oracle_problem(1)
+    k, v = 64, 0.04
+    y, center = y_m.expand(k, -1, -1, -1), (x + 0.2).expand(k, -1, -1, -1)
+    draws = langevin_refine(op, y, center, SIGMA_Y, v, None, 1500, 0.1, gens(k))
+    mean = gaussian_conditional(op, y_m, x + 0.2, SIGMA_Y, v, None, sample=False)
+    spread = (draws - mean).norm() / k**0.5
+    assert (draws.mean(0, keepdim=True) - mean).norm() < 2 * spread / k**0.5  # measured 0.96 x spread / sqrt(k)
+    want = 1 / (H.abs() ** 2 / SIGMA_Y**2 + 1 / v)
+    got = (torch.fft.fft2(draws - mean, norm="ortho").abs() ** 2).mean(0)[0]
+    r = radial_frequency(SIZE, SIZE, dtype=torch.float64)
+    for lo, hi in [(0.0, 0.15), (0.15, 0.3), (0.3, 0.5), (0.5, 1.01)]:
+        sel = (r >= lo) & (r < hi)
+        ratio = (got[sel].mean() / want.expand_as(got)[sel].mean()).item()
+        assert abs(ratio - 1) <= 0.1, (lo, hi, ratio)
+
+
+def test_nfc_with_the_langevin_inner_step_runs():
     prior, op, H, x, y_m = oracle_problem(2)
     cfg = NFCConfig(num_levels=4, ode_steps=1, inner="langevin", langevin_steps=5)
-    a = sample_daps(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, cfg, gens(2))
-    b = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, cfg.as_daps(), gens(2))
-    assert torch.equal(a, b) and torch.isfinite(a).all()
+    out = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, x.shape, cfg, gens(2))
+    assert out.shape == x.shape and torch.isfinite(out).all()
 
 
 class ShrinkPrior(Prior):
@@ -140,11 +168,12 @@ def test_every_method_runs_on_every_operator(method, op_name):
     x = torch.rand(2, 3, h, w)
     y = op.measure(x, 0.02, [torch.Generator().manual_seed(i) for i in range(2)])
     cfg = small_config(method)
-    try:
-        out = nfc_dps.restore(y, op, prior=ShrinkPrior(), method=method, config=cfg, sigma_y=0.02, progress=False)
-    except ValueError as e:  # DDRM supports only operators with a known diagonal form
-        assert method == "ddrm" and "ddrm" in str(e).lower() or "support" in str(e).lower()
+    if method == "ddrm" and op_name in ("blur_reflect", "sr_bicubic", "sr_average"):
+        # DDRM supports only operators with a known diagonal form, and says what to use instead
+        with pytest.raises(ValueError, match="DDRM needs a diagonalisable operator.*use method 'ddnm'"):
+            nfc_dps.restore(y, op, prior=ShrinkPrior(), method=method, config=cfg, sigma_y=0.02, progress=False)
         return
+    out = nfc_dps.restore(y, op, prior=ShrinkPrior(), method=method, config=cfg, sigma_y=0.02, progress=False)
     assert out.image.shape == x.shape
     assert torch.isfinite(out.image).all() and out.image.min() >= 0 and out.image.max() <= 1
     assert out.nfe == cfg.nfe
@@ -252,17 +281,25 @@ def test_prior_declared_power_law_feeds_the_spectral_covariance():
 
 
 def test_final_mean_step_is_the_conditional_mean_of_the_last_level():
+    """final_step "mean": the same trajectory as "sample" up to the last level's prediction, then
+    the exact conditional mean E[x0 | x0_hat, y] of the last level, to round-off."""
+    from nfc_dps.samplers.gaussian_step import gaussian_conditional, spectral_prior_variance
+
     prior, op, H, x, y_m = oracle_problem(1)
-    k = 64
-    y = to01(y_m).expand(k, -1, -1, -1)
-    sample_cfg = NFCConfig(**EXACT).as_daps()
-    mean_cfg = NFCConfig(**{**EXACT, "final_step": "mean"}).as_daps()
-    samples = sample_nfc(prior, op, y, SIGMA_Y / 2, (k, 1, SIZE, SIZE), sample_cfg, gens(k)) * 2 - 1
-    means = sample_nfc(prior, op, y, SIGMA_Y / 2, (k, 1, SIZE, SIZE), mean_cfg, gens(k)) * 2 - 1
-    # same trajectory up to the last level, then no last-level noise: less spread, same centre
-    assert means.var(0).mean() < samples.var(0).mean()
-    post_mean = prior.posterior_mean(y_m, H, SIGMA_Y)
-    assert (means.mean(0) - post_mean[0]).norm() <= 1.5 * (samples.mean(0) - post_mean[0]).norm() + 1e-9
+    k = 4
+    y_m = y_m.expand(k, -1, -1, -1)
+    runs = {}
+    for final in ("sample", "mean"):
+        levels = []
+        cfg = NFCConfig(**{**EXACT, "final_step": final}).as_daps()
+        out = sample_nfc(prior, op, to01(y_m), SIGMA_Y / 2, (k, 1, SIZE, SIZE), cfg, gens(k), callback=levels.append)
+        runs[final] = (out * 2 - 1, levels[-1])
+    (samples, last_s), (means, last) = runs["sample"], runs["mean"]
+    assert torch.equal(last_s["x0_hat"], last["x0_hat"])
+    var = spectral_prior_variance(prior.spectrum(SIZE, SIZE).view(1, 1, SIZE, SIZE), last["sigma"])
+    want = gaussian_conditional(op, y_m, last["x0_hat"], SIGMA_Y, var, None, sample=False)
+    torch.testing.assert_close(means, want, atol=1e-10, rtol=0)
+    assert (samples - want).abs().amax().item() > 0.05  # while "sample" draws around it
 
 
 @pytest.mark.parametrize("op", [BlurOperator(gaussian_kernel(9, 1.5), "circular"), Inpainting(box_mask(SIZE, SIZE, 12, 4))])
