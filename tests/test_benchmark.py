@@ -54,6 +54,20 @@ def stable_part(rows):
     return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
 
 
+def check_psnr_against_ground_truth(out: Path, rows) -> None:
+    """Each row's PSNR is its saved image's against the saved ground truth (8-bit PNG rounding:
+    below 0.05 dB here), not against the measurement or another image."""
+    from nfc_dps.io import read_image
+    from nfc_dps.metrics import psnr
+
+    for r in rows:
+        with np.load(out / "measurements" / r["task"] / f"{r['image']}.npz") as z:
+            x = torch.from_numpy(z["x"])[None]
+        png = out / "images" / r["task"] / r["image"] / f"{r['method'].replace(':', '-')}-{r['estimator']}-{r['budget']}.png"
+        restored = torch.from_numpy(np.moveaxis(read_image(png)[0], -1, 0))[None].float()
+        assert float(r["psnr"]) == pytest.approx(float(psnr(restored, x)), abs=0.05), (r, png)
+
+
 def test_local_run_end_to_end_and_resume(tiny_prior, tmp_path, capsys):
     out = tmp_path / "run"
     args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian,inpaint_random", "--methods", "nfc,tv")
@@ -64,8 +78,9 @@ def test_local_run_end_to_end_and_resume(tiny_prior, tmp_path, capsys):
     assert {(r["method"], r["budget"], r["nfe"]) for r in rows} == {("nfc", "2", "2"), ("tv", "0", "0")}
     for r in rows:
         assert r["note"] == ""
-        assert 0 < float(r["psnr"]) < 100 and -1 <= float(r["ssim"]) <= 1
+        assert -1 <= float(r["ssim"]) <= 1 and float(r["mse"]) > 0
         assert r["lpips"] == "" or float(r["lpips"]) >= 0
+    check_psnr_against_ground_truth(out, rows)
     summary = (out / "summary.md").read_text()
     assert "PSNR (mean ± std)" in summary and "| nfc @2 |" in summary and "| tv |" in summary
     assert (out / "grid.png").is_file() and not (out / "parts").exists()
@@ -179,9 +194,11 @@ def test_budget_configs_hit_the_budget_exactly():
 def test_samples_add_mean_rows(tiny_prior, tmp_path):
     out = tmp_path / "k"
     assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc",
-                                "--samples", "2", "--image-names", "coffee", "--no-images")) == 0
+                                "--samples", "2", "--image-names", "coffee")) == 0
     rows = read_rows(out / "results.csv")
     assert [r["estimator"] for r in rows] == ["sample", "mean2"]
+    check_psnr_against_ground_truth(out, rows)
+    assert rows[0]["psnr"] != rows[1]["psnr"]  # the mean of 2 chains is not chain 0
     assert "nfc (mean of 2) @2" in (out / "summary.md").read_text()
 
 
@@ -214,7 +231,11 @@ def test_oracle_table_reports_bounds(tmp_path):
     text = (out / "summary.md").read_text()
     assert "posterior mean (MMSE)" in text and "to sample bound" in text
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["bound_mmse_db"] == pytest.approx(cfg["bound_sample_db"] + 10 * np.log10(2))
+    # the bounds are expected PSNRs of the exact estimators: their rows land near them (3 images of
+    # 16 px: measured 0.6 and 1.1 dB above; a unit slip moves the bounds by 6 dB)
+    for method, bound in (("exact-mmse", "bound_mmse_db"), ("exact-sample", "bound_sample_db")):
+        mse = np.mean([float(r["mse"]) for r in rows if r["method"] == method])
+        assert abs(-10 * np.log10(mse) - cfg[bound]) < 2.0, (method, -10 * np.log10(mse), cfg[bound])
     args = ["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3", "--budgets", "4",
             "--methods", "nfc,daps,ddrm,wiener", "--threads", "1", "--device", "cpu"]
     assert main(args + ["--oracle-alpha", "3"]) == 2  # another prior in the same folder is refused
