@@ -2,9 +2,11 @@
 
 Skipped with a reason when the folder is absent (e.g. a wheel install without assets). The
 denoising checks use a held-out photo (never trained on), fixed crops and a fixed noise seed; the
-bar (+3 dB over the noisy input at sigma = 0.1 in [0, 1] units, i.e. 20 dB -> 23 dB) is far
-below what a trained prior reaches but far above what an identity, a sign error in the
-preconditioning, a wrong unit conversion or a broken tiling would give.
+bars at sigma = 0.1 in [0, 1] units are +3 dB over the noisy input (20 dB -> 23 dB: an identity,
+a sign error in the preconditioning or a broken tiling fails it) and +1 dB over scikit-image's TV
+at the weight docs/prior.md tunes on training crops for this sigma (0.1), the margin the shipped
+prior is documented to keep (measured: +1.6 dB on both crops; the network loaded with a wrong
+sigma_data keeps +0.1 / +0.5).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from skimage.restoration import denoise_tv_chambolle
 
 import nfc_dps
 from nfc_dps.priors import EDMDenoiser, TiledPrior
@@ -29,7 +32,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 SIGMA01 = 0.1  # [0, 1] units; the prior is called at 2 * SIGMA01 in model units
-MARGIN_DB = 3.0
+MARGIN_DB = 3.0  # over the noisy input
+TV_WEIGHT = 0.1  # denoise_tv_chambolle's weight tuned on training crops at this sigma (docs/prior.md)
+TV_MARGIN_DB = 1.0  # over TV
 MAX_BYTES = 20 * 1024 * 1024
 
 
@@ -97,6 +102,8 @@ def test_denoises_held_out_crop(prior, photo, shape, origin):
 
     p_noisy, p_est = psnr01(noisy, clean), psnr01(est, clean)
     assert p_est >= p_noisy + MARGIN_DB, f"{shape}: noisy {p_noisy:.2f} dB -> denoised {p_est:.2f} dB"
+    p_tv = psnr01(denoise_tv_chambolle(noisy, weight=TV_WEIGHT, channel_axis=-1), clean)
+    assert p_est >= p_tv + TV_MARGIN_DB, f"{shape}: TV {p_tv:.2f} dB, the prior {p_est:.2f} dB"
 
     again = denoise01(prior, noisy, SIGMA01)
     np.testing.assert_array_equal(est, again)  # deterministic (tile offsets depend on sigma only)

@@ -313,13 +313,26 @@ def test_load_diffusers_prior_matches_network(saved_unet, layout):
 def test_load_diffusers_prior_edm_and_tile(saved_unet, tmp_path):
     import shutil
 
-    _, root = saved_unet
+    from nfc_dps.priors.diffusers_prior import _UNetCall
+
+    unet, root = saved_unet
     shutil.copytree(root / "bare", tmp_path / "m")
-    (tmp_path / "m" / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm", "sigma_data": 0.5, "tile": 8}))
+    settings = {"parameterization": "edm", "sigma_data": 0.3, "sigma_min": 0.01, "sigma_max": 40.0, "tile": 8}
+    (tmp_path / "m" / "nfc_dps_prior.json").write_text(json.dumps(settings))
     prior = load_diffusers_prior(tmp_path / "m")
     assert isinstance(prior, TiledPrior) and isinstance(prior.inner, EDMDenoiser) and prior.tile == 8
-    assert prior.precision == prior.inner.precision  # one resolved precision, wrapper and network agree
+    assert not prior.overlap and prior.precision == prior.inner.precision  # one resolved precision
+    assert (prior.inner.sigma_data, prior.inner.sigma_min, prior.inner.sigma_max) == (0.3, 0.01, 40.0)
     assert prior(torch.zeros(1, 3, 12, 20), 0.5).shape == (1, 3, 12, 20)
+    # every setting of the file reaches the prior: the same as building it by hand
+    (tmp_path / "m" / "nfc_dps_prior.json").write_text(json.dumps({**settings, "tile_overlap": True}))
+    prior = load_diffusers_prior(tmp_path / "m", precision="float32")
+    want = TiledPrior(EDMDenoiser(_UNetCall(unet, "float32", False), channels=3, sigma_data=0.3, size_multiple=2),
+                      8, overlap=True)
+    assert prior.overlap
+    x = torch.randn(1, 3, 12, 20, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(prior(x, 0.5), want(x, 0.5), atol=1e-5, rtol=1e-5)
 
 
 def test_load_diffusers_prior_errors(saved_unet, tmp_path):
