@@ -167,9 +167,11 @@ def _exif_orientation(im) -> int:
 
 
 def _split(path: Path, fmt: str, mode: str, bits: int, arr: np.ndarray, orientation: int,
-           has_alpha: bool) -> tuple[np.ndarray, ImageInfo]:
-    """arr: float (H, W, C) with C in 1..4 already in [0, 1] -> colour array + info."""
-    arr = _orient(arr, orientation)
+           has_alpha: bool, pending: int | None = None) -> tuple[np.ndarray, ImageInfo]:
+    """arr: float (H, W, C) with C in 1..4 already in [0, 1] -> colour array + info. The file's
+    ``orientation`` is recorded; ``pending`` (default: the same) is what is still to be applied
+    to ``arr`` (Pillow turns TIFFs itself when it loads them)."""
+    arr = _orient(arr, orientation if pending is None else pending)
     alpha = None
     if has_alpha:
         alpha = np.ascontiguousarray(arr[..., -1], dtype=np.float32)
@@ -194,37 +196,46 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
         if fmt not in _FORMATS:
             raise ImageReadError(path, f"unsupported image format {fmt}; supported: PNG, JPEG, TIFF, BMP")
         fmt = {"MPO": "JPEG", "DIB": "BMP"}.get(fmt, fmt)
+        before_load = _exif_orientation(im)
+        if fmt == "TIFF":
+            bits = im.tag_v2.get(258, (8,))
+            bits = bits if isinstance(bits, tuple) else (bits,)
+            # Pillow turns a TIFF while loading it (and garbles a 16-bit gray one turned by a quarter
+            # turn): a turned gray or RGB file is read as it is stored, then turned here
+            if before_load != 1 and im.tag_v2.get(262) in (0, 1, 2) and min(bits) >= 8:
+                return _read_tiff_deep(path, im.mode, before_load)
+            if im.mode in ("RGB", "RGBA", "LA", "RGBX") and max(bits) > 8:  # Pillow would reduce it to 8 bits
+                return _read_tiff_deep(path, im.mode, before_load)
         try:
             im.load()
         except OSError as e:
             raise ImageReadError(path, f"corrupt or truncated image ({e})") from e
-        orientation = _exif_orientation(im)
+        # what is left to apply: a TIFF of another kind is turned by Pillow as it loads (the tag is
+        # dropped); a PNG's eXIf chunk after the pixels is known only once they are loaded
+        pending = _exif_orientation(im)
+        orientation = before_load if before_load != 1 else pending
         mode = im.mode
-        if fmt == "TIFF" and mode in ("RGB", "RGBA", "LA", "RGBX"):
-            bits = im.tag_v2.get(258, (8,))
-            bits = bits if isinstance(bits, tuple) else (bits,)
-            if max(bits) > 8:
-                return _read_tiff_deep(path, mode, orientation)
         if mode == "1":
             arr, bits = np.asarray(im.convert("L"), np.float32)[..., None] / 255.0, 1
-            return _split(path, fmt, mode, bits, arr, orientation, False)
+            return _split(path, fmt, mode, bits, arr, orientation, False, pending)
         if mode in ("I;16", "I;16L", "I;16B", "I;16N"):
             arr = np.asarray(im).astype(np.float32)[..., None] / 65535.0
             if fmt == "TIFF" and im.tag_v2.get(262) == 0:  # "min is white" (Pillow inverts only 8-bit ones)
                 arr = 1.0 - arr
-            return _split(path, fmt, mode, 16, arr, orientation, False)
+            return _split(path, fmt, mode, 16, arr, orientation, False, pending)
         if mode == "I":
             raw = np.asarray(im)
             if raw.size and (raw.min() < 0 or raw.max() > 65535):
                 raise ImageReadError(path, "unsupported 32-bit integer image (values outside 0..65535)")
-            return _split(path, fmt, mode, 16, raw.astype(np.float32)[..., None] / 65535.0, orientation, False)
+            return _split(path, fmt, mode, 16, raw.astype(np.float32)[..., None] / 65535.0, orientation, False,
+                          pending)
         if mode == "F":
             raw = np.asarray(im, dtype=np.float32)
             if not np.isfinite(raw).all():
                 raise ImageReadError(path, "float image contains NaN or Inf")
             if raw.size and (raw.min() < 0 or raw.max() > 1):
                 raise ImageReadError(path, f"float image values must lie in [0, 1], found [{raw.min():g}, {raw.max():g}]")
-            return _split(path, fmt, mode, 32, raw[..., None], orientation, False)
+            return _split(path, fmt, mode, 32, raw[..., None], orientation, False, pending)
         if mode in ("L", "LA", "La"):
             target = "LA" if mode != "L" else "L"
         elif mode in ("P", "PA"):
@@ -240,7 +251,7 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
         arr = np.asarray(conv, np.float32)
         if arr.ndim == 2:
             arr = arr[..., None]
-        return _split(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"))
+        return _split(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"), pending)
 
 
 def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.ndarray, ImageInfo]:

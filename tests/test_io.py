@@ -174,6 +174,42 @@ def test_16bit_png_orientation_uses_same_rule(tmp_path):
         np.testing.assert_array_equal(_orient(a, o), ref)
 
 
+@pytest.mark.parametrize("orientation", [3, 6])
+def test_16bit_png_and_tiff_apply_their_orientation(tmp_path, orientation):
+    """A 16-bit PNG's eXIf chunk (decoded here, not by Pillow) and a 16-bit TIFF's tag 274 (read
+    with tifffile) turn the pixels as for 8-bit files, and the info says which orientation."""
+    import tifffile
+
+    from nfc_dps.io import _orient
+
+    a = np.random.default_rng(2).random((4, 6, 3))
+    write_image(tmp_path / "a.png", a, bit_depth=16)
+    upright = read_image(tmp_path / "a.png")[0]
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    body = exif.tobytes()
+    body = body[6:] if body.startswith(b"Exif\x00\x00") else body  # an eXIf chunk holds the TIFF header on
+    chunk = struct.pack(">I", len(body)) + b"eXIf" + body + struct.pack(">I", zlib.crc32(b"eXIf" + body))
+    data = (tmp_path / "a.png").read_bytes()
+    first_idat = data.index(b"IDAT") - 4
+    (tmp_path / "o.png").write_bytes(data[:first_idat] + chunk + data[first_idat:])
+    y, info = read_image(tmp_path / "o.png")
+    assert info.bit_depth == 16 and info.orientation == orientation
+    np.testing.assert_array_equal(y, _orient(upright, orientation))
+    assert y.shape[:2] == ((6, 4) if orientation >= 5 else (4, 6))
+
+    # TIFFs: 16-bit RGB (re-read with tifffile), 16-bit gray and 8-bit RGB (Pillow turns them as it
+    # loads them: turned once, and the info still says how)
+    u16, u8 = np.round(a * 65535).astype(np.uint16), np.round(a * 255).astype(np.uint8)
+    for name, pixels, photometric, scale in (("rgb16", u16, "rgb", 65535.0), ("gray16", u16[..., 0], "minisblack", 65535.0),
+                                             ("rgb8", u8, "rgb", 255.0)):
+        tifffile.imwrite(tmp_path / f"{name}.tif", pixels, photometric=photometric,
+                         extratags=[(274, "H", 1, orientation, True)])
+        y, info = read_image(tmp_path / f"{name}.tif")
+        assert info.orientation == orientation, name
+        np.testing.assert_allclose(y, _orient(pixels / scale, orientation), atol=1e-6, err_msg=name)
+
+
 # ---------------------------------------------------------------- errors name the file
 
 
