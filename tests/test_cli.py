@@ -267,7 +267,7 @@ def _cases(tmp_path: Path, prior: str):
         "bad boundary": (base + ["-o", out, "--task", "deblur_motion", "--param", "boundary=reflct"], "reflct"),
         "bad steps type": (base + ["-o", out, "--task", "denoise", "--steps", "many"], "invalid int"),
         "bad device": (base + ["-o", out, "--task", "denoise", "--device", "warp9"], "device"),
-        "bad precision": (base + ["-o", out, "--task", "denoise", "--precision", "float16"], "--precision"),
+        "bad precision": (base + ["-o", out, "--task", "denoise", "--precision", "float16"], "--precision: invalid choice: 'float16'"),
     }
 
 
@@ -882,6 +882,19 @@ def test_demo_small(tmp_path, prior_dir, capsys):
             for kind in ("measurement", "restored", "ground_truth"):
                 assert image_opens(out / task / f"{name}_{kind}.png")
     assert read_image(out / "sr4_bicubic" / "astronaut_restored.png")[0].shape == (32, 32, 3)
+    # each row scores its restored image against its ground truth (to 8-bit PNG rounding)
+    import csv
+
+    from skimage.metrics import peak_signal_noise_ratio
+
+    with open(out / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            restored = read_image(out / row["task"] / f"{row['image']}_restored.png")[0]
+            truth = read_image(out / row["task"] / f"{row['image']}_ground_truth.png")[0]
+            want = peak_signal_noise_ratio(truth, np.clip(restored, 0, 1), data_range=1.0)
+            assert float(row["psnr"]) == pytest.approx(want, abs=0.05), row
+    box = out / "inpaint_box"
+    assert not np.array_equal(read_image(box / "coffee_restored.png")[0], read_image(box / "coffee_measurement.png")[0])
 
 
 def test_convert_adm_errors(tmp_path, monkeypatch, capsys):
@@ -985,6 +998,7 @@ def test_restore_under_torchrun_equals_one_process_and_resumes(tmp_path, prior_d
     # resume under torchrun: every image skipped, nothing rewritten
     stamps = {n: (sharded / n).stat().st_mtime_ns for n in m2}
     p = _torchrun_restore(2, base + ["-o", str(sharded), "--threads", "1"])
+    assert p.returncode != 0 and "broken.png" in p.stderr, p.stderr[-3000:]  # still failing: exit 1
     assert {r["name"]: r["status"] for r in rows(sharded)} == {**{n: "skipped" for n in m2}, "broken.png": "failed"}
     assert {n: (sharded / n).stat().st_mtime_ns for n in m2} == stamps
 

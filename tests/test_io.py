@@ -136,12 +136,18 @@ def test_modes_gray_alpha_palette_bilevel(tmp_path):
     Image.fromarray(rgba[..., :2]).save(tmp_path / "la.png")  # gray + alpha
     y, info = read_image(tmp_path / "la.png")
     assert y.shape == (6, 7) and info.has_alpha
+    np.testing.assert_allclose(y, rgba[..., 0] / 255.0, atol=1e-6)
+    np.testing.assert_allclose(info.alpha, rgba[..., 1] / 255.0, atol=1e-6)
     Image.fromarray(rgba[..., :3]).convert("P").save(tmp_path / "p.png")
     y, info = read_image(tmp_path / "p.png")
     assert y.shape == (6, 7, 3) and not info.has_alpha
+    with Image.open(tmp_path / "p.png") as im:  # the palette's colours, not their gray levels
+        np.testing.assert_allclose(y, np.asarray(im.convert("RGB")) / 255.0, atol=1e-6)
+    assert np.abs(y[..., 0] - y[..., 2]).max() > 0.1
     Image.fromarray(rgba[..., 0] > 128).save(tmp_path / "b.png")
     y, info = read_image(tmp_path / "b.png")
-    assert y.shape == (6, 7) and info.bit_depth == 1 and set(np.unique(y)) <= {0.0, 1.0}
+    assert y.shape == (6, 7) and info.bit_depth == 1
+    np.testing.assert_array_equal(y, (rgba[..., 0] > 128).astype(np.float32))
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -221,7 +227,7 @@ def test_errors_name_the_file(tmp_path):
     (tmp_path / "trunc.png").write_bytes(data[: len(data) // 2])
     (tmp_path / "notes.txt").write_text("hello")
     Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "anim.png", format="GIF")
-    cases = {"empty.png": "empty", "junk.png": "not a readable image", "trunc.png": "",
+    cases = {"empty.png": "empty", "junk.png": "not a readable image", "trunc.png": "corrupt or truncated",
              "notes.txt": "unsupported file type", "missing.png": "no such file", "anim.png": "unsupported image format GIF"}
     for name, reason in cases.items():
         with pytest.raises(ImageReadError) as e:

@@ -241,7 +241,7 @@ def test_crop_sampler_crops_are_windows_under_the_8_symmetries() -> None:
     assert np.array_equal(crops, again)
     i, j = np.mgrid[0:8, 0:8]
     maps = [(i, j), (j, 7 - i), (7 - i, 7 - j), (7 - j, i), (i, 7 - j), (7 - j, 7 - i), (7 - i, j), (j, i)]
-    seen, per_image = set(), [0, 0]
+    seen, per_image, origins = set(), [0, 0], [set(), set()]
     for c in crops:
         k = int(round(c[2, 0, 0] * 10))
         ys, xs = np.rint(c[0] * 100).astype(int), np.rint(c[1] * 100).astype(int)
@@ -251,8 +251,12 @@ def test_crop_sampler_crops_are_windows_under_the_8_symmetries() -> None:
         assert match, "a crop is not a window of a pool image under a flip/rotation"
         seen.add(match[0])
         per_image[k] += 1
+        origins[k].add((y0, x0))
     assert seen == set(range(8))
     assert per_image[0] > per_image[1] > 0  # drawn in proportion to the image's area (600 vs 289 pixels)
+    # the windows move over the whole image: corners reached, many distinct origins (13 x 23 possible)
+    ys, xs = zip(*origins[0])
+    assert (min(ys), max(ys), min(xs), max(xs)) == (0, 20 - 8, 0, 30 - 8) and len(origins[0]) > 50
 
 
 def test_dead_leaves_schedule_round_robin() -> None:
