@@ -106,7 +106,11 @@ def training_job_pids() -> list[int]:
 
 
 def machine_info() -> dict:
+    from nfc_dps.bench.instruments import machine_description
+
     return {
+        "cpu": machine_description().get("cpu"),  # the CPU model (timings compare within one)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -380,7 +384,8 @@ def markdown(report: dict) -> str:
         + (f"; network precision {p['precision']}" if "precision" in p else "")
         + (f" (as sampled in float32: {tim['tiled_float32']['median_s']:.2f} s, min {tim['tiled_float32']['min_s']:.2f} s)"
            if "tiled_float32" in tim else "")
-        + f"; {m['torch_threads']} torch threads on {m['cpu_count']} cores, training job {job} "
+        + f"; {m['torch_threads']} torch threads on {m['cpu_count']} cores"
+        + (f" ({m['cpu']}, {m['cpu_capability']})" if m.get("cpu") else "") + f", training job {job} "
         f"(load average {m['load_average_1_5_15'][0]:.1f} at the end).",
         "",
         "Acceptance (prior as sampled beats the best of TV/wavelet by ≥ 1 dB at every σ; 256×256 forward < 1 s): "

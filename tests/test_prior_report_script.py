@@ -71,3 +71,4 @@ def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path, monkeypa
     text = json.dumps(rows)
     assert "NaN" not in text and "Infinity" not in text
     assert rows["prior"]["parameters"] > 0
+    assert rows["machine"]["cpu_capability"] and "cpu" in rows["machine"]  # timings name their machine
