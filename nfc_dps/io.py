@@ -200,11 +200,11 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
         if fmt == "TIFF":
             bits = im.tag_v2.get(258, (8,))
             bits = bits if isinstance(bits, tuple) else (bits,)
-            # Pillow turns a TIFF while loading it (and garbles a 16-bit gray one turned by a quarter
-            # turn): a turned gray or RGB file is read as it is stored, then turned here
-            if before_load != 1 and im.tag_v2.get(262) in (0, 1, 2) and min(bits) >= 8:
-                return _read_tiff_deep(path, im.mode, before_load)
-            if im.mode in ("RGB", "RGBA", "LA", "RGBX") and max(bits) > 8:  # Pillow would reduce it to 8 bits
+            # 16-bit colour: Pillow would reduce it to 8 bits; 16-bit gray turned by the orientation
+            # tag: Pillow, which turns TIFFs as it loads them, garbles a quarter turn of those. Both
+            # are read as stored, then turned here.
+            turned_gray = before_load != 1 and im.tag_v2.get(262) in (0, 1)
+            if max(bits) > 8 and (im.mode in ("RGB", "RGBA", "LA", "RGBX") or turned_gray):
                 return _read_tiff_deep(path, im.mode, before_load)
         try:
             im.load()
@@ -272,6 +272,10 @@ def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.
                 tag = page.tags.get(274)
                 orientation = int(tag.value) if tag is not None else 1
     except (tifffile.TiffFileError, ValueError, OSError, IndexError) as e:
+        if "imagecodecs" in str(e):  # tifffile decodes LZW and JPEG compression only with that package
+            raise ImageReadError(path, f"this {mode} TIFF is read with tifffile, and its compression needs the "
+                                       f"imagecodecs package ({e}): pip install imagecodecs, or save it "
+                                       f"uncompressed or with deflate") from e
         raise ImageReadError(path, f"not a readable image (corrupt TIFF: {e})") from e
     if raw.ndim == 3 and planar:
         raw = np.moveaxis(raw, 0, -1)

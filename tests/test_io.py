@@ -214,6 +214,21 @@ def test_16bit_png_and_tiff_apply_their_orientation(tmp_path, orientation):
         y, info = read_image(tmp_path / f"{name}.tif")
         assert info.orientation == orientation, name
         np.testing.assert_allclose(y, _orient(pixels / scale, orientation), atol=1e-6, err_msg=name)
+    # LZW (the common TIFF compression): 8-bit files through Pillow; 16-bit gray turned ones through
+    # tifffile, which needs imagecodecs for LZW: read, or a clear error saying so
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(u8).save(tmp_path / "lzw8.tif", compression="tiff_lzw", exif=exif)
+    y, info = read_image(tmp_path / "lzw8.tif")
+    assert info.orientation == orientation
+    np.testing.assert_allclose(y, _orient(u8 / 255.0, orientation), atol=1e-6)
+    Image.fromarray(u16[..., 0]).save(tmp_path / "lzw16.tif", compression="tiff_lzw", exif=exif)
+    try:
+        y, info = read_image(tmp_path / "lzw16.tif")
+    except ImageReadError as e:
+        assert "lzw16.tif" in str(e) and "pip install imagecodecs" in str(e)
+    else:
+        np.testing.assert_allclose(y, _orient(u16[..., 0] / 65535.0, orientation), atol=1e-6)
 
 
 # ---------------------------------------------------------------- errors name the file
