@@ -5,8 +5,8 @@ denoising checks use a held-out photo (never trained on), fixed crops and a fixe
 bars at sigma = 0.1 in [0, 1] units are +3 dB over the noisy input (20 dB -> 23 dB: an identity,
 a sign error in the preconditioning or a broken tiling fails it) and +1 dB over scikit-image's TV
 at the weight docs/prior.md tunes on training crops for this sigma (0.1), the margin the shipped
-prior is documented to keep (measured: +1.6 dB on both crops; the network loaded with a wrong
-sigma_data keeps +0.1 / +0.5).
+prior is documented to keep (measured: +2.0 dB on both crops with the step-3600+6500+8860
+weights, +1.6 with the step-3600+6500 ones; those loaded with a wrong sigma_data kept +0.1 / +0.5).
 """
 
 from __future__ import annotations
