@@ -9,6 +9,10 @@ protocol's (the same seeds as ``scripts/benchmark.py``), cached under --out.
 
     python scripts/probe_configs.py --size 256 --images coffee,chelsea \\
         '[{"task": "deblur_motion", "method": "nfc", "num_levels": 16}, {"task": "deblur_motion", "method": "tv"}]'
+
+One probe-only key: ``"full_ensemble_last": k`` (a config with ``self_ensemble`` on) makes the last
+k network calls average the denoiser over all eight symmetries of the square (DPIR's full x8
+ensemble, 8 network calls each) instead of taking one in turn.
 """
 
 from __future__ import annotations
@@ -23,10 +27,28 @@ import torch
 from nfc_dps.bench.measurements import load_images, measurement
 from nfc_dps.bench.spec import CLASSICAL_METHODS, BenchSpec, task_specs
 from nfc_dps.api import restore
-from nfc_dps.samplers import get_method
+from nfc_dps.priors.base import Prior
+from nfc_dps.samplers import get_config, get_method
+from nfc_dps.samplers.self_ensemble import DIHEDRAL_ORDER, SelfEnsemblePrior, dihedral, dihedral_inverse
 from nfc_dps.baselines import restore_classical
 from nfc_dps.metrics import restoration_metrics
 from nfc_dps.priors.default import load_prior
+
+
+class FullEnsembleAtEnd(SelfEnsemblePrior):
+    """The periodical self-ensemble, except that calls ``first_full`` onwards average all eight
+    symmetries (square images only)."""
+
+    def __init__(self, inner: Prior, first_full: int) -> None:
+        super().__init__(inner)
+        self.first_full = first_full
+
+    def denoise(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        if self.calls < self.first_full:
+            return super().denoise(x, sigma)
+        self.calls += 1
+        return sum(dihedral_inverse(self.inner.denoise(dihedral(x, k), sigma), k)
+                   for k in range(DIHEDRAL_ORDER)) / DIHEDRAL_ORDER
 
 
 def main() -> None:
@@ -50,15 +72,23 @@ def main() -> None:
     for entry in json.loads(args.configs):
         cfg = dict(entry)
         task, method, preset = cfg.pop("task"), cfg.pop("method"), cfg.pop("preset", None)
+        full_last = cfg.pop("full_ensemble_last", None)
+        if full_last is not None:
+            config = get_config(method, preset, **cfg)
+            if not config.self_ensemble:
+                raise SystemExit(f"{entry}: full_ensemble_last needs a config with self_ensemble on")
+            cfg["self_ensemble"] = False  # the wrapper below takes its place
         t0, values, ran = time.time(), [], "classical"
         for name, img in images:
             op, x, y, meta = measurement(spec, tasks[task], name, img)
             if method in CLASSICAL_METHODS:
                 xr = restore_classical(method, op, y, spec.sigma_y)
             else:
-                res = restore(y, op, prior=prior, method=method, preset=preset, sigma_y=spec.sigma_y,
+                net = prior if full_last is None else FullEnsembleAtEnd(prior, config.nfe - full_last)
+                res = restore(y, op, prior=net, method=method, preset=preset, sigma_y=spec.sigma_y,
                               seed=meta["sampler_seed"], progress=False, **cfg)
-                xr, ran = res.image, f"preset {preset or get_method(method).default_preset}, {res.nfe} NFE"
+                nfe = res.nfe if full_last is None else res.nfe + (DIHEDRAL_ORDER - 1) * full_last
+                xr, ran = res.image, f"preset {preset or get_method(method).default_preset}, {nfe} NFE"
             values.append(restoration_metrics(xr, x)["psnr"])
         print(json.dumps(entry), f"[{ran}]", f"{sum(values) / len(values):.3f} dB", f"{time.time() - t0:.0f} s",
               flush=True)

@@ -20,7 +20,7 @@ Gaussian-conditional sample (perturb-and-solve).
 
 Two regimes. The paper's (start "noise", renoise "fresh", sigma from 100): a posterior sampler.
 The deterministic continuation (start from the measurement, renoise "none", conditional-mean
-inner steps, a short range below ~0.4 model units, lam = DPIR's 0.23): a plug-and-play estimate.
+inner steps, a short range below ~0.4 model units, lam near DPIR's 0.23): a plug-and-play estimate.
 The band and the Haar commitment can act there too; the ``deterministic`` preset leaves them off.
 With ``self_ensemble`` the network's call j sees its input under the (j mod 8)-th symmetry of the
 square (DPIR's periodical geometric self-ensemble; ``self_ensemble.py``).

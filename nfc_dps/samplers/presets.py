@@ -36,14 +36,15 @@ NFC_PRESETS: dict[str, NFCConfig] = {
 # each with "fast")
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, renoise="matched", self_ensemble=True)
 # the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
-# conditional-mean inner steps weighted as DPIR's HQS (lam = 0.23), 16 levels from sigma_max
+# conditional-mean inner steps weighted as DPIR's HQS with lam = 0.26 (DPIR's is 0.23; chosen
+# for the shipped prior), 16 levels from sigma_max
 # "auto" (DPIR's 49/255 in [0, 1] units; for inpainting 0.1 in model units, nfc.top_sigma) down
 # to half the measurement noise or sigma_min 0.02, whichever is larger, with DPIR's periodical
 # geometric self-ensemble (docs/benchmarks.md:
 # the 256-px tier)
 NFC_PRESETS["deterministic"] = NFCConfig(
     num_levels=16, ode_steps=1, sigma_max="auto", sigma_min=0.02, noise_floor=0.5, inner="exact",
-    prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.23, start="wiener", renoise="none",
+    prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.26, start="wiener", renoise="none",
     self_ensemble=True, band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0),
 )
 
