@@ -201,7 +201,7 @@ def test_conditional_error_variance_with_a_spectral_prior_on_a_circulant_operato
 
 
 def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_protocol_tasks():
-    """With lam = 0.23 the model error e_k^2 exceeds sigma_{k+1}^2 at every level of the five local
+    """With the preset's lam the model error e_k^2 exceeds sigma_{k+1}^2 at every level of the five local
     tasks (the docs' reason for keeping renoise "none" there); denoising is the exception."""
     from nfc_dps.bench.spec import DEFAULT_TASKS, task_specs
     from nfc_dps.operators import build_operator
@@ -257,7 +257,7 @@ def test_auto_range_starts_inpainting_lower():
 
 def test_deterministic_nfc_near_the_oracle_mmse():
     """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound
-    (measured 0.74 dB below: isotropic steps where the exact covariance is spectral)."""
+    (measured 0.68 dB below: isotropic steps where the exact covariance is spectral)."""
     prior, op, H, x, y_m = oracle_problem(30, seed=1)
     out = sample_nfc(prior, op, (y_m + 1) / 2, 0.025, x.shape, get_config("nfc")) * 2 - 1
     assert psnr_model(out, x) >= 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y)) - 1.0
