@@ -37,16 +37,19 @@ from nfc_dps.priors.default import load_prior
 
 class FullEnsembleAtEnd(SelfEnsemblePrior):
     """The periodical self-ensemble, except that calls ``first_full`` onwards average all eight
-    symmetries (square images only)."""
+    symmetries of the square; ``full_calls`` counts those (each is 8 network calls)."""
 
     def __init__(self, inner: Prior, first_full: int) -> None:
         super().__init__(inner)
-        self.first_full = first_full
+        self.first_full, self.full_calls = first_full, 0
 
     def denoise(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         if self.calls < self.first_full:
             return super().denoise(x, sigma)
+        if x.shape[-2] != x.shape[-1]:
+            raise ValueError(f"full_ensemble_last needs square images (quarter turns), got {tuple(x.shape[-2:])}")
         self.calls += 1
+        self.full_calls += 1
         return sum(dihedral_inverse(self.inner.denoise(dihedral(x, k), sigma), k)
                    for k in range(DIHEDRAL_ORDER)) / DIHEDRAL_ORDER
 
@@ -74,9 +77,12 @@ def main() -> None:
         task, method, preset = cfg.pop("task"), cfg.pop("method"), cfg.pop("preset", None)
         full_last = cfg.pop("full_ensemble_last", None)
         if full_last is not None:
-            config = get_config(method, preset, **cfg)
-            if not config.self_ensemble:
-                raise SystemExit(f"{entry}: full_ensemble_last needs a config with self_ensemble on")
+            config = None if method in CLASSICAL_METHODS else get_config(method, preset, **cfg)
+            if not getattr(config, "self_ensemble", False):
+                raise SystemExit(f"{entry}: full_ensemble_last needs a sampler config with self_ensemble on")
+            if not (isinstance(full_last, int) and 1 <= full_last <= config.nfe):
+                raise SystemExit(f"{entry}: full_ensemble_last must be an integer in [1, {config.nfe}] "
+                                 f"(the config's network calls), got {full_last!r}")
             cfg["self_ensemble"] = False  # the wrapper below takes its place
         t0, values, ran = time.time(), [], "classical"
         for name, img in images:
@@ -87,7 +93,7 @@ def main() -> None:
                 net = prior if full_last is None else FullEnsembleAtEnd(prior, config.nfe - full_last)
                 res = restore(y, op, prior=net, method=method, preset=preset, sigma_y=spec.sigma_y,
                               seed=meta["sampler_seed"], progress=False, **cfg)
-                nfe = res.nfe if full_last is None else res.nfe + (DIHEDRAL_ORDER - 1) * full_last
+                nfe = res.nfe if full_last is None else res.nfe + (DIHEDRAL_ORDER - 1) * net.full_calls
                 xr, ran = res.image, f"preset {preset or get_method(method).default_preset}, {nfe} NFE"
             values.append(restoration_metrics(xr, x)["psnr"])
         print(json.dumps(entry), f"[{ran}]", f"{sum(values) / len(values):.3f} dB", f"{time.time() - t0:.0f} s",

@@ -256,8 +256,8 @@ def test_auto_range_starts_inpainting_lower():
 
 
 def test_deterministic_nfc_near_the_oracle_mmse():
-    """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound
-    (measured 0.68 dB below: isotropic steps where the exact covariance is spectral)."""
+    """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound (below it:
+    its steps are isotropic where the exact covariance is spectral)."""
     prior, op, H, x, y_m = oracle_problem(30, seed=1)
     out = sample_nfc(prior, op, (y_m + 1) / 2, 0.025, x.shape, get_config("nfc")) * 2 - 1
     assert psnr_model(out, x) >= 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y)) - 1.0
