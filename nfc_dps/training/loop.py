@@ -174,8 +174,9 @@ def _resolve(cfg: TrainConfig, saved: dict | None, init: dict | None) -> TrainCo
 
 def _precision(name: str, device: torch.device) -> str:
     """``auto``: bfloat16 autocast on a CUDA GPU that multiplies bfloat16 in hardware, else float32
-    (a CPU keeps float32 under ``auto``: bfloat16 trains 1.5x faster on a CPU with AVX512-BF16, but
-    its effect per step against float32 is not measured; ``--precision bfloat16`` asks for it)."""
+    (a CPU keeps float32 under ``auto``: bfloat16 is faster only where the CPU has it natively,
+    docs/prior.md "Throughput on CPU", and its effect per step against float32 is not measured;
+    ``--precision bfloat16`` asks for it)."""
     if name != "auto":
         return name
     return "bfloat16" if device.type == "cuda" and native_bfloat16(device) else "float32"
