@@ -17,14 +17,30 @@ from .. import io as nio
 from .common import LOCK_FILE, UsageError
 
 
-def check_output_folder(output: Path, inputs: Sequence[Path]) -> Path:
-    """Create the output folder and check it is writable and not an input folder (exit 2 otherwise)."""
-    out = output.expanduser().resolve()
-    for inp in inputs:
-        folder = inp.resolve() if inp.is_dir() else inp.resolve().parent
-        if out == folder:
-            raise UsageError(f"--output {output} is the input folder {inp}; choose another folder "
-                             f"(outputs would mix with, and could overwrite, the inputs)")
+def _resolved(path: Path, flag: str) -> Path:
+    """``path`` made absolute with its links followed; UsageError naming ``flag`` for a link loop."""
+    try:
+        return path.expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # a symbolic-link loop
+        raise UsageError(f"{flag} {path}: cannot follow its symbolic links ({e})") from e
+
+
+def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]]) -> Path:
+    """Create the output folder and check it is writable and apart from every folder the run reads
+    (exit 2 otherwise). ``inputs``: (flag, path) of each file or folder read, e.g. ("--input", p).
+
+    A folder read must not be the output folder nor lie inside it: the run writes into the output
+    folder's top level and into subfolders of its own (measurements/, std/, ...), so a photo there
+    could be replaced by its own restoration. An output folder inside an input folder is fine:
+    inputs are read from a folder's top level only."""
+    out = _resolved(output, "--output")
+    for flag, inp in inputs:
+        path = _resolved(inp, flag)
+        folder = path if path.is_dir() else path.parent
+        if out == folder or out in folder.parents:
+            where = "is" if out == folder else "lies inside"
+            raise UsageError(f"{flag} {inp} {where} the output folder --output {output}; choose an output folder "
+                             f"outside it (outputs would mix with, and could overwrite, what {flag} reads)")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output {output} exists and is not a folder")
     try:

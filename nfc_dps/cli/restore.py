@@ -193,9 +193,10 @@ def cmd_restore(args) -> int:
                          f"would be the same); for posterior samples and a std map add --preset fast")
     device = parse_device(args.device)
     set_threads(args.threads)
-    operator_folders = [Path(task.params[k]) for k in ("mask_path", "kernel_path")
-                        if k in task.params and Path(task.params[k]).is_dir()]
-    out = check_output_folder(Path(args.output), [inp] + ([gt_dir] if gt_dir else []) + operator_folders)
+    operator_folders = {flag: Path(task.params[k]) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
+                        if k in task.params and Path(task.params[k]).is_dir()}
+    read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items())
+    out = check_output_folder(Path(args.output), read)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
         device = resolve_device("cuda", dist)
@@ -212,7 +213,7 @@ def cmd_restore(args) -> int:
         dist.barrier()  # every rank reads the complete manifest
         if inp.is_dir():
             images, others = nio.list_folder(inp)
-            nested = nio.images_in_subfolders(inp, [out, *([gt_dir] if gt_dir else []), *operator_folders]) \
+            nested = nio.images_in_subfolders(inp, [out, *([gt_dir] if gt_dir else []), *operator_folders.values()]) \
                 if dist.rank == 0 else 0
             if nested:
                 log.error(f"warning: {nested} image(s) in subfolders of {inp} are not restored (restore reads the "

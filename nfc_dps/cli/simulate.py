@@ -86,7 +86,7 @@ def cmd_simulate(args) -> int:
     if not inp.exists():
         raise UsageError(f"--input {inp}: no such file or folder")
     check_operator_file(task, None)
-    out = check_output_folder(Path(args.output), [inp])
+    out = check_output_folder(Path(args.output), [("--input", inp)])
     source = OperatorSource(task)
     factor = source.factor()
     with folder_lock(out):

@@ -1,0 +1,60 @@
+"""What a run reads is never what it writes: folder relations, manifests that change before the
+outputs they describe, records of interrupted runs, names a file system gives (reliability battery)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nfc_dps.cli import main
+from nfc_dps.io import read_image, write_image
+
+from test_cli import make_images, prior_dir, run, smooth  # noqa: F401 - prior_dir is a fixture
+
+
+def _bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("sub, task", [("measurements", "deblur_gaussian"), ("ground_truth", "sr_bicubic")])
+def test_simulate_refuses_an_input_inside_its_output_folder(tmp_path, capsys, sub, task):
+    photos = tmp_path / "p" / sub
+    make_images(photos, 2)
+    write_image(photos / "odd.png", np.full((37, 35, 4), 0.5, np.float32))  # RGBA, not a multiple of 4
+    before = _bytes(photos)
+    code = run("simulate", "-i", photos, "-o", tmp_path / "p", "--task", task)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--input {photos} lies inside the output folder" in err and "Traceback" not in err
+    assert _bytes(photos) == before
+
+
+def test_restore_refuses_its_own_std_folder_as_input(tmp_path, prior_dir, capsys):
+    out = tmp_path / "out"
+    make_images(tmp_path / "in", 1)
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--preset", "fast",
+               "--samples", "2", prior=prior_dir) == 0
+    before = _bytes(out / "std")
+    assert run("restore", "-i", out / "std", "-o", out, "--task", "denoise", "--preset", "fast",
+               "--samples", "2", prior=prior_dir) == 2
+    assert "lies inside the output folder" in capsys.readouterr().err
+    assert _bytes(out / "std") == before
+
+
+def test_ground_truth_folder_as_output_is_named_as_such(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    gt = tmp_path / "gt"
+    make_images(gt, 1)
+    assert run("restore", "-i", tmp_path / "in", "-o", gt, "--gt", gt, "--task", "denoise", prior=prior_dir) == 2
+    assert f"--gt {gt} is the output folder" in capsys.readouterr().err
+
+
+def test_an_output_folder_inside_the_input_folder_is_fine(tmp_path, prior_dir):
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    assert run("restore", "-i", inp, "-o", inp / "restored", "--task", "denoise", prior=prior_dir) == 0
+    assert (inp / "restored" / "im0.png").is_file()
