@@ -58,3 +58,49 @@ def test_an_output_folder_inside_the_input_folder_is_fine(tmp_path, prior_dir):
     make_images(inp, 1)
     assert run("restore", "-i", inp, "-o", inp / "restored", "--task", "denoise", prior=prior_dir) == 0
     assert (inp / "restored" / "im0.png").is_file()
+
+
+class _Killed(BaseException):
+    """Stands for kill -9: no handler of the run sees it."""
+
+
+def test_a_killed_run_of_other_settings_is_never_taken_for_the_earlier_one(tmp_path, prior_dir, monkeypatch):
+    from nfc_dps.cli import records, restore
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 3)
+    args = ("restore", "-i", inp, "-o", out, "--task", "denoise")
+    assert run(*args, "--noise-sigma", "0.05", prior=prior_dir) == 0
+    first = _bytes(out)
+    # the other settings' run: throttled saves never come, and it dies after replacing two outputs
+    monkeypatch.setattr(records.RunRecords, "save", lambda self, final=False: None)
+    written = []
+    real = restore.write_outputs
+
+    def dying(*a, **k):
+        if len(written) == 2:
+            raise _Killed
+        written.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(restore, "write_outputs", dying)
+    with pytest.raises(_Killed):
+        run(*args, "--noise-sigma", "0.2", prior=prior_dir)
+    monkeypatch.undo()
+    assert run(*args, "--noise-sigma", "0.05", prior=prior_dir) == 0
+    again = _bytes(out)
+    assert {n: again[n] for n in first if n.endswith(".png")} == {n: b for n, b in first.items() if n.endswith(".png")}
+
+
+def test_a_rerun_with_fewer_samples_leaves_no_stale_maps(tmp_path, prior_dir):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 1)
+    args = ("restore", "-i", inp, "-o", out, "--task", "denoise", "--preset", "fast")
+    assert run(*args, "--samples", "3", "--save-samples", prior=prior_dir) == 0
+    assert sorted(p.name for p in (out / "samples").iterdir()) == ["im0_0.png", "im0_1.png", "im0_2.png"]
+    assert run(*args, "--samples", "2", "--save-samples", prior=prior_dir) == 0
+    assert sorted(p.name for p in (out / "samples").iterdir()) == ["im0_0.png", "im0_1.png"]
+    assert run(*args, prior=prior_dir) == 0
+    assert not list((out / "samples").iterdir()) and not list((out / "std").iterdir())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["images"]["im0.png"]["outputs"] == ["im0.png"]

@@ -126,6 +126,29 @@ class RunRecords:
             raise OutputError(e) from e
         self._next_save = time.perf_counter() + 20 * (time.perf_counter() - now)
 
+    def forget_before_replacing(self, name: str, key: str) -> list[str]:
+        """Before the outputs of input ``name`` are written for a run whose resume key is ``key``:
+        an entry of other settings leaves the manifest on disk now (not at the next throttled save),
+        so a run killed while it replaces those outputs is never taken for the earlier one. Returns
+        the outputs the earlier entry listed (for :meth:`remove_unlisted`)."""
+        earlier = self.images.get(name)
+        outputs = finished_outputs(earlier) or []
+        if earlier is not None and earlier.get("key") != key:
+            del self.images[name]
+            try:
+                self.write(final=False)
+            except OSError as e:
+                raise OutputError(e) from e
+        return list(outputs)
+
+    def remove_unlisted(self, earlier: list[str], outputs: list[str]) -> None:
+        """Remove the files an earlier entry listed (std maps, samples) that the new outputs of the
+        same image do not: a rerun with fewer or no samples leaves no stale ones beside its own."""
+        for rel in set(earlier) - set(outputs):
+            path = self.out / rel
+            if self.out.resolve() in path.resolve().parents and path.is_file():  # only files inside the folder
+                path.unlink()
+
     def write(self, final: bool) -> None:
         """manifest.json, results.csv, summary.json (or this rank's shard file); an OSError (full
         disk) propagates naming the file."""

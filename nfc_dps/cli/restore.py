@@ -422,6 +422,7 @@ class RestoreRun:
             self._record(self._failed(jobs[0], e))
             return
         for i, job in enumerate(jobs):
+            earlier = self.records.forget_before_replacing(job.item.name, job.key)
             try:
                 entry = write_outputs(self.out, job, res, i, len(jobs), self.args.bit_depth, self.samples,
                                       self.args.save_samples)
@@ -430,6 +431,7 @@ class RestoreRun:
                     raise OutputError(e) from e
                 self._record(self._failed(job, e))
                 continue
+            self.records.remove_unlisted(earlier, entry["outputs"])
             entry["key"] = job.key
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
