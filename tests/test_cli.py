@@ -23,6 +23,8 @@ from nfc_dps.cli.common import LOCK_FILE, RESOLVED_JSON, image_seed
 from nfc_dps.samplers import get_config
 from nfc_dps.io import TEMP_SUFFIX, image_opens, read_image, write_image
 
+from test_battery_helpers import hold_lock
+
 
 @pytest.fixture(scope="module")
 def prior_dir(tmp_path_factory) -> str:
@@ -471,15 +473,15 @@ def test_busy_output_folder_is_refused(tmp_path, prior_dir, capsys):
     make_images(tmp_path / "in", 1)
     out = tmp_path / "out"
     out.mkdir()
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = hold_lock(out)
     try:
-        (out / LOCK_FILE).write_text(str(other.pid))
         assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 2
         assert "another nfc-dps run" in capsys.readouterr().err
     finally:
         other.kill()
         other.wait()
-    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 0  # stale lock
+    assert (out / LOCK_FILE).exists()  # left by the killed run, and free: the kernel let go of its lock
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", prior=prior_dir) == 0
 
 
 # ---------------------------------------------------------------- image kinds, SR, samples, metrics
@@ -1022,9 +1024,8 @@ def test_a_second_run_is_refused_on_every_rank(tmp_path, prior_dir):
     inp, out = tmp_path / "in", tmp_path / "out"
     make_images(inp, 2)
     out.mkdir()
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = hold_lock(out)
     try:
-        (out / LOCK_FILE).write_text(str(other.pid))
         p = _torchrun_restore(2, ["restore", "-i", str(inp), "-o", str(out), "--task", "denoise",
                                   "--prior", prior_dir, "--steps", "1", "--quiet"])
     finally:

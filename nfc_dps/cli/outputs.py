@@ -5,6 +5,8 @@ the errors of a disk that cannot take more data (:class:`OutputError`)."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import io
 import os
 from collections import Counter
@@ -54,50 +56,50 @@ def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]]) -> Pat
 
 @contextlib.contextmanager
 def folder_lock(folder: Path):
-    """One run per output folder: a lock file holding our pid (stale after a crash: taken over)."""
+    """One run per folder: an exclusive ``fcntl.flock`` on ``folder/.nfc_dps.lock``, held until the
+    block ends. The kernel releases it when the process dies (crash, kill -9), so a lock file left
+    behind is free again and no liveness guess is made; two runs that find the same file race for
+    the flock, which exactly one wins. The file holds the holder's pid for the refusal's message.
+    The holder removes the file before it lets go; a run that locked a file just removed (its
+    path now names another file, or none) retries on the new one."""
     lock = folder / LOCK_FILE
-    for _ in range(2):
+    for _ in range(100):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            alive = False
-            if pid > 0 and pid != os.getpid():
-                try:
-                    os.kill(pid, 0)
-                    alive = True
-                except ProcessLookupError:
-                    alive = False
-                except PermissionError:
-                    alive = True
-            if alive:
-                raise UsageError(f"another nfc-dps run (pid {pid}) is writing to {folder}; wait for it or "
-                                 f"remove {lock} if it is gone") from None
-            with contextlib.suppress(OSError):
-                lock.unlink()
-            continue
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         except OSError as e:
             raise UsageError(f"cannot create the lock file {lock}: {e.strerror or e}") from e
         try:
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                lock.unlink()
-            raise UsageError(f"cannot write the lock file {lock}: {e.strerror or e}") from e
-        break
+            try:
+                pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            except OSError:
+                pid = ""
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UsageError(f"cannot lock {lock}: {e.strerror or e}") from e
+            who = f"another nfc-dps run (pid {pid})" if pid.isdigit() else "another nfc-dps run"
+            raise UsageError(f"{who} is writing to {folder}; wait for it to finish") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder before us removed the file after we opened it: lock the new one
     else:
-        raise UsageError(f"cannot lock {folder} (remove {lock})")
+        raise UsageError(f"cannot lock {folder}: {lock} keeps being replaced")
     try:
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as e:
+            raise UsageError(f"cannot write the lock file {lock}: {e.strerror or e}") from e
         yield
     finally:
         with contextlib.suppress(OSError):
-            lock.unlink()
+            lock.unlink()  # still holding the flock: a run that opened this file sees it is gone
+        os.close(fd)
 
 
 def cannot_write(e: OSError) -> str:
