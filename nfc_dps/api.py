@@ -135,8 +135,11 @@ def _seed_list(seed: Any, b: int) -> list[int]:
 
 
 def stable_seed(*parts: Any) -> int:
-    """A 31-bit seed from any mix of ints and strings, stable across processes and platforms."""
-    words = [int(p) if isinstance(p, (int, np.integer)) else zlib.crc32(str(p).encode()) for p in parts]
+    """A 31-bit seed from any mix of ints and strings, stable across processes and platforms.
+    A string is hashed as its UTF-8 bytes; a file name that is not valid UTF-8 (Python keeps its
+    bytes as surrogate escapes) as the file system's own bytes."""
+    words = [int(p) if isinstance(p, (int, np.integer)) else zlib.crc32(str(p).encode("utf-8", "surrogateescape"))
+             for p in parts]
     return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint32)[0]) & 0x7FFFFFFF
 
 

@@ -40,7 +40,7 @@ import yaml
 
 __all__ = [
     "ConfigError", "TaskConfig", "SamplerSpec", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN", "PER_IMAGE_SEED",
-    "KIND_SIMULATION", "load_mapping", "load_config", "parse_task", "parse_sampler", "task_defaults",
+    "KIND_SIMULATION", "INCOMPLETE", "load_mapping", "load_config", "parse_task", "parse_sampler", "task_defaults",
     "sampler_fields", "steps_field", "resolved_config", "package_versions", "parse_scalar",
 ]
 
@@ -50,6 +50,8 @@ DEFAULT_METHOD = "nfc"
 DEFAULT_PRESET: str | None = None
 KIND_RUN = "nfc_dps.run"
 KIND_SIMULATION = "nfc_dps.simulation"
+#: key of a simulation.json whose folder a simulate run was rewriting when it stopped
+INCOMPLETE = "incomplete"
 #: how ``nfc-dps restore`` derives each image's seed from the run's base seed
 PER_IMAGE_SEED = ("nfc_dps.api.stable_seed(seed, name): a hash of the base seed and the image's path relative "
                   "to the input folder ('/'-separated), never its position in the folder")
@@ -454,6 +456,8 @@ def load_config(paths: Sequence[str | Path], bundle: ConfigBundle | None = None)
         task = data.get("task")
         if kind is not None and kind not in (KIND_RUN, KIND_SIMULATION):
             raise ConfigError(f"{src}: unknown kind {kind!r}; allowed: {KIND_RUN}, {KIND_SIMULATION}")
+        if kind == KIND_SIMULATION and data.get(INCOMPLETE):
+            raise ConfigError(f"{src}: {data[INCOMPLETE]}")
         if kind is not None or isinstance(task, Mapping) or "sampler" in data:
             for key in data:
                 if key not in _RUN_KEYS and key not in _INFO_KEYS:

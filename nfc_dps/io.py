@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import json
 import math
@@ -455,7 +456,9 @@ def _naming(e: OSError, path: Path) -> OSError:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    """``text`` as UTF-8; a file name that is not valid UTF-8 in it (surrogate escapes) is written
+    as its escape sequence (``caf\\udce9.png``), so the file stays valid UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
 
 
 def _json_default(obj: Any) -> Any:
@@ -652,7 +655,11 @@ def scan_images(folder: str | Path, exclude: Sequence[Path] = ()) -> tuple[list[
         rel = p.relative_to(folder)
         if any(part.startswith(".") for part in rel.parts):
             continue
-        rp = p.resolve()
+        try:
+            rp = p.resolve()
+        except (RuntimeError, OSError):  # a symbolic-link loop: not an image, said as such
+            others.append(p)
+            continue
         if any(rp == s or s in rp.parents for s in skip) or p.is_dir():
             continue
         (images if p.suffix.lower() in IMAGE_EXTENSIONS else others).append(p)
@@ -674,6 +681,13 @@ def unusable_reason(path: str | Path) -> str:
             target = os.readlink(path)
         except OSError:
             target = "?"
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:
+            return f"symbolic link in a loop (it points to {target}, which leads back to itself)"
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return f"symbolic link in a loop (it points to {target}, which leads back to itself)"
         return f"broken symbolic link (its target {target} does not exist)"
     if path.is_dir():
         return "is a folder, not an image file"

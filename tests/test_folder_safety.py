@@ -4,6 +4,7 @@ outputs they describe, records of interrupted runs, names a file system gives (r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -104,3 +105,96 @@ def test_a_rerun_with_fewer_samples_leaves_no_stale_maps(tmp_path, prior_dir):
     assert not list((out / "samples").iterdir()) and not list((out / "std").iterdir())
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["images"]["im0.png"]["outputs"] == ["im0.png"]
+
+
+def test_a_symlink_loop_in_the_input_is_one_failed_entry(tmp_path, prior_dir, capsys):
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    (inp / "loop.png").symlink_to(inp / "loop.png")
+    (inp / "sub").mkdir()
+    (inp / "sub" / "self").symlink_to(inp / "sub" / "self")
+    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "FAILED loop.png: symbolic link in a loop" in err
+    assert (tmp_path / "out" / "im0.png").is_file()
+    assert run("restore", "-i", inp / "loop.png", "-o", tmp_path / "out2", "--task", "denoise", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"--input {inp / 'loop.png'}: no such file" in err and "Traceback" not in err
+
+
+def test_a_file_name_that_is_not_utf8_is_restored_and_simulated(tmp_path, prior_dir):
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    latin1 = Path(os.fsdecode(bytes(inp) + b"/caf\xe9.png"))
+    shutil.copy(inp / "im0.png", latin1)
+    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 0
+    assert (tmp_path / "out" / latin1.name).is_file()
+    assert "caf\\udce9.png,done" in (tmp_path / "out" / "results.csv").read_text(encoding="utf-8")
+    assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 0
+    assert run("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", tmp_path / "out2",
+               prior=prior_dir) == 0
+    assert sorted(p.name for p in (tmp_path / "out2").glob("*.png")) == sorted([latin1.name, "im0.png"])
+
+
+def _unreadable(monkeypatch, folder: Path) -> None:
+    """``folder`` cannot be listed (as for a user without read permission; the tests may run as root)."""
+    real = Path.iterdir
+
+    def iterdir(self):
+        if self.resolve() == folder.resolve():
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+
+
+@pytest.mark.parametrize("which", ["input", "gt"])
+def test_an_unreadable_folder_is_a_clear_error_before_any_output(tmp_path, prior_dir, monkeypatch, capsys, which):
+    inp, gt = tmp_path / "in", tmp_path / "gt"
+    make_images(inp, 1)
+    make_images(gt, 1)
+    _unreadable(monkeypatch, inp if which == "input" else gt)
+    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", "--gt", gt, prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"--{which} {inp if which == 'input' else gt}: cannot read the folder (Permission denied)" in err
+    assert not (tmp_path / "out").exists()
+    if which == "input":
+        assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 2
+        assert "cannot read the folder" in capsys.readouterr().err and not (tmp_path / "sim").exists()
+
+
+def test_an_interrupted_resimulation_is_never_restored_as_the_earlier_one(tmp_path, prior_dir, monkeypatch, capsys):
+    from nfc_dps.cli import simulate
+
+    inp, sim = tmp_path / "in", tmp_path / "sim"
+    make_images(inp, 3)
+    assert run("simulate", "-i", inp, "-o", sim, "--task", "denoise", "--noise-sigma", "0.01") == 0
+    calls = []
+    real = simulate.nio.write_image
+
+    def dying(path, *a, **k):
+        calls.append(path)
+        if len(calls) == 3:
+            raise _Killed
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(simulate.nio, "write_image", dying)
+    with pytest.raises(_Killed):
+        run("simulate", "-i", inp, "-o", sim, "--task", "denoise", "--noise-sigma", "0.3")
+    monkeypatch.undo()
+    code = run("restore", "--config", sim / "simulation.json", "-o", tmp_path / "out", prior=prior_dir)
+    err = capsys.readouterr().err
+    assert code == 2 and "was interrupted" in err and "rerun simulate" in err
+    # rerunning either simulation makes the folder whole again
+    assert run("simulate", "-i", inp, "-o", sim, "--task", "denoise", "--noise-sigma", "0.01") == 0
+    assert run("restore", "--config", sim / "simulation.json", "-o", tmp_path / "out", prior=prior_dir) == 0
+    record = json.loads((sim / "simulation.json").read_text())
+    assert "incomplete" not in record and record["simulated_task"]["noise_sigma"] == 0.01
+
+
+def test_simulate_names_the_entries_it_could_not_use(tmp_path, capsys):
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    (inp / "notes.txt").write_text("x")
+    assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 1
+    assert "FAILED notes.txt: unsupported file type '.txt'" in capsys.readouterr().err

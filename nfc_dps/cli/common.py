@@ -142,6 +142,27 @@ def image_metrics(x: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
     return m["psnr"], (m["ssim"] if m["ssim"] is not None else float("nan"))
 
 
+def read_inputs(flag: str, inp: Path) -> tuple[list[Path], list[Path]]:
+    """(images, others) of the file or folder given as ``flag`` (:func:`nfc_dps.io.list_folder`
+    for a folder); UsageError naming it when it cannot be read."""
+    if not inp.is_dir():
+        return ([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp])
+    try:
+        return nio.list_folder(inp)
+    except OSError as e:
+        raise UsageError(f"{flag} {inp}: cannot read the folder ({e.strerror or e})") from e
+
+
+def check_readable_folder(flag: str, folder: Path) -> None:
+    """UsageError naming ``flag`` when ``folder`` is not a folder whose entries can be listed."""
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {folder}: not a folder")
+    try:
+        next(folder.iterdir(), None)
+    except OSError as e:
+        raise UsageError(f"{flag} {folder}: cannot read the folder ({e.strerror or e})") from e
+
+
 def input_names(images: Sequence[Path], inp: Path) -> list[str]:
     """Each input's name as its seed and records use it: the path relative to the input folder,
     '/'-separated (the file name when the input is one file)."""

@@ -20,8 +20,8 @@ from .. import io as nio
 from ..distributed import Dist, init_distributed, resolve_device
 from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
-                     STD_PNG_SCALE, Log, UsageError, failure_reason, image_metrics, image_seed, input_names, match_file,
-                     open_prior, parse_device, prior_key, set_threads, sha256_file, sha256_json, to_numpy)
+                     STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_metrics, image_seed, input_names, match_file,
+                     open_prior, parse_device, prior_key, read_inputs, set_threads, sha256_file, sha256_json, to_numpy)
 from .flags import common_flags, precision_flag, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
 from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
@@ -153,8 +153,10 @@ def cmd_restore(args) -> int:
         raise UsageError("--input is required (a measurement image or a folder of them)")
     if not inp.exists():
         raise UsageError(f"--input {inp}: no such file or folder")
-    if gt_dir is not None and not gt_dir.is_dir():
-        raise UsageError(f"--gt {gt_dir}: not a folder")
+    if inp.is_dir():
+        check_readable_folder("--input", inp)
+    if gt_dir is not None:
+        check_readable_folder("--gt", gt_dir)
 
     # operator files from the flags replace the random / parametric operator of the task
     if args.kernel:
@@ -211,15 +213,13 @@ def cmd_restore(args) -> int:
             except OutputError as e:
                 raise UsageError(f"{e}; free space and rerun the same command") from e
         dist.barrier()  # every rank reads the complete manifest
+        images, others = read_inputs("--input", inp)
         if inp.is_dir():
-            images, others = nio.list_folder(inp)
             nested = nio.images_in_subfolders(inp, [out, *([gt_dir] if gt_dir else []), *operator_folders.values()]) \
                 if dist.rank == 0 else 0
             if nested:
                 log.error(f"warning: {nested} image(s) in subfolders of {inp} are not restored (restore reads the "
                           f"folder's top level; pass a subfolder as --input to restore its images)")
-        else:
-            images, others = ([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp])
         if not images and not others:
             raise UsageError(f"--input {inp}: no files to restore")
         names = input_names(images, inp)
@@ -490,14 +490,18 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
     (same name, or same stem); a missing, unreadable or differently sized one is the row's error."""
     if gt_dir is None:
         return
-    gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
+    try:
+        gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
+    except OSError as e:  # the folder became unreadable during the run
+        row["error"] = f"ground truth: cannot read {gt_dir} ({e.strerror or e})"
+        return
     if gt_path is None:
         row["error"] = f"no ground truth for {item.name} in {gt_dir}"
         return
     try:
         gt, _ = nio.read_image(gt_path)
         x, _ = nio.read_image(out / row["output"])
-    except nio.ImageReadError as e:
+    except (nio.ImageReadError, OSError) as e:
         row["error"] = f"ground truth: {e}"
         return
     if gt.ndim == 3 and x.ndim == 2:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import io as nio
-from ..config import DEFAULT_NOISE_SIGMA, KIND_SIMULATION, TaskConfig, load_config, package_versions
+from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config, package_versions
 from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
-                     input_names, noise_seed, to_numpy)
+                     input_names, noise_seed, read_inputs, to_numpy)
 from .flags import task_flags
 from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
 from .tasks import OperatorSource, check_operator_file, resolve_task
@@ -45,6 +45,10 @@ def _restore_task_for(task: TaskConfig, has_kernel: bool, has_mask: bool) -> dic
     return task.as_dict()
 
 
+#: key of an incomplete simulation.json: the settings of the run that was rewriting the folder
+REWRITING_WITH = "rewriting_with"
+
+
 def _files_of(rec: dict[str, Any]) -> list[str]:
     """The files (relative to the output folder) that one image's simulation record wrote."""
     files = [rec.get(k) for k in ("measurement", "ground_truth", "kernel", "mask")]
@@ -67,7 +71,29 @@ def _previous_simulation(out: Path, log: Log) -> tuple[list[dict[str, Any]], dic
         return [], {}
     records = [r for r in records if isinstance(r, dict) and isinstance(r.get("name"), str)
                and isinstance(r.get("measurement"), str)] if isinstance(records, list) else []
-    return records, {k: sim.get(k) for k in ("simulated_task", "simulation_seed", "bit_depth")}
+    settings = {k: sim.get(k) for k in ("simulated_task", "simulation_seed", "bit_depth")}
+    if sim.get(INCOMPLETE) and sim.get(REWRITING_WITH) != settings:
+        return records, {INCOMPLETE: True}  # interrupted with other settings: its files may hold either's
+    return records, settings
+
+
+def _mark_incomplete(out: Path, previous: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    """Before any file of an earlier simulation in ``out`` is replaced: its simulation.json says
+    the folder is being rewritten, so an interrupted run leaves no record that restore would
+    trust; the final record replaces it."""
+    path = out / SIMULATION_JSON
+    try:
+        sim = json.loads(path.read_text())
+    except (OSError, ValueError):
+        sim = {}
+    sim = sim if isinstance(sim, dict) else {}
+    sim.update(kind=KIND_SIMULATION, images=previous, **{REWRITING_WITH: settings},
+               **{INCOMPLETE: "a simulate run into this folder was interrupted: its measurements may not be the "
+                               "ones this record describes; rerun simulate"})
+    try:
+        nio.write_json(path, sim)
+    except OSError as e:
+        raise UsageError(cannot_write(e)) from e
 
 
 def cmd_simulate(args) -> int:
@@ -86,14 +112,14 @@ def cmd_simulate(args) -> int:
     if not inp.exists():
         raise UsageError(f"--input {inp}: no such file or folder")
     check_operator_file(task, None)
+    images, others = read_inputs("--input", inp)
+    if not images and not others:
+        raise UsageError(f"--input {inp}: no files")
     out = check_output_folder(Path(args.output), [("--input", inp)])
     source = OperatorSource(task)
     factor = source.factor()
     with folder_lock(out):
         nio.remove_stale_temp_files(out)
-        images, others = nio.list_folder(inp) if inp.is_dir() else (([inp], []) if inp.suffix.lower() in nio.IMAGE_EXTENSIONS else ([], [inp]))
-        if not images and not others:
-            raise UsageError(f"--input {inp}: no files")
         names = input_names(images, inp)
         # an earlier simulation into this folder: its images keep their names; those this run does
         # not simulate stay when it had the same settings (adding an image to a folder), else what
@@ -101,6 +127,12 @@ def cmd_simulate(args) -> int:
         previous, previous_settings = _previous_simulation(out, log)
         stems = output_stems(images, names, {r["name"]: Path(r["measurement"]).stem for r in previous})
         failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
+        for f in failures:
+            log.error(f"FAILED {f['name']}: {f['error']}")
+        settings = json.loads(json.dumps({"simulated_task": task.as_dict(), "simulation_seed": seed,
+                                          "bit_depth": args.bit_depth}))
+        if previous and images:
+            _mark_incomplete(out, previous, settings)
         records = []
         from tqdm.auto import tqdm
 
@@ -144,9 +176,8 @@ def cmd_simulate(args) -> int:
             except Exception as e:  # noqa: BLE001 - report, continue with the others
                 failures.append({"name": path.name, "error": failure_reason(e)})
                 log.error(f"FAILED {path.name}: {failures[-1]['error']}")
-        settings = json.loads(json.dumps({"simulated_task": task.as_dict(), "simulation_seed": seed}))
         same = (previous_settings.get("bit_depth") in (None, args.bit_depth)  # None: written before it was recorded
-                and all(previous_settings.get(k) == v for k, v in settings.items()))
+                and all(previous_settings.get(k) == v for k, v in settings.items() if k != "bit_depth"))
         kept = []
         if previous and same:  # images not simulated now, or failing now (a read error keeps the good old files)
             redone = set(names) - {f["name"] for f in failures}
