@@ -42,11 +42,15 @@ class Restoration:
     image: the restoration, clipped to [0, 1]; when num_samples > 1, the mean of the unclipped
         samples, then clipped (so it can differ from the mean of ``samples`` where a sample
         left [0, 1]).
-    std: per-pixel standard deviation of the unclipped samples (None for one sample): an
-        uncertainty map.
+    std: per-pixel standard deviation of the unclipped samples (None for one sample): the spread
+        of the sampler's posterior under the prior it is given. It is not a calibrated error bar:
+        it leaves out the network's own error and the sampler's bias, and mean ± c·std covers the
+        truth at no stated rate (docs/uncertainty.md); pass ``calibration`` for intervals that do.
     samples: the K individual samples, each clipped, stacked on a new first axis (None for one
         sample): numpy (K, h, w[, C]), tensors (K, C, h, w) or (K, B, C, h, w).
     nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
+    lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + eps), clipped to
+        [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
     """
 
     image: Any
@@ -55,6 +59,8 @@ class Restoration:
     nfe: int
     seconds: float
     config: Any
+    lower: Any | None = None
+    upper: Any | None = None
 
 
 
@@ -170,6 +176,7 @@ def restore(
     config: Any | None = None,
     max_batch: int | None = None,
     timer: Callable[[str], Any] | None = None,
+    calibration: Any | None = None,
     **overrides: Any,
 ) -> Restoration:
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
@@ -202,6 +209,11 @@ def restore(
             memory; None runs all B * num_samples chains at once.
         timer: a profiling hook for samplers that offer one (nfc, daps: ``timer(phase)`` returns a
             context manager entered around each of their building blocks); ValueError for others.
+        calibration: a :class:`~nfc_dps.conformal.Calibration` or the path of the JSON file
+            ``nfc-dps calibrate`` wrote: adds the calibrated interval (``lower``, ``upper``). It must
+            have been fitted for this method, sampler config, ``num_samples`` (K >= 2), prior
+            (weights), noise level and operator family (SR: factor); else
+            :class:`~nfc_dps.conformal.CalibrationError` (a ValueError) naming what differs.
     Gray measurements with an RGB prior are replicated to RGB, with noise std sigma_y * sqrt(3)
     per copy (three copies of one noisy channel carry its information once), and averaged back. Images whose
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
@@ -246,6 +258,12 @@ def restore(
     if num_samples > 1 and cfg.is_deterministic:
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
                          f"the same); for posterior samples and a std map use preset='fast'")
+    if calibration is not None:
+        from .conformal import load_calibration, prior_fingerprint
+
+        calibration = load_calibration(calibration)
+        calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
+                          noise_sigma=sigma_y, factor=operator.downsampling_factor)
 
     pc = prior.channels
     if c != pc:
@@ -311,4 +329,7 @@ def restore(
     std = x.std(1)
     per_sample = [back(samples[:, j]) for j in range(num_samples)]
     stacked = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
-    return Restoration(back(mean), back(std), stacked, nfe, seconds, cfg)
+    lower = upper = None
+    if calibration is not None:
+        lower, upper = (back(t) for t in calibration.interval(mean, std))
+    return Restoration(back(mean), back(std), stacked, nfe, seconds, cfg, lower, upper)

@@ -14,7 +14,7 @@ import sys
 from typing import Sequence
 
 from ..config import ConfigError
-from . import bench, convert_adm, demo, restore, simulate, train_prior
+from . import bench, calibrate, convert_adm, demo, restore, simulate, train_prior
 from .common import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nfc-dps", description="Image restoration with diffusion priors (NFC, DAPS, ...).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (demo, restore, simulate, bench, train_prior, convert_adm):  # the order of --help
+    for module in (demo, restore, simulate, calibrate, bench, train_prior, convert_adm):  # the order of --help
         module.add_parser(sub)
     return parser
 

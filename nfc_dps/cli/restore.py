@@ -41,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "                        an input's alpha channel is re-attached when the size is unchanged, dropped for SR\n"
                     f"  std/<name>.png|.npy   per-pixel posterior std (K > 1); PNG gray 1.0 = std {1 / STD_PNG_SCALE:g}\n"
                     "  samples/<name>_<j>.png  the K samples (--save-samples)\n"
+                    "  <name>_lower.png, <name>_upper.png  the calibrated interval (--calibration; 16-bit, [0, 1])\n"
                     "  results.csv, summary.json  per-image status, seed, PSNR/SSIM (--gt), NFE, time; failures\n"
                     "  resolved_config.json  every setting, seeds and versions (reusable with --config; the prior\n"
                     "                        it names is chosen with --prior)\n"
@@ -66,7 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="sampler field, e.g. --set inner=langevin --set band.cutoff_start=0.5 (repeatable)")
-    r.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    r.add_argument("--prior", default=None,
+                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
+                        "default: the embedded prior)")
     precision_flag(r)
     r.add_argument("--kernel", default=None, metavar="FILE|DIR",
                    help="blur kernel (.npy or image) for all inputs, or a folder of kernels matched by file name")
@@ -76,6 +79,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="posterior samples per image: writes their mean and a std map (default 1); needs a "
                         "sampling preset, e.g. --preset fast")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
+    r.add_argument("--calibration", default=None, metavar="FILE.json",
+                   help="a file of 'nfc-dps calibrate' for this task, method, preset, K and prior: also writes the "
+                        "calibrated interval <name>_lower.png / <name>_upper.png (docs/uncertainty.md)")
     r.add_argument("--batch-size", type=int, default=1, metavar="B",
                    help="restore up to B images of the same size (and operator) per sampler call: faster on a GPU; "
                         "each image keeps its own seed, so the results are those of B = 1 (default 1)")
@@ -193,6 +199,7 @@ def cmd_restore(args) -> int:
     if samples > 1 and spec.build().is_deterministic:
         raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
                          f"would be the same); for posterior samples and a std map add --preset fast")
+    args.calibration_loaded = _load_calibration(args, task, spec, samples, bundle)
     device = parse_device(args.device)
     set_threads(args.threads)
     operator_folders = {flag: Path(task.params[k]) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
@@ -236,6 +243,13 @@ def cmd_restore(args) -> int:
             raise UsageError(error)
         stems = named
         prior = open_prior(args.prior, device, args.precision)
+        if args.calibration_loaded is not None:
+            from ..conformal import CalibrationError, prior_fingerprint
+
+            try:
+                args.calibration_loaded.check(spec.method, spec.build(), samples, prior_fingerprint(prior))
+            except CalibrationError as e:
+                raise UsageError(str(e)) from e
         in_use = prior_key(args.prior)["path"]
         recorded = bundle.recorded_prior
         # the embedded default installed elsewhere (another checkout or machine) is the same prior
@@ -289,6 +303,9 @@ class RestoreRun:
                                   shard=self.dist.rank if sharded else None, shard_names=names)
         self.batch_size, self.max_batch = args.batch_size, args.max_batch
         self.bar: Any = None
+        self.calibration = getattr(args, "calibration_loaded", None)
+        if self.calibration is not None:  # another calibration is another result: not a resume
+            self.config_hash = sha256_json([self.config_hash, self.calibration.to_dict()])
 
     # -- the loop
 
@@ -411,7 +428,8 @@ class RestoreRun:
             res = restore(torch.cat([as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
                           prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
-                          progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch)
+                          progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch,
+                          calibration=self.calibration)
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e
@@ -474,6 +492,10 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
                 a = to_numpy(res.samples[j, i:i + 1])
                 extra.append((f"samples/{item.out_stem}_{j}.png",
                               lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
+    if getattr(res, "lower", None) is not None:  # the calibrated interval, beside the restoration
+        for end, bound in (("lower", res.lower), ("upper", res.upper)):
+            extra.append((f"{item.out_stem}_{end}.png",
+                          lambda p, a=to_numpy(bound[i:i + 1]): nio.write_image(p, np.clip(a, 0, 1), 16)))
     # write the extras first: the main image appearing last marks a complete set
     for rel, write in extra:
         write(out / rel)
@@ -510,6 +532,33 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
         row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
         return
     row["psnr"], row["ssim"] = image_metrics(x, gt)
+
+
+def _load_calibration(args, task, spec: SamplerSpec, samples: int, bundle) -> Any:
+    """The --calibration file, checked against this run's task, sampler and K (the prior is checked
+    once it loads); None without the flag. UsageError naming the file and what differs."""
+    if not getattr(args, "calibration", None):
+        return None
+    from ..conformal import CalibrationError, load_calibration
+
+    if samples < 2:
+        raise UsageError(f"--calibration {args.calibration} needs --samples K >= 2 (the interval scales the spread "
+                         f"of K samples), got {samples}")
+    # measurements of `simulate` restored with its saved masks / kernels: the task they were
+    # simulated with (e.g. inpaint_random) identifies the operator
+    tasks = [task.as_dict()]
+    simulated = (bundle.simulation or {}).get("simulated_task") if bundle.simulation else None
+    files = task.params.get("mask_path") or task.params.get("kernel_path")
+    if (isinstance(simulated, dict) and files and bundle.simulation_dir is not None
+            and Path(bundle.simulation_dir).resolve() in Path(files).resolve().parents
+            and simulated.get("noise_sigma") == task.noise_sigma):
+        tasks.append(simulated)
+    try:
+        cal = load_calibration(args.calibration)
+        cal.check(spec.method, spec.build(), samples, task=tasks)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from e
+    return cal
 
 
 def record_sampler(spec: SamplerSpec, cfg: Any) -> dict[str, Any]:

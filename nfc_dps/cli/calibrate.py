@@ -1,0 +1,167 @@
+"""``nfc-dps calibrate``: fit the calibrated interval rule of :mod:`nfc_dps.conformal` on clean
+calibration images. Each image's measurement is simulated as ``simulate`` does (the task's
+operator, seeded by the image's file name, noise, clipped to [0, 1]), restored with K samples by
+:func:`nfc_dps.api.restore`, and scored; the rule and what it was fitted for go to one JSON file,
+which ``restore --calibration FILE`` (and ``restore(..., calibration=FILE)``) applies."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from .. import io as nio
+from ..config import load_config
+from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, image_seed, input_names, noise_seed, open_prior,
+                     parse_device, prior_key, set_threads)
+from .flags import common_flags, precision_flag, task_flags
+from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``calibrate`` subcommand and its arguments."""
+    from ..conformal import RULES
+    from ..samplers import METHODS
+
+    c = sub.add_parser(
+        "calibrate", help="fit calibrated per-pixel intervals (mean ± q·std) on clean calibration images",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Simulates a measurement of each clean image in --images with the task's operator and noise,\n"
+                    "restores it with --samples K posterior samples, and fits q so that mean ± q (std + eps)\n"
+                    "covers --coverage of the pixel values (docs/uncertainty.md says what the coverage means).\n"
+                    "Writes --out FILE.json; restore --samples K --calibration FILE.json then writes\n"
+                    "<name>_lower.png and <name>_upper.png. The file only applies to the same task (parameters,\n"
+                    "noise), method, preset and sampler settings, K and prior. Needs at least ceil(1/alpha) - 1\n"
+                    "images (alpha = 1 - coverage: 9 for 0.9, 19 for 0.95); a few dozen give a tighter q.")
+    c.add_argument("--images", required=True, metavar="DIR", help="folder of clean calibration images (ground truth)")
+    c.add_argument("--out", "-o", required=True, metavar="FILE.json", help="the calibration file to write")
+    task_flags(c, "base seed (default 0): each image's operator, noise and sampler seeds come from it and the "
+               "image's file name")
+    c.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc), as for restore")
+    c.add_argument("--preset", default=None,
+                   help="sampler preset, as for restore; it must draw samples (nfc: fast, fast_psnr, paper)")
+    c.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="sampler field, as for restore (repeatable)")
+    c.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    precision_flag(c)
+    c.add_argument("--samples", type=int, required=True, metavar="K",
+                   help="posterior samples per image (K >= 2); restore must use the same K")
+    c.add_argument("--coverage", type=float, default=0.9, help="target coverage 1 - alpha in (0, 1) (default 0.9)")
+    c.add_argument("--rule", choices=RULES, default="pooled",
+                   help="pooled (default): at most alpha of the calibration pixel values outside, images weighted "
+                        "equally; risk-control: conformal risk control, E[fraction of a new image's pixels "
+                        "outside] <= alpha guaranteed for exchangeable images, wider when there are few images")
+    c.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help=f"at most N sampler chains at once (default {DEFAULT_MAX_BATCH}, or K if larger)")
+    common_flags(c)
+    c.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    """Run ``calibrate``: every check before the prior loads, then simulate, restore, score, fit, write."""
+    import torch
+
+    from ..api import as_batch, restore, stable_seed
+    from ..conformal import DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores
+    from ..conformal import prior_fingerprint, sampler_fields
+
+    log = Log(args.quiet)
+    bundle = load_config(list(args.config or []))
+    task = resolve_task(args, bundle)
+    check_operator_file(task, None)
+    spec = resolve_sampler(args, bundle)
+    cfg = spec.build()
+    if args.samples < 2:
+        raise UsageError(f"--samples must be >= 2 (a calibrated interval scales the spread of K samples), got "
+                         f"{args.samples}")
+    if cfg.is_deterministic:
+        raise UsageError(f"{spec.method}/{spec.resolved_preset} is deterministic (every sample would be the same, "
+                         f"std 0): calibrate a sampling preset, e.g. --preset fast")
+    if not 0.0 < args.coverage < 1.0:
+        raise UsageError(f"--coverage must lie strictly between 0 and 1 (e.g. 0.9), got {args.coverage}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    folder = Path(args.images)
+    if not folder.is_dir():
+        raise UsageError(f"--images {folder}: not a folder of clean calibration images")
+    images, _ = nio.list_folder(folder)
+    need = min_images(args.coverage)
+    if len(images) < need:
+        raise UsageError(f"--images {folder} holds {len(images)} image(s); coverage {args.coverage:g} needs at least "
+                         f"{need} calibration images (ceil(1/alpha) - 1, alpha = {1 - args.coverage:.4g}); a few dozen "
+                         f"give a tighter interval")
+    out = Path(args.out)
+    if out.suffix.lower() != ".json":
+        raise UsageError(f"--out {out}: the calibration file must end in .json")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; name the .json file to write")
+    seed = args.seed if args.seed is not None else (bundle.seed or 0)
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    device = parse_device(args.device)
+    set_threads(args.threads)
+    prior = open_prior(args.prior, device, args.precision)
+    max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
+    source = OperatorSource(task)
+    factor = source.factor()
+    names = input_names(images, folder)
+    log.info(f"calibrating {spec.method}/{spec.resolved_preset} K={args.samples} on {len(images)} image(s) of "
+             f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
+    from tqdm.auto import tqdm
+
+    scores, per_image = [], []
+    for path, name in zip(tqdm(images, desc="calibrate", unit="img", disable=args.quiet), names):
+        try:
+            x, _ = nio.read_image(path)
+        except nio.ImageReadError as e:
+            raise UsageError(f"calibration image {e}") from e
+        h, w = x.shape[:2]
+        ch, cw = h - h % factor, w - w % factor  # as simulate: centre crop to a multiple of the SR factor
+        if min(ch, cw) < 1:
+            raise UsageError(f"calibration image {path}: {h}x{w} is smaller than the SR factor {factor}")
+        top, left = (h - ch) // 2, (w - cw) // 2
+        x = x[top:top + ch, left:left + cw]
+        op_seed = image_seed(seed, name)
+        try:
+            op, _ = source.build(path.name, (ch, cw), seed=op_seed)
+        except ValueError as e:
+            raise UsageError(f"calibration image {path}: {e}") from e
+        truth = as_batch(x)[0]
+        y = op.measure(truth, task.noise_sigma, torch.Generator().manual_seed(noise_seed(op_seed))).clamp(0, 1)
+        res = restore(y.to(device), op.to(device), prior=prior, method=spec.method, sigma_y=task.noise_sigma,
+                      seed=stable_seed(seed, "calibrate", name), num_samples=args.samples, progress=False,
+                      config=cfg, max_batch=max_batch)
+        s = normalized_scores(res.image, res.std, truth, DEFAULT_EPS)
+        scores.append(s)
+        per_image.append(name)
+    try:
+        q = fit_quantile(scores, args.coverage, args.rule)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from e
+    inside = [float(np.mean(s <= q)) for s in scores]
+    info = prior_key(args.prior)
+    cal = Calibration(
+        q=q, coverage=float(args.coverage), rule=args.rule, eps=DEFAULT_EPS, n_images=len(scores),
+        num_samples=int(args.samples), method=spec.method, preset=spec.resolved_preset,
+        sampler=sampler_fields(cfg),
+        prior={"fingerprint": prior_fingerprint(prior), "path": info["path"],
+               "embedded_default": args.prior is None, "precision": prior.precision},
+        task=task.as_dict(),
+        fit={"images": per_image, "folder": str(folder.resolve()), "seed": int(seed),
+             "coverage_in_sample": float(np.mean(inside)), "coverage_in_sample_per_image": inside,
+             "units": "images in [0, 1]; interval = clip(mean -/+ q (std + eps), 0, 1) per pixel and channel"},
+    )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cal.save(out)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write ({e.strerror or e})") from e
+    if task.task in RANDOM_TASKS:
+        flag = RANDOM_TASKS[task.task]
+        log.info(f"note: {task.task} draws its operator at random; restore measurements simulated with it "
+                 f"(restore --config <simulate output>/simulation.json) to apply this file; a {flag} of "
+                 f"another origin is another task")
+    log.info(f"q = {q:.4g} (rule {args.rule}): {100 * np.mean(inside):.1f} % of the calibration pixel values inside "
+             f"mean ± q (std + {DEFAULT_EPS:.4g}) -> {out}")
+    return EXIT_OK

@@ -1,0 +1,287 @@
+"""Conformal calibration of the K-sample uncertainty map: per-pixel intervals with a stated coverage.
+
+``restore(..., num_samples=K)`` returns the mean of K posterior samples and their per-pixel std.
+The std is the spread of the posterior *of the prior the sampler is given*, as far as the sampler
+draws it: it leaves out the network's own error and a sampler's bias, so mean ± c·std covers the
+truth at no known rate. Calibration fits one number q on clean calibration images the user
+provides (their measurements simulated with the task's operator), so that the interval
+
+    [mean - q (std + eps), mean + q (std + eps)]   (then clipped to [0, 1])
+
+covers a chosen fraction 1 - alpha of the pixel values of new images of the same kind. Scores are
+the normalised errors s = |x - mean| / (std + eps), one per pixel value (pixel and channel);
+``eps`` (one 8-bit grey level, :data:`DEFAULT_EPS`) keeps q finite where a sampler's spread
+vanishes (e.g. observed pixels of an inpainting). Two rules choose q (:func:`fit_quantile`); each
+image weighs the same, whatever its size:
+
+* ``pooled`` (default): the smallest q with at most alpha of the calibration images' pixel values
+  outside their interval (the image-weighted (1 - alpha) quantile of the pooled scores). Pixels of
+  one image are not exchangeable (their errors are correlated), so split-conformal's finite-sample
+  guarantee does not hold for them; what this rule estimates is the *expected fraction of a new
+  image's pixel values inside its interval*, averaged over images exchangeable with the
+  calibration images. The estimate is consistent (it reaches 1 - alpha as the number of images
+  grows); with n images it misses it by the sampling error of a mean over n images, in either
+  direction.
+* ``risk-control``: conformal risk control (Angelopoulos, Bates, Fisch, Lei, Schuster, "Conformal
+  Risk Control", ICLR 2024; the per-image loss of Angelopoulos et al., ICML 2022) with the loss
+  L_i(q) = fraction of image i's pixel values outside the interval: q is the smallest value with
+  n/(n+1) mean_i L_i(q) + 1/(n+1) <= alpha. If the n calibration images and a new image are
+  exchangeable, E[L_new(q)] <= alpha: the expected fraction of the new image's pixel values that
+  the interval covers is at least 1 - alpha, for any n. It pays for the guarantee by covering
+  more than asked when n is small (its in-sample target is alpha - (1 - alpha) / n).
+
+Neither is a per-pixel guarantee, nor conditional on the image (an image unlike the calibration
+set can be covered far less), nor valid for another task, noise level, sampler, K or prior: a
+:class:`Calibration` records them and refuses to be applied to anything else.
+
+Minimum number of calibration images: n >= ceil(1/alpha) - 1 (9 for 90 %, 19 for 95 %,
+99 for 99 %), for both rules: with fewer, 1/(n+1) > alpha and no finite q controls the risk of a
+new image at alpha; at that minimum ``risk-control`` takes the largest score of any calibration
+pixel. More images give a tighter q (a few dozen is the usual calibration set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["DEFAULT_EPS", "RULES", "CalibrationError", "Calibration", "min_images", "normalized_scores",
+           "fit_quantile", "interval", "load_calibration", "prior_fingerprint", "task_family"]
+
+#: floor added to the std before normalising (one 8-bit grey level, [0, 1] units)
+DEFAULT_EPS = 1.0 / 255.0
+RULES = ("pooled", "risk-control")
+FORMAT = "nfc_dps conformal calibration"
+VERSION = 1
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be fitted, read, or applied to this run."""
+
+
+def check_coverage(coverage: Any) -> float:
+    """``coverage`` as a float in (0, 1); CalibrationError otherwise."""
+    try:
+        c = float(coverage)
+    except (TypeError, ValueError) as e:
+        raise CalibrationError(f"coverage must be a number in (0, 1), got {coverage!r}") from e
+    if not 0.0 < c < 1.0 or isinstance(coverage, bool):
+        raise CalibrationError(f"coverage must lie strictly between 0 and 1 (e.g. 0.9), got {coverage!r}")
+    return c
+
+
+def min_images(coverage: float) -> int:
+    """The fewest calibration images a target ``coverage`` = 1 - alpha needs: ceil(1/alpha) - 1."""
+    alpha = 1.0 - check_coverage(coverage)
+    return max(1, math.ceil(1.0 / alpha - 1e-9) - 1)
+
+
+def normalized_scores(mean: Any, std: Any, truth: Any, eps: float = DEFAULT_EPS) -> np.ndarray:
+    """|truth - mean| / (std + eps), flattened to a float64 vector (one score per pixel value)."""
+    m, s, x = (np.asarray(a.detach().cpu() if isinstance(a, torch.Tensor) else a, dtype=np.float64)
+               for a in (mean, std, truth))
+    if not (m.shape == s.shape == x.shape):
+        raise CalibrationError(f"mean, std and truth must have one shape, got {m.shape}, {s.shape}, {x.shape}")
+    return (np.abs(x - m) / (s + eps)).ravel()
+
+
+def fit_quantile(scores: Sequence[np.ndarray], coverage: float, rule: str = "pooled") -> float:
+    """q of the rule (module doc) from one score vector per calibration image.
+
+    Each image weighs 1/n; q is the smallest score value whose image-weighted fraction of scores
+    above it is at most the rule's target (alpha for ``pooled``, (alpha (n+1) - 1)/n for
+    ``risk-control``)."""
+    cov = check_coverage(coverage)
+    if rule not in RULES:
+        raise CalibrationError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    n = len(scores)
+    need = min_images(cov)
+    if n < need:
+        raise CalibrationError(f"{n} calibration image(s) for coverage {cov:g}: the rule needs at least {need} "
+                               f"(ceil(1/alpha) - 1 with alpha = {1 - cov:.4g})")
+    parts = [np.asarray(s, dtype=np.float64).ravel() for s in scores]
+    if any(p.size == 0 for p in parts):
+        raise CalibrationError("a calibration image has no pixels")
+    if any(not np.isfinite(p).all() or (p < 0).any() for p in parts):
+        raise CalibrationError("scores must be finite and >= 0")
+    alpha = 1.0 - cov
+    target = alpha if rule == "pooled" else (alpha * (n + 1) - 1.0) / n
+    s = np.concatenate(parts)
+    w = np.concatenate([np.full(p.size, 1.0 / (n * p.size)) for p in parts])
+    order = np.argsort(s, kind="stable")
+    s, w = s[order], w[order]
+    above = np.cumsum(w[::-1])[::-1] - w  # weight of the scores after position i in sorted order
+    last = np.searchsorted(s, s, side="right") - 1  # ties: the weight strictly above s[i]
+    tail = above[last]
+    ok = np.nonzero(tail <= target + 1e-10)[0]
+    return float(s[ok[0]])
+
+
+def interval(mean: Any, std: Any, q: float, eps: float = DEFAULT_EPS) -> tuple[Any, Any]:
+    """(lower, upper) = mean ∓ q (std + eps), clipped to [0, 1]; tensors or arrays as given."""
+    half = q * (std + eps)
+    if isinstance(mean, torch.Tensor):
+        return (mean - half).clamp(0, 1), (mean + half).clamp(0, 1)
+    return np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1)
+
+
+def prior_fingerprint(prior: Any) -> str:
+    """16 hex digits over a prior's class and its state dict (names, dtypes, shapes, values): the
+    same weights give the same fingerprint wherever they are loaded from."""
+    h = hashlib.sha256(type(prior).__qualname__.encode())
+    state = prior.state_dict() if hasattr(prior, "state_dict") else {}
+    for name in sorted(state):
+        t = state[name]
+        if isinstance(t, torch.Tensor):
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+                     if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def task_family(task: str) -> str:
+    """The operator family (:attr:`LinearOperator.family`) of a task name."""
+    for prefix, fam in (("sr_", "sr"), ("inpaint_", "inpaint"), ("deblur_", "blur"), ("denoise", "denoise")):
+        if task.startswith(prefix):
+            return fam
+    return "other"
+
+
+def sampler_fields(config: Any) -> dict[str, Any]:
+    """Every field of a sampler config as plain JSON values (what a calibration records)."""
+    body = asdict(config) if is_dataclass(config) else dict(config)
+    return json.loads(json.dumps(body, default=str))
+
+
+@dataclass
+class Calibration:
+    """A fitted interval rule and what it was fitted for (module doc). ``check`` refuses a run it
+    does not belong to; ``interval`` applies it."""
+
+    q: float
+    coverage: float
+    rule: str
+    eps: float
+    n_images: int
+    num_samples: int
+    method: str
+    preset: str
+    sampler: dict[str, Any]
+    prior: dict[str, Any]
+    task: dict[str, Any] | None = None
+    fit: dict[str, Any] = field(default_factory=dict)
+    source: str = "<in memory>"
+
+    # -- files
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("source")
+        return {"format": FORMAT, "version": VERSION, **d}
+
+    def save(self, path: str | Path) -> Path:
+        from .io import write_json
+
+        return write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "<in memory>") -> "Calibration":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise CalibrationError(f"{source}: not a calibration file (no 'format': {FORMAT!r}); write one with "
+                                   f"'nfc-dps calibrate'")
+        if d.get("version") != VERSION:
+            raise CalibrationError(f"{source}: calibration file version {d.get('version')!r}, this nfc_dps reads "
+                                   f"version {VERSION}")
+        need = ("q", "coverage", "rule", "eps", "n_images", "num_samples", "method", "preset", "sampler", "prior")
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise CalibrationError(f"{source}: missing key(s) {', '.join(missing)}")
+        q = d["q"]
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q < 0:
+            raise CalibrationError(f"{source}: q must be a finite number >= 0, got {q!r}")
+        check_coverage(d["coverage"])
+        if isinstance(d["num_samples"], bool) or not isinstance(d["num_samples"], int) or d["num_samples"] < 2:
+            raise CalibrationError(f"{source}: num_samples must be an int >= 2, got {d['num_samples']!r}")
+        kw = {k: d[k] for k in need}
+        return cls(**kw, task=d.get("task"), fit=d.get("fit") or {}, source=source)
+
+    # -- applying
+
+    def interval(self, mean: Any, std: Any) -> tuple[Any, Any]:
+        return interval(mean, std, self.q, self.eps)
+
+    def _mismatch(self, key: str, here: Any, recorded: Any) -> CalibrationError:
+        return CalibrationError(f"calibration {self.source} was fitted for {key} {recorded!r}, this run has "
+                                f"{here!r}; calibrate again for this run (nfc-dps calibrate ...)")
+
+    def check(self, method: str, config: Any, num_samples: int, prior: str | None = None,
+              task: dict[str, Any] | Sequence[dict[str, Any]] | None = None, family: str | None = None,
+              noise_sigma: float | None = None, factor: int | None = None) -> None:
+        """CalibrationError naming the first of method, sampler config, K, prior, task that differs.
+
+        prior: a :func:`prior_fingerprint`. task: the run's task config(s) (``TaskConfig.as_dict()``;
+        several when a restore reads a simulation: any one may match). Without a task (the Python
+        API, which sees only an operator), ``family``, ``noise_sigma`` and ``factor`` are checked."""
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 2:
+            raise CalibrationError(f"a calibrated interval needs K >= 2 samples (num_samples / --samples), got "
+                                   f"{num_samples!r}; calibration {self.source} is for K = {self.num_samples}")
+        if method != self.method:
+            raise self._mismatch("method", method, self.method)
+        fields = sampler_fields(config)
+        if fields != self.sampler:
+            diff = sorted(k for k in set(fields) | set(self.sampler) if fields.get(k) != self.sampler.get(k))
+            shown = ", ".join(f"{k}={fields.get(k)!r} (calibrated {self.sampler.get(k)!r})" for k in diff[:4])
+            raise CalibrationError(f"calibration {self.source} was fitted for {self.method}/{self.preset} with other "
+                                   f"sampler settings: {shown}; calibrate again for this preset and these settings")
+        if int(num_samples) != self.num_samples:
+            raise self._mismatch("K (samples)", int(num_samples), self.num_samples)
+        if prior is not None and prior != self.prior.get("fingerprint"):
+            raise CalibrationError(f"calibration {self.source} was fitted with the prior "
+                                   f"{self.prior.get('path', '?')} (weights {self.prior.get('fingerprint')}), this "
+                                   f"run's prior has weights {prior}; calibrate again with this prior")
+        if self.task is None:
+            return
+        if task is not None:
+            tasks = [task] if isinstance(task, dict) else list(task)
+            mine = json.loads(json.dumps(self.task))
+            if not any(json.loads(json.dumps(t)) == mine for t in tasks):
+                t = tasks[0]
+                diff = sorted(k for k in set(t) | set(mine) if t.get(k) != mine.get(k))
+                shown = ", ".join(f"{k}={t.get(k)!r} (calibrated {mine.get(k)!r})" for k in diff[:4])
+                raise CalibrationError(f"calibration {self.source} was fitted for task {mine.get('task')!r} "
+                                       f"with other settings: {shown}; calibrate again for this task")
+            return
+        want = task_family(str(self.task.get("task", "")))
+        if family is not None and family != want:
+            raise self._mismatch("operator family", family, f"{want} (task {self.task.get('task')})")
+        rec_noise = self.task.get("noise_sigma")
+        if noise_sigma is not None and rec_noise is not None and abs(float(noise_sigma) - float(rec_noise)) > 1e-9:
+            raise self._mismatch("noise sigma", float(noise_sigma), rec_noise)
+        rec_factor = self.task.get("factor") if want == "sr" else None
+        if factor is not None and rec_factor is not None and int(factor) != int(rec_factor):
+            raise self._mismatch("SR factor", int(factor), rec_factor)
+
+
+def load_calibration(calibration: "Calibration | str | Path | dict") -> Calibration:
+    """A :class:`Calibration` from itself, a parsed dict or a JSON file (CalibrationError naming it)."""
+    if isinstance(calibration, Calibration):
+        return calibration
+    if isinstance(calibration, dict):
+        return Calibration.from_dict(calibration)
+    if not isinstance(calibration, (str, Path)):
+        raise TypeError(f"calibration must be a Calibration, a dict or a path, got {type(calibration).__name__}")
+    path = Path(calibration)
+    try:
+        d = json.loads(path.read_text())
+    except OSError as e:
+        raise CalibrationError(f"calibration file {path}: cannot read ({e.strerror or e})") from e
+    except ValueError as e:
+        raise CalibrationError(f"calibration file {path}: not valid JSON ({e})") from e
+    return Calibration.from_dict(d, str(path))

@@ -1,0 +1,368 @@
+"""Conformal calibration (nfc_dps/conformal.py, ``nfc-dps calibrate``, ``restore --calibration``):
+the quantile against a brute-force search, coverage on exchangeable synthetic data, the file's
+round trip, every refusal, and the command line end to end with a tiny random prior."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nfc_dps.cli import main
+from nfc_dps.conformal import (DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, interval, load_calibration,
+                               min_images, normalized_scores, prior_fingerprint)
+from nfc_dps.io import read_image, write_image
+from nfc_dps.samplers import get_config
+
+# ---------------------------------------------------------------- the quantile
+
+
+def brute_force(scores, coverage, rule):
+    """The smallest candidate q (every score value, and 0) meeting the rule's condition, evaluated
+    literally: mean over images of the fraction of pixels with score > q."""
+    n, alpha = len(scores), 1 - coverage
+    cands = np.unique(np.concatenate([[0.0], *scores]))
+    for q in cands:
+        risk = np.mean([np.mean(s > q) for s in scores])
+        ok = risk <= alpha + 1e-12 if rule == "pooled" else n / (n + 1) * risk + 1 / (n + 1) <= alpha + 1e-12
+        if ok:
+            return float(q)
+    raise AssertionError("no candidate")
+
+
+@pytest.mark.parametrize("rule", ["pooled", "risk-control"])
+@pytest.mark.parametrize("coverage", [0.5, 0.8, 0.9])
+@pytest.mark.parametrize("trial", range(4))
+def test_quantile_equals_brute_force(rule, coverage, trial):
+    rng = np.random.default_rng(trial)
+    n = min_images(coverage) + int(rng.integers(0, 6))
+    # images of different sizes, and ties (rounded scores)
+    scores = [np.round(rng.exponential(1.0, int(rng.integers(3, 40))), 1 if trial % 2 else 6) for _ in range(n)]
+    assert fit_quantile(scores, coverage, rule) == brute_force(scores, coverage, rule)
+
+
+def test_min_images():
+    assert [min_images(c) for c in (0.5, 0.8, 0.9, 0.95, 0.99)] == [1, 4, 9, 19, 99]
+    assert min_images(0.85) == 6  # ceil(1 / 0.15) - 1
+
+
+def test_risk_control_at_its_minimum_covers_every_calibration_pixel():
+    rng = np.random.default_rng(0)
+    scores = [rng.exponential(1.0, 50) for _ in range(9)]
+    assert fit_quantile(scores, 0.9, "risk-control") == max(s.max() for s in scores)
+    assert fit_quantile(scores, 0.9, "pooled") < max(s.max() for s in scores)
+
+
+def test_each_image_weighs_the_same():
+    """A large image with small scores does not outvote a small one with large scores."""
+    scores = [np.zeros(1000), np.full(10, 5.0)]
+    assert fit_quantile(scores, 0.5, "pooled") == 0.0  # half the images fully covered at q = 0
+    assert fit_quantile(scores, 0.6, "pooled") == 5.0  # 60 %: the second image must be covered too
+
+
+def _synthetic(rng, n, size=(3, 16, 16), scale=2.5):
+    """Exchangeable images: a per-image std map (smooth, random level) and errors of `scale` times
+    that std, correlated within the image by a shared per-image factor."""
+    out = []
+    for _ in range(n):
+        std = rng.uniform(0.01, 0.1) * (1 + 0.5 * rng.random(size))
+        level = rng.uniform(0.7, 1.3)  # within-image correlation: the whole image is off by a factor
+        err = scale * level * std * rng.standard_normal(size)
+        out.append((std, err))
+    return out
+
+
+@pytest.mark.parametrize("coverage", [0.8, 0.9])
+def test_coverage_is_near_nominal_on_exchangeable_images(coverage):
+    """Fitted on 60 images, the expected coverage of new images is 1 - alpha (pooled) and at least
+    that (risk-control, which is guaranteed); averaged over 40 independent calibrations."""
+    rng = np.random.default_rng(1)
+    got = {"pooled": [], "risk-control": []}
+    for _ in range(40):
+        cal, test = _synthetic(rng, 60), _synthetic(rng, 30)
+        scores = [normalized_scores(np.zeros_like(e), s, e, DEFAULT_EPS) for s, e in cal]
+        for rule in got:
+            q = fit_quantile(scores, coverage, rule)
+            got[rule].append(np.mean([np.mean(normalized_scores(np.zeros_like(e), s, e) <= q) for s, e in test]))
+    assert abs(np.mean(got["pooled"]) - coverage) < 0.01
+    assert np.mean(got["risk-control"]) >= coverage - 0.005
+    assert np.mean(got["risk-control"]) > np.mean(got["pooled"])  # the price of the guarantee
+
+
+def test_interval_is_mean_plus_minus_q_std_clipped():
+    mean = torch.tensor([0.0, 0.5, 1.0])
+    std = torch.tensor([0.1, 0.1, 0.0])
+    lo, hi = interval(mean, std, 2.0, eps=0.01)
+    assert torch.allclose(lo, torch.tensor([0.0, 0.28, 0.98]))
+    assert torch.allclose(hi, torch.tensor([0.22, 0.72, 1.0]))
+    lo_np, hi_np = interval(mean.numpy(), std.numpy(), 2.0, eps=0.01)
+    assert np.allclose(lo_np, lo.numpy()) and np.allclose(hi_np, hi.numpy())
+
+
+# ---------------------------------------------------------------- errors of the fit
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, 1.5, -0.1, float("nan"), "x", True])
+def test_coverage_outside_0_1_is_refused(bad):
+    with pytest.raises(CalibrationError, match="coverage"):
+        fit_quantile([np.ones(3)] * 20, bad)
+
+
+def test_too_few_images_says_how_many():
+    with pytest.raises(CalibrationError, match="8 calibration image.*at least 9"):
+        fit_quantile([np.ones(4)] * 8, 0.9)
+    with pytest.raises(CalibrationError, match="at least 19"):
+        fit_quantile([np.ones(4)] * 18, 0.95, "risk-control")
+    with pytest.raises(CalibrationError, match="rule must be"):
+        fit_quantile([np.ones(4)] * 10, 0.9, "bonferroni")
+
+
+# ---------------------------------------------------------------- the file
+
+
+def _calibration(**kw) -> Calibration:
+    cfg = get_config("nfc", "fast")
+    base = dict(q=1.7, coverage=0.9, rule="pooled", eps=DEFAULT_EPS, n_images=12, num_samples=4, method="nfc",
+                preset="fast", sampler=json.loads(json.dumps(__import__("dataclasses").asdict(cfg), default=str)),
+                prior={"fingerprint": "abc", "path": "/p"},
+                task={"task": "sr_bicubic", "factor": 4, "noise_sigma": 0.025})
+    base.update(kw)
+    return Calibration(**base)
+
+
+def test_round_trip(tmp_path):
+    cal = _calibration(fit={"images": ["a.png"], "coverage_in_sample": 0.9})
+    path = cal.save(tmp_path / "cal.json")
+    back = load_calibration(path)
+    assert back.to_dict() == cal.to_dict() and back.source == str(path)
+    assert load_calibration(back) is back
+    assert load_calibration(json.loads(path.read_text())).q == cal.q
+
+
+def test_unreadable_files_are_named(tmp_path):
+    with pytest.raises(CalibrationError, match="missing.json: cannot read"):
+        load_calibration(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(CalibrationError, match="bad.json: not valid JSON"):
+        load_calibration(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"kind": "run"}')
+    with pytest.raises(CalibrationError, match="other.json: not a calibration file"):
+        load_calibration(tmp_path / "other.json")
+    d = _calibration().to_dict()
+    for key, value, match in (("q", -1, "q must be"), ("coverage", 1.2, "coverage"), ("num_samples", 1, "num_samples")):
+        (tmp_path / "x.json").write_text(json.dumps({**d, key: value}))
+        with pytest.raises(CalibrationError, match=match):
+            load_calibration(tmp_path / "x.json")
+    (tmp_path / "x.json").write_text(json.dumps({k: v for k, v in d.items() if k != "prior"}))
+    with pytest.raises(CalibrationError, match="missing key.*prior"):
+        load_calibration(tmp_path / "x.json")
+
+
+def test_check_refuses_every_other_run():
+    cal = _calibration()
+    cfg = get_config("nfc", "fast")
+    task = {"task": "sr_bicubic", "factor": 4, "noise_sigma": 0.025}
+    cal.check("nfc", cfg, 4, "abc", task=task)  # its own run
+    cases = [
+        (dict(method="daps", config=get_config("daps", "fast")), "method 'nfc'"),
+        (dict(config=get_config("nfc", "paper")), "nfc/fast with other sampler settings"),
+        (dict(config=get_config("nfc", "fast", num_levels=7)), "num_levels=7"),
+        (dict(num_samples=16), "K \\(samples\\) 4"),
+        (dict(num_samples=1), "K >= 2"),
+        (dict(prior="def"), "weights def"),
+        (dict(task={**task, "noise_sigma": 0.05}), "noise_sigma=0.05"),
+        (dict(task={"task": "deblur_gaussian", "noise_sigma": 0.025}), "task 'sr_bicubic'"),
+        (dict(task=None, family="blur"), "operator family"),
+        (dict(task=None, family="sr", noise_sigma=0.01), "noise sigma"),
+        (dict(task=None, family="sr", factor=2), "SR factor"),
+    ]
+    for change, match in cases:
+        kw = dict(method="nfc", config=cfg, num_samples=4, prior="abc", task=task)
+        kw.update(change)
+        with pytest.raises(CalibrationError, match=match):
+            cal.check(**kw)
+    # a restore of simulated measurements matches on the simulated task
+    cal.check("nfc", cfg, 4, "abc", task=[{"task": "inpaint_mask"}, task])
+
+
+def test_prior_fingerprint_follows_the_weights():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    b.load_state_dict(a.state_dict())
+    assert prior_fingerprint(a) == prior_fingerprint(b)
+    with torch.no_grad():
+        b.weight[0, 0] += 1e-3
+    assert prior_fingerprint(a) != prior_fingerprint(b)
+
+
+# ---------------------------------------------------------------- API and command line
+
+
+@pytest.fixture(scope="module")
+def prior_dirs(tmp_path_factory) -> list[str]:
+    """Two tiny, untrained diffusers UNets saved as EDM priors (different weights)."""
+    from diffusers import UNet2DModel
+
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16),
+                           norm_num_groups=4, layers_per_block=1,
+                           down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+        path = tmp_path_factory.mktemp(f"prior{seed}")
+        unet.save_pretrained(path)
+        (path / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _images(folder: Path, n: int, size: int = 16) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    yy, xx = np.mgrid[0:size, 0:size] / (size - 1)
+    for i in range(n):
+        img = np.stack([xx, yy, 0.5 + 0.3 * np.sin(6 * xx + i)], -1).astype(np.float32)
+        write_image(folder / f"im{i}.png", img)
+    return folder
+
+
+def _cli(*argv) -> int:
+    return main([str(a) for a in argv] + ["--quiet"])
+
+
+TASK = ("--task", "deblur_gaussian", "--param", "kernel_size=5", "--param", "kernel_std=1.0")
+
+
+def test_api_restore_returns_the_calibrated_interval(prior_dirs):
+    from nfc_dps import build_operator, restore
+    from nfc_dps.priors.default import load_prior
+
+    prior = load_prior(prior_dirs[0])
+    op = build_operator("deblur_gaussian", image_size=(16, 16), kernel_size=5, kernel_std=1.0)
+    y = torch.rand(1, 3, 16, 16)
+    cfg = get_config("nfc", "fast", num_levels=2)
+    cal = _calibration(q=1.5, preset="fast", sampler=json.loads(json.dumps(__import__("dataclasses").asdict(cfg),
+                                                                            default=str)),
+                       prior={"fingerprint": prior_fingerprint(prior)}, num_samples=2,
+                       task={"task": "deblur_gaussian", "noise_sigma": 0.025})
+    kw = dict(prior=prior, method="nfc", config=cfg, progress=False)
+    plain = restore(y, op, num_samples=2, **kw)
+    assert plain.lower is None and plain.upper is None
+    res = restore(y, op, num_samples=2, calibration=cal, **kw)
+    assert torch.equal(res.image, plain.image)
+    lo, hi = interval(res.image, res.std, 1.5, DEFAULT_EPS)
+    assert torch.equal(res.lower, lo) and torch.equal(res.upper, hi)
+    assert (res.lower <= res.image).all() and (res.image <= res.upper).all()
+    with pytest.raises(CalibrationError, match="K >= 2"):
+        restore(y, op, num_samples=1, calibration=cal, **kw)
+    with pytest.raises(CalibrationError, match="K \\(samples\\) 2"):
+        restore(y, op, num_samples=3, calibration=cal, **kw)
+    with pytest.raises(CalibrationError, match="noise sigma"):
+        restore(y, op, num_samples=2, calibration=cal, sigma_y=0.05, **kw)
+    with pytest.raises(CalibrationError, match="weights"):
+        restore(y, op, num_samples=2, calibration=cal, **{**kw, "prior": load_prior(prior_dirs[1])})
+    sr = build_operator("sr_bicubic", image_size=(16, 16))
+    with pytest.raises(CalibrationError, match="operator family"):
+        restore(torch.rand(1, 3, 4, 4), sr, num_samples=2, calibration=cal, **kw)
+
+
+def test_cli_calibrate_then_restore_end_to_end(tmp_path, prior_dirs, capsys):
+    prior = prior_dirs[0]
+    clean = _images(tmp_path / "clean", 9)
+    cal_file = tmp_path / "cal" / "nfc_k2.json"
+    common = (*TASK, "--preset", "fast", "--steps", 2, "--prior", prior)
+    assert _cli("calibrate", "--images", clean, *common, "--samples", 2, "--out", cal_file) == 0
+    cal = json.loads(cal_file.read_text())
+    assert cal["method"] == "nfc" and cal["preset"] == "fast" and cal["num_samples"] == 2 and cal["n_images"] == 9
+    assert cal["task"]["task"] == "deblur_gaussian" and cal["task"]["kernel_size"] == 5
+    assert cal["task"]["noise_sigma"] == 0.025 and cal["coverage"] == 0.9 and cal["q"] > 0
+    assert cal["prior"]["path"] == str(Path(prior).resolve()) and len(cal["prior"]["fingerprint"]) == 16
+    assert 0.9 <= cal["fit"]["coverage_in_sample"] <= 1.0
+
+    # simulate new images, restore them with the calibration: the interval files beside each restoration
+    _images(tmp_path / "new", 2)
+    assert _cli("simulate", "-i", tmp_path / "new", "-o", tmp_path / "sim", *TASK) == 0
+    out = tmp_path / "out"
+    restore_args = ("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", out, "--preset", "fast",
+                    "--steps", 2, "--prior", prior, "--samples", 2)
+    assert _cli(*restore_args, "--calibration", cal_file) == 0
+    for stem in ("im0", "im1"):
+        lo, info = read_image(out / f"{stem}_lower.png")
+        hi, _ = read_image(out / f"{stem}_upper.png")
+        x, _ = read_image(out / f"{stem}.png")
+        assert info.bit_depth == 16 and lo.shape == hi.shape == x.shape == (16, 16, 3)
+        assert (lo <= hi).all() and (hi - lo).max() > 0
+        assert (lo <= x + 1 / 255).all() and (x <= hi + 1 / 255).all()  # x was written at 8 bits
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert f"{stem}_lower.png" in manifest["images"][f"{stem}.png"]["outputs"]
+    # without a calibration: no interval files
+    assert _cli(*restore_args, "-o", tmp_path / "plain") == 0
+    assert not list((tmp_path / "plain").glob("*_lower.png"))
+
+    capsys.readouterr()
+    # refusals, each exit 2 naming the file and what differs
+    cases = [
+        (("--samples", 4), "K \\(samples\\) 2"),
+        (("--samples", 1), "--samples K >= 2"),
+        (("--preset", "paper"), "nfc/fast with other sampler settings"),
+        (("--steps", 3), "num_levels=3"),
+        (("--method", "daps", "--preset", "fast"), "method 'nfc'"),
+        (("--noise-sigma", 0.05), "noise_sigma=0.05"),
+        (("--prior", prior_dirs[1]), "weights"),
+    ]
+    for change, match in cases:
+        assert _cli(*restore_args, *change, "--calibration", cal_file, "-o", tmp_path / "refused") == 2, change
+        err = capsys.readouterr().err
+        assert __import__("re").search(match, err), (change, err)
+        if "--samples K" not in match:
+            assert str(cal_file) in err
+    assert _cli("restore", "-i", tmp_path / "sim" / "measurements", "-o", tmp_path / "sr", "--task", "sr_bicubic",
+                "--preset", "fast", "--steps", 2, "--prior", prior, "--samples", 2, "--calibration", cal_file) == 2
+    assert "task 'deblur_gaussian'" in capsys.readouterr().err
+
+
+def test_cli_calibrate_refusals(tmp_path, prior_dirs, capsys):
+    clean = _images(tmp_path / "clean", 8)
+    base = ("calibrate", "--images", clean, *TASK, "--preset", "fast", "--steps", 2, "--prior", prior_dirs[0],
+            "--out", tmp_path / "c.json")
+    cases = [
+        (("--samples", 2), "holds 8 image\\(s\\); coverage 0.9 needs at least 9"),
+        (("--samples", 1), "--samples must be >= 2"),
+        (("--samples", 2, "--coverage", 1.0), "--coverage must lie strictly between 0 and 1"),
+        (("--samples", 2, "--coverage", 0), "--coverage must lie strictly between 0 and 1"),
+        (("--samples", 2, "--preset", "deterministic"), "deterministic"),
+    ]
+    for extra, match in cases:
+        assert _cli(*base, *extra) == 2, extra
+        assert __import__("re").search(match, capsys.readouterr().err), extra
+    assert not (tmp_path / "c.json").exists()
+    # coverage 0.8 needs only 4 images: 8 are enough
+    assert _cli(*base, "--samples", 2, "--coverage", 0.8) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["coverage"] == 0.8
+
+
+def test_cli_random_task_applies_to_its_simulated_measurements(tmp_path, prior_dirs, capsys):
+    """inpaint_random draws a mask per image: restoring simulate's output (its saved masks) matches a
+    calibration of inpaint_random; the same masks passed as --mask are another task."""
+    prior = prior_dirs[0]
+    task = ("--task", "inpaint_random", "--param", "missing_fraction=0.5")
+    cal_file = tmp_path / "cal.json"
+    assert _cli("calibrate", "--images", _images(tmp_path / "clean", 4), *task, "--preset", "fast", "--steps", 2,
+                "--prior", prior, "--samples", 2, "--coverage", 0.8, "--out", cal_file) == 0
+    assert _cli("simulate", "-i", _images(tmp_path / "new", 1), "-o", tmp_path / "sim", *task) == 0
+    args = ("--preset", "fast", "--steps", 2, "--prior", prior, "--samples", 2, "--calibration", cal_file)
+    assert _cli("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", tmp_path / "out", *args) == 0
+    assert (tmp_path / "out" / "im0_lower.png").is_file() and (tmp_path / "out" / "im0_upper.png").is_file()
+    capsys.readouterr()
+    assert _cli("restore", "-i", tmp_path / "sim" / "measurements", "--mask", tmp_path / "sim" / "masks",
+                "--task", "inpaint_random", "-o", tmp_path / "out2", *args) == 2
+    assert "task 'inpaint_random'" in capsys.readouterr().err
