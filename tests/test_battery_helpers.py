@@ -101,3 +101,86 @@ def test_a_killed_holder_frees_the_lock_and_a_live_one_is_named(tmp_path: Path) 
     with folder_lock(tmp_path):
         assert (tmp_path / LOCK_FILE).read_text() == str(os.getpid())
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+# ---------------------------------------------------------------- train-prior's folders (S4, U3, low)
+
+from nfc_dps import cli  # noqa: E402
+from nfc_dps.training import TrainingError, train_prior  # noqa: E402
+from test_train import TINY, _cfg, _quiet, folder  # noqa: E402,F401 - folder is a fixture
+
+
+def test_train_prior_takes_the_work_folder_lock(folder: Path, tmp_path: Path, capsys) -> None:
+    """S4: a second run on a work folder in use is refused (both ran, interleaving loss.csv)."""
+    wd = tmp_path / "work"
+    wd.mkdir()
+    with folder_lock(wd):
+        with pytest.raises(TrainingError, match=f"--workdir {wd}: another nfc-dps run \\(pid {os.getpid()}\\)"):
+            train_prior(_cfg(wd, folder, steps=1), log=_quiet)
+        assert cli.main(["train-prior", "--workdir", str(wd), "--images", str(folder), "--steps", "1"] + TINY) == 2
+        assert "another nfc-dps run" in capsys.readouterr().err
+    assert not (wd / "loss.csv").exists() and not (wd / "state.pt").exists()
+    assert train_prior(_cfg(wd, folder, steps=1), log=_quiet).step == 1
+    assert not (wd / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("flag", ["workdir", "export"])
+def test_a_work_or_export_folder_equal_to_the_images_is_named(folder: Path, tmp_path: Path, flag: str) -> None:
+    """U3: the folder left out of the scan was the image folder itself: 'no image files found'."""
+    other = {"workdir": tmp_path / "w", "export": None}
+    with pytest.raises(TrainingError, match=f"--{flag} {folder} is the --images folder"):
+        train_prior(_cfg(**{**other, "images": folder, flag: folder}, steps=1), log=_quiet)
+    with pytest.raises(TrainingError, match=f"--images {folder / 'sub'} lies inside --{flag} {folder}"):
+        train_prior(_cfg(**{**other, "images": folder / "sub", flag: folder}, steps=1), log=_quiet)
+
+
+def _unreadable(monkeypatch, *folders: Path) -> None:
+    """os.scandir of ``folders`` fails as a folder without read permission does (tests run as root)."""
+    real = os.scandir
+    blocked = {str(f) for f in folders}
+
+    def scandir(path="."):
+        if os.fspath(path) in blocked:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+def test_unreadable_image_folders_are_named(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """U3: an unreadable --images said 'no image files found'; an unreadable subfolder was skipped
+    without a word."""
+    with monkeypatch.context() as m:
+        _unreadable(m, folder)
+        with pytest.raises(TrainingError, match=f"--images {folder}: cannot read the folder \\(Permission denied\\)"):
+            train_prior(_cfg(tmp_path / "w1", folder, steps=1), log=_quiet)
+    lines: list[str] = []
+    with monkeypatch.context() as m:
+        _unreadable(m, folder / "sub")
+        res = train_prior(_cfg(tmp_path / "w2", folder, steps=1), log=_quiet, warn=lines.append)
+    assert f"skipped the folder {folder / 'sub'}: cannot read the folder (Permission denied); its images are not used" in lines
+    assert (str(folder / "sub"), "cannot read the folder (Permission denied)") in res.skipped
+
+
+def test_steps_0_claims_no_state_it_did_not_write(folder: Path, tmp_path: Path) -> None:
+    lines: list[str] = []
+    wd = tmp_path / "w"
+    train_prior(_cfg(wd, folder, steps=0), log=lines.append)
+    assert not (wd / "state.pt").exists()
+    assert not any("state in" in line for line in lines), lines
+    assert lines[-1] == f"step 0: nothing trained, no state written to {wd}"
+
+
+def test_a_held_out_image_too_small_for_a_psnr_is_skipped(folder: Path, tmp_path: Path) -> None:
+    """A held-out 1x1 image gave a held-out PSNR (of one pixel)."""
+    from nfc_dps import io as nio
+    from nfc_dps.training.data import heldout_score, load_folder
+
+    name = next(f"dot{i}.png" for i in range(1000) if heldout_score(f"dot{i}.png") < 0.05)
+    nio.write_image(folder / name, np.full((1, 1), 0.5, np.float32))
+    lines: list[str] = []
+    data = load_folder(folder, None, 16, 0.05, log=lines.append)
+    assert name not in [n for n, _ in data.heldout] + [n for n, _ in data.train]
+    assert (str(folder / name), "1x1 pixels is smaller than the 16x16 crop: held out, but too small for the "
+                                "held-out PSNR") in data.skipped
+    assert any(line.startswith(f"skipped {folder / name}") for line in lines)

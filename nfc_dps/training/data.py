@@ -19,6 +19,7 @@ offsets and one of the 8 flips/90-degree rotations are sampled as tensors from a
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -69,13 +70,30 @@ def heldout_score(relative: str) -> float:
     return int(hashlib.sha256(relative.encode()).hexdigest()[:12], 16) / 16**12
 
 
+def unreadable_subfolders(folder: Path, exclude: Sequence[Path] = ()) -> list[tuple[Path, str]]:
+    """(subfolder, reason) for each non-hidden folder under ``folder`` that cannot be listed (the
+    recursive image scan passes over those without a word); folders under ``exclude`` and
+    symbolic links to folders (which the scan does not follow) are not visited."""
+    skip = {os.path.realpath(p) for p in exclude}
+    found: list[tuple[Path, str]] = []
+
+    def failed(e: OSError) -> None:
+        if e.filename is not None and Path(e.filename) != folder:
+            found.append((Path(e.filename), f"cannot read the folder ({e.strerror or e})"))
+
+    for top, dirs, _ in os.walk(folder, onerror=failed):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(top, d)) not in skip)
+    return sorted(found)
+
+
 def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: float,
                 exclude: Sequence[Path] = (), log: Callable[[str], None] = print,
                 previous: dict | None = None) -> TrainingData:
     """Read a user folder (see the module docstring). channels None: 1 when every image is gray, else 3.
 
-    Unreadable files and training images smaller than ``crop`` are skipped and named (in
-    ``skipped`` and through ``log``); no usable training image is a :class:`TrainingError`.
+    Unreadable files and folders, training images smaller than ``crop`` and held-out images
+    smaller than ``crop`` (too few pixels for a PSNR) are skipped and named (in ``skipped`` and
+    through ``log``); an unreadable ``folder`` or no usable training image is a :class:`TrainingError`.
     ``previous``: the split of the run being resumed, ``{"train": [...], "heldout": [...]}``
     (relative paths): those files keep their side, whatever was added or removed since; only new
     files are split by their hash.
@@ -83,14 +101,23 @@ def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: fl
     folder = Path(folder)
     if not folder.is_dir():
         raise TrainingError(f"--images {folder}: not a folder")
+    try:
+        with os.scandir(folder) as entries:
+            next(entries, None)
+    except OSError as e:
+        raise TrainingError(f"--images {folder}: cannot read the folder ({e.strerror or e})") from e
+    skipped: list[tuple[str, str]] = []
+    for sub, reason in unreadable_subfolders(folder, exclude):
+        skipped.append((str(sub), reason))
+        log(f"skipped the folder {sub}: {reason}; its images are not used")
     files, others = nio.scan_images(folder, exclude)
     if not files:
         raise TrainingError(f"--images {folder}: no image files found (searched recursively for "
-                            f"{', '.join(nio.IMAGE_EXTENSIONS)}" + (f"; {len(others)} other file(s) ignored" if others else "") + ")")
+                            f"{', '.join(nio.IMAGE_EXTENSIONS)}" + (f"; {len(others)} other file(s) ignored" if others else "")
+                            + (f"; {len(skipped)} unreadable folder(s): {skipped[0][0]}" if skipped else "") + ")")
     if others:
         log(f"ignored {len(others)} file(s) that are not images: " + ", ".join(str(p) for p in others[:5])
             + (" ..." if len(others) > 5 else ""))
-    skipped: list[tuple[str, str]] = []
     read: list[tuple[str, np.ndarray]] = []
     for p in files:
         try:
@@ -119,7 +146,12 @@ def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: fl
     train, heldout = [], []
     for name, img in read:
         img = to_channels(img, channels)
-        if name in held:
+        if name in held and min(img.shape[:2]) < crop:  # a PSNR of a few pixels says nothing
+            reason = (f"{img.shape[1]}x{img.shape[0]} pixels is smaller than the {crop}x{crop} crop: held out, "
+                      f"but too small for the held-out PSNR")
+            skipped.append((str(folder / name), reason))
+            log(f"skipped {folder / name}: {reason}")
+        elif name in held:
             heldout.append((name, img))
         elif min(img.shape[:2]) < crop:
             reason = f"{img.shape[1]}x{img.shape[0]} pixels is smaller than the {crop}x{crop} crop"

@@ -18,6 +18,7 @@ denoising PSNR at every export) and ``train_config.json``.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -237,8 +238,46 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     log = log or _default_log
     warn = warn or log
     _check(cfg)
+    _check_folders(cfg)
     workdir = Path(cfg.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainingError(f"--workdir {workdir}: cannot create it ({e.strerror or e})") from e
+    from ..cli.common import UsageError
+    from ..cli.outputs import folder_lock
+
+    with contextlib.ExitStack() as stack:
+        try:  # one run per work folder (the lock restore takes on its output folder)
+            stack.enter_context(folder_lock(workdir))
+        except UsageError as e:
+            raise TrainingError(f"--workdir {workdir}: {e}") from None
+        return _train_locked(cfg, workdir, log, warn)
+
+
+def _check_folders(cfg: TrainConfig) -> None:
+    """The work, export and image folders are apart: a work or export folder that is the image
+    folder, or holds it, would leave no image to train on (both are left out of the scan)."""
+    if cfg.images is None:
+        return
+    images = Path(cfg.images)
+    try:
+        real = images.resolve()
+        others = [(flag, Path(f), Path(f).resolve()) for flag, f in (("--workdir", cfg.workdir), ("--export", cfg.export))
+                  if f is not None]
+    except (OSError, RuntimeError) as e:
+        raise TrainingError(f"cannot follow the symbolic links of a folder: {e}") from e
+    for flag, given, folder in others:
+        if folder == real:
+            raise TrainingError(f"{flag} {given} is the --images folder {images}; choose another folder (its files "
+                                f"would mix with the training images, which it is left out of)")
+        if folder in real.parents:
+            raise TrainingError(f"--images {images} lies inside {flag} {given}, which the image scan leaves out; "
+                                f"choose a {flag} folder outside it")
+
+
+def _train_locked(cfg: TrainConfig, workdir: Path, log: Callable[[str], None], warn: Callable[[str], None]) -> TrainResult:
+    """:func:`train_prior` once the work folder is locked."""
     device = torch.device(cfg.device)
     state_path = workdir / STATE_NAME
     state = read_state(state_path, device) if state_path.exists() else None
@@ -460,6 +499,10 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         bar.close()
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
-    log(f"step {step}: state in {state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
+    if state_path.is_file():
+        log(f"step {step}: state in {state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
+    else:  # --steps 0 on a new work folder
+        log(f"step {step}: nothing trained, no state written to {workdir}"
+            + (f"; prior of the initial weights in {cfg.export}" if cfg.export else ""))
     return TrainResult(step, last["loss"], time.time() - t_wall, n_params, last["heldout"], workdir,
                        Path(cfg.export) if cfg.export else None, data.skipped)
