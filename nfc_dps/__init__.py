@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one source: pyproject.toml reads it (dynamic version), `nfc-dps --version` prints it
 
 _LAZY = {
     "restore": ("nfc_dps.api", "restore"),

@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from .. import __version__
 from ..config import ConfigError
 from . import bench, calibrate, convert_adm, demo, restore, simulate, train_prior
 from .common import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``nfc-dps`` parser: one subcommand per module of this package."""
     parser = _Parser(prog="nfc-dps", description="Image restoration with diffusion priors (NFC, DAPS, ...).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the installed nfc_dps version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (demo, restore, simulate, calibrate, bench, train_prior, convert_adm):  # the order of --help
         module.add_parser(sub)

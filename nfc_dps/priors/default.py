@@ -1,10 +1,12 @@
-"""The embedded default prior (trained by scripts/train_prior.py, shipped in assets/default_prior)."""
+"""The embedded default prior (trained by scripts/train_prior.py, kept in the repository's
+assets/default_prior and installed with the package as nfc_dps/_assets/default_prior)."""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +17,36 @@ from .diffusers_prior import load_diffusers_prior
 
 #: environment variable that points at another default prior folder
 ENV_VAR = "NFC_DPS_DEFAULT_PRIOR"
+#: the package that carries the embedded prior as package data (the repository's assets/ folder)
+ASSETS_PACKAGE = "nfc_dps._assets"
+#: the embedded prior's folder inside ASSETS_PACKAGE
+PRIOR_FOLDER = "default_prior"
 
 
 def default_prior_path() -> Path:
-    """Folder of the embedded prior: $NFC_DPS_DEFAULT_PRIOR, else <repo>/assets/default_prior."""
+    """Folder of the embedded prior: $NFC_DPS_DEFAULT_PRIOR, else the ``default_prior`` folder of the
+    package data ``nfc_dps._assets``, found through :mod:`importlib.resources` (in an editable install
+    the repository's assets/default_prior, in a wheel install site-packages/nfc_dps/_assets/default_prior).
+
+    Raises FileNotFoundError when the package data is not installed (an editable install made
+    before nfc_dps._assets existed: rerun ``pip install -e .``) or is not a folder on disk (a zipped
+    install); the folder itself may be missing, which :func:`load_prior` reports."""
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "assets" / "default_prior"
+    try:
+        folder = resources.files(ASSETS_PACKAGE) / PRIOR_FOLDER
+    except ModuleNotFoundError as e:
+        raise FileNotFoundError(
+            f"the embedded default prior's package {ASSETS_PACKAGE} is not installed ({e}); reinstall nfc_dps "
+            f"(pip install -e . in a checkout, or pip install the wheel) or set {ENV_VAR} to a prior folder"
+        ) from e
+    if not isinstance(folder, Path):
+        raise FileNotFoundError(
+            f"the embedded default prior ({folder}) is not a folder on disk (nfc_dps installed as a zip?); "
+            f"install nfc_dps unzipped or set {ENV_VAR} to a prior folder"
+        )
+    return folder
 
 
 def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu", precision: str = "auto") -> Prior:
@@ -34,8 +58,8 @@ def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu
         path = default_prior_path()
         if not path.is_dir():
             raise FileNotFoundError(
-                f"embedded default prior not found at {path}; install nfc_dps from a source checkout "
-                f"(pip install -e .) or set {ENV_VAR} to a prior folder"
+                f"embedded default prior not found at {path}; reinstall nfc_dps (its wheel carries the prior "
+                f"as package data) or set {ENV_VAR} to a prior folder"
             )
     return load_diffusers_prior(path, device=device, precision=precision)
 
