@@ -4,7 +4,8 @@
     python scripts/calibration.py --out runs/bench/calibration --threads 1
     python scripts/calibration.py --out runs/cal_quick --settings gaussian --budgets 20 --methods nfc,daps
 
-Writes OUT/calibration.csv, OUT/summary.md and OUT/reliability.png (see docs/benchmarks.md).
+Writes OUT/calibration.csv, OUT/conformal.csv, OUT/summary.md and OUT/reliability.png (see
+docs/benchmarks.md and docs/uncertainty.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from nfc_dps.bench.calibration import DEFAULT_SAMPLES, DEFAULT_SETTINGS, run_calibration
+from nfc_dps.bench.calibration import DEFAULT_SAMPLES, DEFAULT_SETTINGS, DEFAULT_VALIDATION_IMAGES, run_calibration
 
 
 def _list(s: str) -> tuple[str, ...]:
@@ -35,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", type=_list, default=(), help="registry names to run (default: every stochastic one)")
     ap.add_argument("--prior", default=None, help="prior folder for the embedded settings (default: the embedded prior)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", type=int, default=64, help="embedded images' size in px (default 64)")
+    ap.add_argument("--validation-images", type=int, default=DEFAULT_VALIDATION_IMAGES,
+                    help=f"embedded validation tiles (of chelsea, camera) the calibrated interval is fitted on "
+                         f"(default {DEFAULT_VALIDATION_IMAGES}; 0: no calibrated interval on the embedded prior)")
+    ap.add_argument("--test-images", type=int, default=2,
+                    help="embedded test tiles (of astronaut, coffee; the first two are their centre crops, default 2)")
+    ap.add_argument("--coverage", type=float, default=0.9, help="target coverage of the calibrated interval (default 0.9)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     args = ap.parse_args(argv)
     if args.samples < 4 or args.samples % 4:
@@ -42,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     run_calibration(args.out, args.settings, args.budgets, args.embedded_budget, args.samples, args.methods,
-                    args.prior, args.seed)
+                    args.prior, args.seed, embedded_size=args.size, validation_images=args.validation_images,
+                    test_images=args.test_images, coverage=args.coverage)
     return 0
 
 

@@ -366,3 +366,52 @@ def test_cli_random_task_applies_to_its_simulated_measurements(tmp_path, prior_d
     assert _cli("restore", "-i", tmp_path / "sim" / "measurements", "--mask", tmp_path / "sim" / "masks",
                 "--task", "inpaint_random", "-o", tmp_path / "out2", *args) == 2
     assert "task 'inpaint_random'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the harness's protocol
+
+
+def test_photo_tiles_do_not_overlap_and_start_with_the_centre_crop():
+    from nfc_dps.bench.calibration import photo_tiles
+    from nfc_dps.bench.measurements import _center_crop_zoom
+    from nfc_dps.priors.training_data import load_skimage_image
+
+    tiles = photo_tiles(("chelsea", "camera"), 5, 16)
+    assert [n for n, _ in tiles][:2] == ["chelsea", "camera"]
+    assert np.array_equal(tiles[0][1], _center_crop_zoom(load_skimage_image("chelsea"), 16, 2))
+    assert len({n for n, _ in tiles}) == 5 and all(t.shape == (16, 16, 3) for _, t in tiles)
+    assert not any(np.array_equal(a, b) for i, (_, a) in enumerate(tiles) for _, b in tiles[i + 1:])
+    with pytest.raises(ValueError, match="fewer than"):
+        photo_tiles(("chelsea",), 10_000, 16)
+
+
+@pytest.mark.parametrize("setting", ["gaussian", "mixture-well-mild-lo"])
+def test_exact_sampler_stays_at_nominal_after_calibration(setting):
+    """On the oracles, q fitted on exact draws for 20 validation measurements gives the 8 test
+    measurements 90 % coverage (no over-correction), at K = 4 and K = 16."""
+    from nfc_dps.bench.calibration import _oracle_problems, conformal_rows
+
+    (name, _, _, truth, _, _, exact, gen), = _oracle_problems([setting], 0, torch.device("cpu"))
+    (_, _, _, v_truth, _, _, v_exact, _), = _oracle_problems([setting], 0, torch.device("cpu"), "validation")
+    rows = conformal_rows(name, "exact", 0, [v_exact(16, gen(name, "validation-exact")).double()],
+                          [v_truth.double()], [exact(16, gen(name, "exact")).double()], [truth.double()], 0.9,
+                          clip=False)
+    assert [r["k"] for r in rows] == [4, 16] and all(r["n_validation"] == 20 and r["n_test"] == 8 for r in rows)
+    for r in rows:
+        assert abs(r["coverage"] - 0.9) < 0.02, r
+        assert r["width"] > 0 and r["q"] > 0
+
+
+def test_conformal_rows_correct_a_too_narrow_sampler():
+    """Draws shrunk 2x towards their mean cover far less than 90 % at ±1.645 std; calibrated, 90 %."""
+    from nfc_dps.bench.calibration import _oracle_problems, conformal_rows
+
+    (name, _, _, truth, _, _, exact, gen), = _oracle_problems(["gaussian"], 0, torch.device("cpu"))
+    (_, _, _, v_truth, _, _, v_exact, _), = _oracle_problems(["gaussian"], 0, torch.device("cpu"), "validation")
+
+    def narrow(x):
+        return x.mean(0) + 0.5 * (x - x.mean(0))
+
+    r = conformal_rows(name, "narrow", 0, [narrow(v_exact(16, gen(name, "v")).double())], [v_truth.double()],
+                       [narrow(exact(16, gen(name, "t")).double())], [truth.double()], 0.9, clip=False)[-1]
+    assert r["raw_coverage"] < 0.7 and abs(r["coverage"] - 0.9) < 0.02
