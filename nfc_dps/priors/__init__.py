@@ -2,6 +2,7 @@
 
 from .adm import ADM_PRESETS, adm_unet_config, convert_adm_checkpoint, convert_adm_state_dict
 from .base import EDMDenoiser, EpsilonDenoiser, Prior, PriorWrapper, TiledPrior
+from .denoiser import DenoiserPrior
 from .diffusers_prior import load_diffusers_prior
 from .gaussian import GaussianSpectralPrior, circulant_transfer
 from .mixture import GaussianMixturePrior, MixturePosterior
@@ -12,6 +13,7 @@ __all__ = [
     "EDMDenoiser",
     "EpsilonDenoiser",
     "TiledPrior",
+    "DenoiserPrior",
     "load_diffusers_prior",
     "GaussianSpectralPrior",
     "GaussianMixturePrior",

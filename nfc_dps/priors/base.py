@@ -57,6 +57,10 @@ class Prior(nn.Module):
         channels: number of image channels the prior models (3 for RGB).
         sigma_min, sigma_max: noise range (model units) the denoiser was trained for.
         size_multiple: H and W must be multiples of this (1 = any size).
+        denoiser_only: False for a diffusion prior, whose ``sigma_max`` drowns the image (a
+            schedule that asks for more starts there); True for a Gaussian denoiser valid up to
+            ``sigma_max`` only (``DenoiserPrior``): a sampler whose schedule would call it above
+            refuses before it starts (``samplers.common.schedule_top``).
     """
 
     channels: int = 3
@@ -68,6 +72,8 @@ class Prior(nn.Module):
     power_law: tuple[float, float] | None = None
     #: the network's compute precision, "float32" or "bfloat16" (set by the loaders)
     precision: str = "float32"
+    #: a denoiser without diffusion noise levels (see the class docstring)
+    denoiser_only: bool = False
 
     @property
     def fixed_size(self) -> tuple[int, int] | None:
@@ -234,7 +240,7 @@ def x0_to_prediction(x0: Tensor, eps: Tensor, alpha: Tensor, sigma_vp: Tensor, p
 
 class PriorWrapper(Prior):
     """A prior around another one (``inner``): it answers for the inner prior's channels, noise
-    range, size multiple and precision (``spectrum`` and ``spectrum_is_exact`` defer to ``inner``
+    range (and whether it is a denoiser only), size multiple and precision (``spectrum`` and ``spectrum_is_exact`` defer to ``inner``
     already); a subclass overrides :meth:`denoise`, which passes the call through here."""
 
     def __init__(self, inner: Prior) -> None:
@@ -242,6 +248,7 @@ class PriorWrapper(Prior):
         self.inner = inner
         self.channels, self.sigma_min, self.sigma_max = inner.channels, inner.sigma_min, inner.sigma_max
         self.size_multiple, self.precision = inner.size_multiple, inner.precision
+        self.denoiser_only = inner.denoiser_only
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
         return self.inner.denoise(x, sigma)

@@ -199,6 +199,31 @@ def ddim_step(x0: Tensor, eps: Tensor, sigma_next: float, noise_fraction: float,
     return out
 
 
+def schedule_top(prior: Prior, top: float) -> float:
+    """The first noise level (model units) a sampler calls ``prior`` at, when its config asks
+    for ``top``: ``top`` capped at a diffusion prior's ``sigma_max`` (where the image is already
+    drowned); for a denoiser-only prior (``prior.denoiser_only``) ``top`` itself, and a
+    ValueError naming the prior's range and the methods that fit when ``top`` lies above it.
+    Every sampler resolves its schedule's top here, before any work."""
+    limit = float(prior.sigma_max)
+    if not prior.denoiser_only or top <= limit * (1 + 1e-6):
+        return min(float(top), limit)
+    from .dpir import DPIR_SIGMA_MAX
+    from .nfc import AUTO_SIGMA_MAX_INPAINT
+
+    low = float(prior.sigma_min)
+    lower = (f"; this prior stops below DPIR's first level, so pass sigma_max={limit:.4g} to either"
+             if limit < DPIR_SIGMA_MAX else "")
+    raise ValueError(
+        f"this sampler's schedule would call the prior at sigma {top:.4g} (model units, [-1, 1] data; "
+        f"{top / 2:.4g} in [0, 1] units), but the prior is a denoiser only, for sigma in [{low:.4g}, {limit:.4g}] "
+        f"model units ([{low / 2:.4g}, {limit / 2:.4g}] in [0, 1] units), with no diffusion noise levels. "
+        f"Methods that stay in a denoiser's range: 'nfc' with its default preset 'deterministic' (first level "
+        f"{DPIR_SIGMA_MAX:.3g}, {AUTO_SIGMA_MAX_INPAINT:g} for inpainting) and 'dpir' (first level "
+        f"{DPIR_SIGMA_MAX:.3g}){lower}; daps, dps, diffpir, ddnm, ddrm and nfc's fast, fast_psnr and paper presets "
+        f"start from noise and need a diffusion prior (docs/bring_your_own.md)")
+
+
 def check_step_settings(num_steps: int, eta: float, sigma_max: float, schedule: str) -> None:
     """Raise ValueError unless num_steps >= 1 (int), 0 <= eta <= 1, sigma_max > 0 (model units) and
     ``schedule`` is one of :data:`~nfc_dps.schedules.SCHEDULES` (DDNM's and DDRM's shared fields)."""

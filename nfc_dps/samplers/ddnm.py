@@ -43,8 +43,8 @@ from ..frequency import fourier_filter
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
-from .common import (StepConfig, Callback, Generators, check_step_settings, counting, ddim_step, sigma_vector, to_image_units,
-                     to_model_units)
+from .common import (StepConfig, Callback, Generators, check_step_settings, counting, ddim_step, schedule_top, sigma_vector,
+                     to_image_units, to_model_units)
 
 CORRECTIONS = ("prox", "scaled")
 
@@ -136,7 +136,7 @@ def sample_ddnm(
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
     noise = 2.0 * float(sigma_y)  # the true noise std in model units (prob.sigma is floored)
-    sigmas, _ = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
+    sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
 
     H = operator.transfer_function(*image_shape[-2:], dtype=y.dtype, device=y.device) if operator.is_circulant else None
     if cfg.correction == "scaled" and H is None and noise > 0:

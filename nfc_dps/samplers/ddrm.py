@@ -26,7 +26,8 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
-from .common import StepConfig, Callback, Generators, check_step_settings, counting, sigma_vector, to_image_units, to_model_units
+from .common import (StepConfig, Callback, Generators, check_step_settings, counting, schedule_top, sigma_vector,
+                     to_image_units, to_model_units)
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,13 @@ def sample_ddrm(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
+    sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
     noise = 2.0 * float(sigma_y)
     basis = spectral_basis(operator, prob.y, image_shape, cfg.singular_cutoff)
     s = basis.singular
     observed = s > 0
     # per-component measurement noise sigma_y / s (0 where unobserved: unused there)
     sig_k = torch.where(observed, noise / torch.where(observed, s, torch.ones_like(s)), torch.zeros_like(s))
-    sigmas, _ = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):

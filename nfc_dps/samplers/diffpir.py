@@ -35,7 +35,8 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
-from .common import StepConfig, Callback, Generators, counting, ddim_step, sigma_vector, to_image_units, to_model_units
+from .common import (StepConfig, Callback, Generators, counting, ddim_step, schedule_top, sigma_vector, to_image_units,
+                     to_model_units)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def sample_diffpir(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
-    sigmas, _ = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
+    sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):

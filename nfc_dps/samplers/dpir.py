@@ -26,7 +26,8 @@ from torch import Tensor
 
 from ..operators.base import LinearOperator
 from ..priors.base import Prior
-from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, sigma_vector,
+from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
+                     sigma_vector,
                      to_image_units, to_model_units)
 from .self_ensemble import SelfEnsemblePrior
 
@@ -112,6 +113,7 @@ def sample_dpir(
     prior = counting(prior)
     cfg = config
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
+    schedule_top(prior, cfg.sigma_max)  # the first level: a denoiser-only prior whose range it leaves refuses
     prob = to_model_units(operator, y, sigma_y, image_shape)
     z = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start)
     for k, sigma in enumerate(dpir_sigmas(cfg, prob.sigma)):

@@ -41,7 +41,8 @@ from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
-from .common import StepConfig, Callback, Generators, counting, sigma_vector, to_image_units, to_model_units
+from .common import (StepConfig, Callback, Generators, counting, schedule_top, sigma_vector, to_image_units,
+                     to_model_units)
 
 # ---------------------------------------------------------------------------------------------
 # DPS
@@ -162,7 +163,7 @@ def sample_dps(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
-    sigmas, ts = sigma_grid(cfg.num_steps, min(cfg.sigma_max, prior.sigma_max), cfg.schedule)
+    sigmas, ts = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
     h, w = prob.y.shape[-2:]
 
     x = (1 + sigmas[0] ** 2) ** 0.5 * randn_per_image(image_shape, generators, y.dtype, y.device)

@@ -53,6 +53,7 @@ from .common import (
     initial_estimate,
     pf_ode_predict,
     pixel_gain,
+    schedule_top,
     to_image_units,
     to_model_units,
 )
@@ -301,7 +302,7 @@ def sample_nfc(
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
-    sigmas = level_sigmas(cfg, operator, prob.sigma, prior.sigma_max)
+    sigmas = level_sigmas(cfg, operator, prob.sigma, schedule_top(prior, top_sigma(cfg.sigma_max, operator, prob.sigma)))
     n = cfg.num_levels
     needs_spectrum = (cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
                       or cfg.start == "wiener")
