@@ -184,7 +184,8 @@ def restore(
     Args:
         y: measurement in [0, 1]: tensor (B, C, h, w) or (C, h, w), or numpy (h, w[, C]).
             Float data is used as it is and must lie in [0, 1] up to the noise (at most
-            ``6 * sigma_y + 0.05`` outside, else ValueError naming the range found); uint8 is
+            ``6 * sigma_y + 0.05`` outside, else ValueError naming the range found; any finite
+            values for an operator of family "other", such as a ``FunctionOperator``); uint8 is
             divided by 255 and uint16 by 65535; other integer or bool dtypes are a TypeError.
             Any float dtype is computed in float32; results are float32.
         operator: the forward operator (see :mod:`nfc_dps.operators`).
@@ -239,7 +240,11 @@ def restore(
         raise ValueError(f"sigma_y {why}")
     sigma_y = sigma
     batch, back = as_batch(y)
-    _check_range(batch, sigma_y)
+    if operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
+        if not torch.isfinite(batch).all():
+            raise ValueError("measurement contains NaN or Inf")
+    else:
+        _check_range(batch, sigma_y)
     b, c = batch.shape[:2]
     seeds = _seed_list(seed, b)
     input_device = batch.device
@@ -266,7 +271,10 @@ def restore(
                           noise_sigma=sigma_y, factor=operator.downsampling_factor)
 
     pc = prior.channels
-    if c != pc:
+    # an operator that maps channel to channel gives images of the measurement's channels; one with
+    # fixed shapes (FunctionOperator) may measure any number of channels of a pc-channel image
+    gray = c != pc and operator.image_shape(batch.shape)[1] != pc
+    if gray:
         if c == 1:
             # pc copies of one noisy channel carry its information once: as independent channels
             # each has noise sigma_y * sqrt(pc), which keeps the likelihood of their mean exact
@@ -317,7 +325,7 @@ def restore(
     seconds = time.perf_counter() - t0
     x = parts[0] if len(parts) == 1 else torch.cat(parts)
     del parts
-    if c != pc:
+    if gray:
         x = x.mean(1, keepdim=True)
     if not torch.isfinite(x).all():
         raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")

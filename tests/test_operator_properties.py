@@ -1,5 +1,5 @@
 """Property tests (hypothesis) over every operator and wrapper: random sizes, gray and RGB,
-non-square images, CroppedOperator around each operator. Checked: the adjoint, A A^+ A = A,
+non-square images, CroppedOperator around each operator, FunctionOperator over a random matrix. Checked: the adjoint, A A^+ A = A,
 prox optimality, and the declared structure (transfer function, pixel mask, blur kernel,
 downsampling factor, image region) against the applied operator. float64, small sizes."""
 
@@ -16,6 +16,7 @@ from nfc_dps.operators import (
     BlurOperator,
     CroppedOperator,
     Denoising,
+    FunctionOperator,
     Inpainting,
     LinearOperator,
     SuperResolution,
@@ -26,12 +27,20 @@ from nfc_dps.operators import (
 from nfc_dps.operators.base import DIAGONAL_BASES, FAMILIES
 
 KINDS = ("blur_circular", "blur_reflect", "motion_circular", "motion_reflect", "denoise", "inpaint",
-         "sr_bicubic", "sr_average")
+         "sr_bicubic", "sr_average", "function")
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True)
 
 
-def _operator(kind: str, h: int, w: int, seed: int) -> LinearOperator:
-    """An operator of ``kind`` for (h, w) images (h, w multiples of 2 for SR x 2)."""
+def _operator(kind: str, h: int, w: int, seed: int, channels: int = 1) -> LinearOperator:
+    """An operator of ``kind`` for (h, w) images (h, w multiples of 2 for SR x 2); "function": a
+    random Gaussian matrix from the (channels, h, w) image to about half as many values, its
+    adjoint by autograd."""
+    if kind == "function":
+        n = channels * h * w
+        m = n // 2 + 1
+        matrix = torch.randn((m, n), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) / n**0.5
+        return FunctionOperator(lambda x: (x.flatten(1) @ matrix.T.to(x.dtype)).view(-1, 1, m, 1), (channels, h, w),
+                                (1, m, 1), dtype=torch.float64)
     if kind.startswith("blur"):
         return BlurOperator(gaussian_kernel(5, 1.0 + 0.1 * (seed % 5)), kind.split("_")[1])
     if kind.startswith("motion"):
@@ -44,13 +53,14 @@ def _operator(kind: str, h: int, w: int, seed: int) -> LinearOperator:
 
 
 @st.composite
-def problems(draw, wrapped: bool | None = None):
-    """(operator, image shape (B, C, H, W), seed): an operator, possibly on a larger canvas."""
-    kind = draw(st.sampled_from(KINDS))
+def problems(draw, wrapped: bool | None = None, kind: str | None = None):
+    """(operator, image shape (B, C, H, W), seed): an operator (of ``kind``, else any), possibly on
+    a larger canvas."""
+    kind = draw(st.sampled_from(KINDS)) if kind is None else kind
     channels = draw(st.sampled_from((1, 3)))
     h, w = 2 * draw(st.integers(2, 6)), 2 * draw(st.integers(2, 6))  # even: SR x 2 divides them
     seed = draw(st.integers(0, 2**16))
-    op = _operator(kind, h, w, seed)
+    op = _operator(kind, h, w, seed, channels)
     crop = draw(st.booleans()) if wrapped is None else wrapped
     if crop:
         op = CroppedOperator(op, (h, w), (h + draw(st.integers(0, 3)), w + draw(st.integers(1, 3))))
@@ -85,7 +95,8 @@ def test_pseudo_inverse(problem):
     back = op.A(op.A_pinv(ax))
     # closed forms reach round-off; the conjugate-gradient fallback (reflect blur, crops: the base
     # class's 100 iterations at tol 1e-6 on the normal equations) stops at about 1e-2 on 5 x 5 kernels
-    closed = not isinstance(op, CroppedOperator) and not (op.family == "blur" and not op.is_circulant)
+    closed = (not isinstance(op, CroppedOperator) and not (op.family == "blur" and not op.is_circulant)
+              and not isinstance(op, FunctionOperator))
     tol = 1e-6 if closed else 3e-2
     assert float((back - ax).norm()) <= tol * max(1.0, float(ax.norm()))
 
@@ -101,6 +112,24 @@ def test_prox_optimality(problem, sigma_y, r):
     grad = op.A_adjoint(op.A(x) - y) / sigma_y**2 + (x - z) / r**2
     scale = float((op.A_adjoint(y) / sigma_y**2 + z / r**2).norm())
     assert float(grad.norm()) <= 1e-7 * max(1.0, scale)
+
+
+@PROPERTY_SETTINGS
+@given(problems(kind="function"), st.floats(0.05, 1.0), st.floats(0.1, 3.0))
+def test_function_operator_over_a_random_matrix(problem, sigma_y, r):
+    """FunctionOperator on every example (the tests above draw it among the other kinds): its
+    autograd adjoint is the matrix's transpose, its CG pseudo-inverse and prox solve."""
+    op, shape, seed = problem
+    x = _randn(shape, seed)
+    y = _randn(op.measurement_shape(shape), seed + 1)
+    lhs, rhs = _dot(op.A(x), y), _dot(x, op.A_adjoint(y))
+    assert abs(lhs - rhs) <= 1e-10 * max(1.0, abs(lhs))
+    ax = op.A(x)
+    assert float((op.A(op.A_pinv(ax)) - ax).norm()) <= 1e-4 * float(ax.norm())
+    z = _randn(shape, seed + 2)
+    p = op.prox(y, z, sigma_y, r, max_iter=500, tol=1e-12)
+    grad = op.A_adjoint(op.A(p) - y) / sigma_y**2 + (p - z) / r**2
+    assert float(grad.norm()) <= 1e-7 * max(1.0, float((op.A_adjoint(y) / sigma_y**2 + z / r**2).norm()))
 
 
 @PROPERTY_SETTINGS
@@ -175,7 +204,7 @@ def test_declared_gram_eigenvalues_are_those_of_the_dense_normal_matrix(problem)
     lam = op.gram_eigenvalues(h, w)
     inner = getattr(op, "inner", op)
     if lam is None:
-        assert isinstance(inner, BlurOperator) and not inner.is_circulant
+        assert (isinstance(inner, BlurOperator) and not inner.is_circulant) or isinstance(inner, FunctionOperator)
         return
     basis = torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)
     a = op.A(basis).reshape(h * w, -1)  # row i: A e_i
@@ -198,6 +227,9 @@ def test_approximate_gram_eigenvalues_are_exact_where_declared(problem):
         assert torch.equal(approx, lam)
         return
     inner = getattr(op, "inner", op)
+    if isinstance(inner, FunctionOperator):  # declares nothing, vouches for nothing
+        assert approx is None
+        return
     ih, iw = op.image_region() or (h, w)
     want = BlurOperator(inner.blur_kernel(), "circular").gram_eigenvalues(ih, iw)
     want = torch.cat([want, want.new_zeros(h * w - ih * iw)])

@@ -1,10 +1,11 @@
-"""Linear forward operators (blur, inpainting, super-resolution, denoising) and their makers."""
+"""Linear forward operators (blur, inpainting, super-resolution, denoising, any linear function) and their makers."""
 
 from .base import (LinearOperator, check_image, conjugate_gradient, noise_sigma_problem, per_image, prox_scales,
                    randn_per_image)
 from .blur import BlurOperator, mirror_indices
 from .denoising import Denoising
 from .factory import TASKS, build_operator, check_task_params
+from .function import FunctionOperator
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .padding import CroppedOperator, padded_size
 from .kernels import gaussian_kernel, load_kernel, motion_kernel, normalize_kernel
@@ -16,5 +17,5 @@ __all__ = [
     "BlurOperator", "mirror_indices", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
     "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "build_operator", "check_task_params",
-    "CroppedOperator", "padded_size",
+    "CroppedOperator", "padded_size", "FunctionOperator",
 ]
