@@ -6,6 +6,7 @@ oracle, the mixture protocol or the profile (:func:`run_from_args`).
     python scripts/benchmark.py --protocol oracle --out runs/bench/oracle
     python scripts/benchmark.py --profile --size 256 --out runs/bench/profile
     python scripts/benchmark.py --protocol paper --images DIR --prior DIR --out runs/bench/paper
+    nfc-dps bench report                 # the docs' tables from the committed result files in docs/
     torchrun --nproc_per_node=K scripts/benchmark.py ...          # shards (task, image) jobs
 """
 
@@ -42,6 +43,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p = parser or argparse.ArgumentParser(
         prog="benchmark", description="PSNR/SSIM tables against the peers and classical baselines, NFE curves, "
                                       "timing, the Gaussian oracle and a per-NFE profile (see docs/benchmarks.md).")
+    p.add_argument("action", nargs="?", choices=("run", "report"), default="run",
+                   help="run (default): the benchmark; report: regenerate the tables of docs/benchmarks.md, "
+                        "docs/prior.md and README.md from the committed result files (nfc_dps.bench.report)")
+    p.add_argument("--root", type=Path, default=Path("."), help="report: the repository folder (default .)")
+    p.add_argument("--check", action="store_true",
+                   help="report: write nothing; exit 1 if a page differs from what the result files give")
     p.add_argument("--protocol", choices=PROTOCOLS, default="local",
                    help="local: embedded prior, 4 held-out scikit-image crops; paper: 256 px, --images and --prior "
                         "(DPS/DAPS operators); oracle: Gaussian prior with exact bounds; mixture: Gaussian-mixture "
@@ -150,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the profile, the oracle, the mixture protocol or the grid; 0, or 2 with a one-line error."""
     try:
+        if getattr(args, "action", "run") == "report":
+            from .report import run_report
+
+            return run_report(args.root, check=args.check)
         spec = spec_from_args(args)
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -18,7 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         b.set_defaults(func=lambda a: _unavailable("bench", bench_error))
     else:
         b = sub.add_parser("bench", help="PSNR/SSIM tables vs peers and classical baselines (docs/benchmarks.md)",
-                           description="See docs/benchmarks.md; same options as scripts/benchmark.py.")
+                           description="See docs/benchmarks.md; same options as scripts/benchmark.py. "
+                                       "`nfc-dps bench report` regenerates the docs' tables from the "
+                                       "committed result files.")
         benchmark.build_parser(b)
         b.set_defaults(func=cmd_bench)
 

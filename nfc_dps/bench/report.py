@@ -1,0 +1,477 @@
+"""``nfc-dps bench report``: the result tables of the documentation, generated from the committed
+result files, never typed by hand.
+
+Each page (docs/benchmarks.md, docs/prior.md, README.md) holds marker comments::
+
+    <!-- table:local256 -->
+    (generated: replaced by every run of the report)
+    <!-- /table -->
+
+and :func:`update_pages` rewrites what lies between them from the files under ``docs/``:
+``docs/bench/<name>_results.csv`` (the grid's rows, averaged here with the same helpers as
+summary.md, :mod:`nfc_dps.bench.tables`) with the header of ``docs/bench/<name>_summary.md``
+(images, date, overrides) for the caption, ``docs/bench/calibration*/calibration.csv``, the
+Gaussian oracle's ``docs/bench/oracle*_summary.md`` and the default prior's
+``docs/prior_report.json``. A page without markers is left alone; an unknown table name is an
+error. Running it twice changes nothing. ``--check`` writes nothing and exits 1 when a page
+differs from what the result files give (tests/test_bench_report.py runs it on the repository).
+
+A new prior or preset: rerun the protocols (docs/benchmarks.md names each command), copy their
+results.csv / summary.md into docs/bench under the names below, run ``nfc-dps bench report``,
+commit.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .tables import group_rows, load_results, mean_std, numbers
+
+TASKS = ("sr4", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
+TASK_LABELS = {"sr4": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
+               "deblur_gaussian": "Gaussian deblur", "deblur_motion": "motion deblur", "denoise": "denoising"}
+#: display names, in the order rows are listed (network methods, then the classical answers)
+METHOD_NAMES = {"nfc": "NFC", "daps": "DAPS", "dps": "DPS", "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM",
+                "dpir": "DPIR", "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic"}
+NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
+CLASSICAL = ("wiener", "tv", "bicubic", "biharmonic")
+DPIR_COLUMNS = ("dpir", "dpir:paper")
+MARKER = re.compile(r"(<!-- table:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+PAGES = ("docs/benchmarks.md", "docs/prior.md", "README.md")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass
+class Source:
+    """One grid's committed results: its rows and its summary's header lines (``key: value``)."""
+
+    path: Path
+    rows: list[dict[str, str]]
+    header: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def preset(self) -> str:
+        """The run's --preset (the one bare method names ran at)."""
+        return self.header.get("preset / budgets", "fast").split("/")[0].strip()
+
+
+def read_header(path: Path) -> dict[str, str]:
+    """The ``- **key**: value`` (or ``- key: value``) lines of a summary file; {} if there is none."""
+    out: dict[str, str] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        m = re.match(r"- (?:\*\*)?([^*:]+?)(?:\*\*)?: (.*)$", line)
+        if m:
+            out.setdefault(m.group(1).strip(), m.group(2).strip())
+    return out
+
+
+def load_source(bench: Path, name: str) -> Source:
+    """docs/bench/<name>_results.csv with the header of <name>_summary.md (a missing CSV is an error)."""
+    path = bench / f"{name}_results.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
+    return Source(path, load_results(path), read_header(bench / f"{name}_summary.md"))
+
+
+# --------------------------------------------------------------------------- labels and cells
+
+
+def column_label(method: str, preset: str) -> tuple[str, str]:
+    """(display name, preset) of a results row's method column, e.g. "nfc:fast_psnr" -> ("NFC", "fast_psnr")."""
+    base, _, explicit = method.partition(":")
+    return METHOD_NAMES.get(base, base), explicit or preset
+
+
+def row_label(method: str, estimator: str, preset: str) -> str:
+    """"NFC `deterministic`", "DDNM+ `fast`, mean of 4", "TV"."""
+    base = method.partition(":")[0]
+    name, p = column_label(method, preset)
+    lab = name if base in CLASSICAL else f"{name} `{p}`"
+    if estimator.startswith("mean"):
+        lab += f", mean of {estimator[4:]}"
+    return lab
+
+
+def _sort_key(key: tuple[str, str, str], preset: str) -> tuple:
+    """Network methods first (NFC's presets in NFC_PRESET_ORDER, then the peers), the classical answers last."""
+    method, est, budget = key
+    base = method.partition(":")[0]
+    order = list(METHOD_NAMES)
+    p = column_label(method, preset)[1]
+    return (base in CLASSICAL, order.index(base) if base in order else len(order),
+            NFC_PRESET_ORDER.index(p) if p in NFC_PRESET_ORDER else len(NFC_PRESET_ORDER), p,
+            est.startswith("mean"), int(budget or 0))
+
+
+def _fmt_nfe(rows: list[dict[str, str]]) -> str:
+    n = numbers(rows, "nfe")
+    return "–" if not n or max(n) == 0 else f"{int(np.median(n))}"
+
+
+def _caption(src: Source, link: str) -> str:
+    """One generated sentence: the file, its images, date and anything the command overrode."""
+    h = src.header
+    bits = [f"[`{src.path.name}`]({link}{src.path.name})"]
+    if "images" in h:
+        bits.append(re.sub(r"^(\d+) \(", r"\1 images (", h["images"]))
+    if "date" in h:
+        bits.append(f"measured {h['date'][:10]}")
+    if h.get("seed", "0") != "0":
+        bits.append(f"`--seed {h['seed']}`")
+    if "overrides" in h:
+        try:
+            ov = ast.literal_eval(h["overrides"])
+            bits.append("with " + ", ".join(f"`--set {m}.{k}={v}`" for m, d in ov.items() for k, v in d.items()))
+        except (ValueError, SyntaxError):
+            bits.append(f"overrides {h['overrides']}")
+    return "; ".join(bits) + "."
+
+
+def _bold_best(cells: list[list[tuple[float | None, str]]]) -> list[list[str]]:
+    """Per column, bold the mean of the best row(s) (the highest mean at the printed precision)."""
+    out = [[text for _, text in row] for row in cells]
+    for j in range(len(cells[0]) if cells else 0):
+        vals = [row[j][0] for row in cells if row[j][0] is not None]
+        if len(vals) < 2:
+            continue
+        best = max(round(v, 2) for v in vals)
+        for i, row in enumerate(cells):
+            v, text = row[j]
+            if v is not None and round(v, 2) == best:
+                head, sep, tail = text.partition(" ± ")
+                out[i][j] = f"**{head}**{sep}{tail}"
+    return out
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def grid_table(sources: Sequence[Source], link: str, metric: str = "psnr", std: bool = True,
+               tasks: Sequence[str] | None = None, bold: bool = True) -> str:
+    """Every (method, estimator, budget) of ``sources`` as a row, mean (± std) over images per task; a column
+    that an earlier source already has (same method, estimator and budget) is taken from that one."""
+    tasks = list(tasks or [t for t in TASKS if any(r["task"] == t for s in sources for r in s.rows)])
+    entries: list[tuple[tuple, str, str, list[dict[str, str]], dict]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for src in sources:
+        groups = group_rows(src.rows)
+        keys = sorted({(m, e, b) for (_, m, e, b) in groups}, key=lambda k: _sort_key(k, src.preset))
+        for m, e, b in keys:
+            if (m, e, b) in seen:  # the same column in an earlier source (e.g. TV in every grid): the first one
+                continue
+            seen.add((m, e, b))
+            per_task = {t: groups.get((t, m, e, b), []) for t in tasks}
+            all_rows = [r for rs in per_task.values() for r in rs]
+            entries.append((_sort_key((m, e, b), src.preset), row_label(m, e, src.preset), _fmt_nfe(all_rows),
+                            all_rows, per_task))
+    entries.sort(key=lambda x: x[0])
+    cells: list[list[tuple[float | None, str]]] = []
+    for _, _, _, _, per_task in entries:
+        row = []
+        for t in tasks:
+            vals = numbers(per_task[t], metric)
+            if not vals:
+                row.append((None, "–"))
+                continue
+            m, s = mean_std(vals)
+            f = ".2f" if metric == "psnr" else ".3f"
+            row.append((m, f"{m:{f}} ± {s:{f}}" if std else f"{m:{f}}"))
+        cells.append(row)
+    texts = _bold_best(cells) if bold else [[t for _, t in row] for row in cells]
+    L = ["| method | NFE | " + " | ".join(TASK_LABELS.get(t, t) for t in tasks) + " |",
+         "|---|---|" + "---|" * len(tasks)]
+    for (_, label, nfe, _, _), row in zip(entries, texts):
+        L.append(f"| {label} | {nfe} | " + " | ".join(row) + " |")
+    L += ["", "Source: " + " ".join(_caption(s, link) for s in sources)]
+    return "\n".join(L)
+
+
+def _means(src: Source, method: str) -> dict[str, float]:
+    groups = group_rows(src.rows)
+    out = {}
+    for (t, m, _, _), rs in groups.items():
+        if m == method and (v := numbers(rs, "psnr")):
+            out[t] = mean_std(v)[0]
+    return out
+
+
+def _best(src: Source, methods: Sequence[str]) -> dict[str, tuple[float, str]]:
+    """Per task, the best mean PSNR over ``methods`` and the row label of the method that gave it."""
+    best: dict[str, tuple[float, str]] = {}
+    for m in methods:
+        for t, v in _means(src, m).items():
+            if t not in best or v > best[t][0]:
+                best[t] = (v, row_label(m, "deterministic", src.preset))
+    return best
+
+
+def glance_table(sized: Sequence[tuple[str, Source]], link: str) -> str:
+    """NFC's default against the better DPIR preset and the best classical answer, per image size."""
+    L = ["| | " + " | ".join(TASK_LABELS[t] for t in TASKS) + " |", "|---|" + "---|" * len(TASKS)]
+    for title, src in sized:
+        nfc = _means(src, "nfc:deterministic")
+        rows = [(f"{title}: NFC default (16 NFE)", {t: (v, "") for t, v in nfc.items()}),
+                (f"{title}: better DPIR preset", _best(src, DPIR_COLUMNS)),
+                (f"{title}: best classical", _best(src, CLASSICAL))]
+        top = {t: max(d[t][0] for _, d in rows if t in d) for t in TASKS if any(t in d for _, d in rows)}
+        for label, d in rows:
+            cells = []
+            for t in TASKS:
+                if t not in d:
+                    cells.append("–")
+                    continue
+                v, who = d[t]
+                txt = f"**{v:.2f}**" if round(v, 2) == round(top[t], 2) else f"{v:.2f}"
+                cells.append(txt + (f" ({who.replace('DPIR ', '')})" if who else ""))
+            L.append(f"| {label} | " + " | ".join(cells) + " |")
+    L += ["", "Source: " + " ".join(_caption(s, link) for _, s in sized)]
+    return "\n".join(L)
+
+
+def which_table(det: Source, stoch: Source, link: str) -> str:
+    """README's "which method when": what to call, its network calls, and its 256-px PSNR per task."""
+    g_det, g_st = group_rows(det.rows), group_rows(stoch.rows)
+
+    def means(groups, method):
+        return {t: mean_std(v)[0] for (t, m, _, _), rs in groups.items() if m == method
+                for v in [numbers(rs, "psnr")] if v}
+
+    rows = [("the best single estimate (the default)", "`restore(y, op)`", "nfc:deterministic", g_det),
+            ("posterior samples and a per-pixel std map",
+             "`restore(y, op, preset=\"fast\", num_levels=25, num_samples=K)`", "nfc", g_st),
+            ("a stochastic estimate closer to the posterior mean", "`preset=\"fast_psnr\", num_levels=25`",
+             "nfc:fast_psnr", g_st),
+            ("DPIR, a published plug-and-play method", "`method=\"dpir\"`", "dpir", g_det),
+            ("DPIR at its published 24 iterations", "`method=\"dpir\", preset=\"paper\"`", "dpir:paper", g_det),
+            ("DDNM+, a null-space diffusion sampler", "`method=\"ddnm\", num_steps=50`", "ddnm", g_st)]
+    L = ["| you want | call | network calls | " + " | ".join(TASK_LABELS[t] for t in TASKS) + " |",
+         "|---|---|---|" + "---|" * len(TASKS)]
+    for want, call, method, groups in rows:
+        m = means(groups, method)
+        rs = [r for (_, mm, e, _), g in groups.items() if mm == method for r in g]
+        nfe = _fmt_nfe(rs) + ("" if all(r["estimator"] == "deterministic" for r in rs) else " per sample")
+        L.append(f"| {want} | {call} | {nfe} | " + " | ".join(f"{m[t]:.2f}" if t in m else "–" for t in TASKS) + " |")
+    best = _best(det, CLASSICAL)
+    L.append("| no network at all | `nfc_dps.baselines.restore_classical` | 0 | "
+             + " | ".join(f"{best[t][0]:.2f} ({best[t][1]})" if t in best else "–" for t in TASKS) + " |")
+    L += ["", "PSNR in dB, mean over the 3 held-out photos of the 256-px tier (one draw for the sampling rows). "
+          "Source: " + _caption(det, link) + " " + _caption(stoch, link)]
+    return "\n".join(L)
+
+
+def calibration_table(paths: Sequence[Path], link: str) -> str:
+    """Coverage of the K-sample std map at ±1 / ±2 std, the largest K of each file, per setting."""
+    from .calibration import read_calibration_csv
+
+    idx: dict[tuple, float] = {}
+    order: list[tuple[str, int]] = []
+    settings: list[str] = []
+    ks = set()
+    for p in paths:
+        rows = read_calibration_csv(p)
+        k = max(r["k"] for r in rows)
+        ks.add(k)
+        for r in rows:
+            if r["k"] != k:
+                continue
+            idx[(r["setting"], r["method"], r["budget"], r["width"])] = r["observed"]
+            if (r["method"], r["budget"]) not in order:
+                order.append((r["method"], r["budget"]))
+            if r["setting"] not in settings:
+                settings.append(r["setting"])
+    names = {"gaussian": "Gaussian oracle", "mixture-well-mild-lo": "mixture, one narrow mode",
+             "mixture-poor-strong-hi": "mixture, spread over modes"}
+    heads = [names.get(s, s.replace("embedded-", "embedded ").replace("_", " ")) for s in settings]
+    L = ["| method | NFE | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(settings)]
+    order.sort(key=lambda mb: (mb[0] != "exact", list(METHOD_NAMES).index(mb[0]) if mb[0] in METHOD_NAMES else 99,
+                               mb[1]))
+    for method, budget in order:
+        cells = []
+        for s in settings:
+            a, b = idx.get((s, method, budget, 1.0)), idx.get((s, method, budget, 2.0))
+            cells.append("–" if a is None else f"{100 * a:.0f}/{100 * b:.0f}")
+        label = "exact posterior draws" if method == "exact" else f"{METHOD_NAMES.get(method, method)} `fast`"
+        L.append(f"| {label} | {budget or '–'} | " + " | ".join(cells) + " |")
+    L.append("| DPIR, NFC `deterministic` and the classical methods (deterministic: no std map) | – | "
+             + " | ".join("–" for _ in settings) + " |")
+    L += ["", f"% of pixels within ±1 / ±2 sample stds of the mean of K = {'/'.join(str(k) for k in sorted(ks))} "
+              "chains. Source: " + " ".join(f"[`{p.parent.name}/{p.name}`]({link}{p.parent.name}/{p.name})"
+                                            for p in paths) + "."]
+    return "\n".join(L)
+
+
+def read_md_table(path: Path) -> list[dict[str, str]]:
+    """The rows of the first markdown table of a file whose header starts with ``| method |``."""
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| method |"):
+            cols = [c.strip() for c in line.strip("|").split("|")]
+            out = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                out.append(dict(zip(cols, (c.strip() for c in row.strip("|").split("|")))))
+            return out
+    raise ValueError(f"{path}: no '| method |' table")
+
+
+ORACLE_ROWS = {"exact-mmse": "exact posterior mean (MMSE)", "exact-sample": "exact posterior sample",
+               "wiener": "Wiener", "tv": "TV", "daps-iso": "DAPS (isotropic covariance, exact inner step)",
+               "nfc-spec-y": "NFC (spectral covariance fitted to y, exact inner step)",
+               "nfc-fast-fresh": "NFC `fast`", "nfc-fast_psnr-matched": "NFC `fast_psnr`", "dps": "DPS",
+               "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM"}
+
+
+def _bounds(path: Path) -> str:
+    """"MMSE 17.88 dB, sample 14.87 dB" from an oracle summary's 'Exact bounds' line."""
+    m = re.search(r"\(MMSE\) \*\*([\d.]+) dB\*\*.*?\(2 x MMSE\) \*\*([\d.]+) dB\*\*", path.read_text())
+    return f"MMSE {m.group(1)} dB, sample {m.group(2)} dB" if m else "see the summary"
+
+
+def oracle_table(files: Sequence[tuple[str, Path]], link: str) -> str:
+    """The Gaussian oracle: PSNR and, in brackets, the distance to the exact-sample bound, per prior and NFE."""
+    tabs = [(title, {(r["method"], r["NFE"]): r for r in read_md_table(p)}) for title, p in files]
+    budgets = sorted({int(k[1]) for _, t in tabs for k in t if k[1] != "0"})
+    cols = [(title, t, b) for title, t in tabs for b in budgets]
+    L = ["| method | " + " | ".join(f"{title}, {b} NFE" for title, _, b in cols) + " |",
+         "|---|" + "---|" * len(cols)]
+    for key, label in ORACLE_ROWS.items():
+        cells = []
+        for _, t, b in cols:
+            r = t.get((key, str(b))) or t.get((key, "0"))
+            cells.append(f"{r['PSNR(mean MSE)']} ({r['to sample bound']})" if r else "–")
+        if any(c != "–" for c in cells):
+            L.append(f"| {label} | " + " | ".join(cells) + " |")
+    dates = sorted({read_header(p).get("date", "")[:10] for _, p in files} - {""})
+    L += ["", "Exact bounds: " + "; ".join(f"{title}: {_bounds(p)}" for title, p in files) + ". Source: "
+          + ", ".join(f"[`{p.name}`]({link}{p.name})" for _, p in files)
+          + (f"; measured {' and '.join(dates)}" if dates else "") + "."]
+    return "\n".join(L)
+
+
+def prior_table(report: Path, link: str) -> str:
+    """The one-step denoising report of the shipped prior (scripts/prior_report.py's JSON)."""
+    d = json.loads(report.read_text())
+    sig = [str(s) for s in d["sigmas"]]
+    L = ["| method | " + " | ".join(f"σ = {s}" for s in sig) + " |", "| --- |" + " ---: |" * len(sig)]
+    for key, label in d["row_labels"].items():
+        vals = d["rows"][key]
+        cells = [f"{vals[s]:.2f}" for s in sig]
+        if key == "tiled":
+            cells = [f"**{c}**" for c in cells]
+        L.append(f"| {label} | " + " | ".join(cells) + " |")
+    for key, vals in d.get("margins", {}).items():
+        L.append(f"| **margin: {d['row_labels'].get(key, key)} − best of TV / wavelet** | "
+                 + " | ".join(f"**{vals[s]:+.2f}**" for s in sig) + " |")
+    t, m, p = d.get("timing", {}), d.get("machine", {}), d.get("prior", {})
+    L.append("")
+    bits = [f"Prior `{p.get('label', '')}` ({p.get('parameters', 0):,} parameters, "
+            f"{p.get('disk_bytes', 0) / 1e6:.1f} MB on disk, network in {p.get('precision', '?')})",
+            f"{len(d['eval']['images'])} held-out photos ({', '.join(d['eval']['images'])}), "
+            f"{d['eval']['crop']} × {d['eval']['crop']} centre crops"]
+    if "tiled" in t:
+        ft = t.get("tiled_float32", {})
+        bits.append(f"a 256 × 256 forward pass takes {t['tiled']['median_s']:.2f} s"
+                    + (f" ({ft['median_s']:.2f} s in float32)" if ft else "")
+                    + f" on {m.get('torch_threads', '?')} threads of an {m.get('cpu', 'unknown CPU')}")
+    bits.append(f"measured {d.get('created', '')[:10]}; source [`{report.name}`]({link}{report.name})")
+    L.append("; ".join(bits) + ".")
+    return "\n".join(L)
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
+    """Every table a page may ask for by name, as a function of the files under ``docs``."""
+    bench = docs / "bench"
+    blink = _rel(bench, page_dir)
+    dlink = _rel(docs, page_dir)
+
+    def src(name: str) -> Source:
+        return load_source(bench, name)
+
+    return {
+        "glance": lambda: glance_table([("256 px", src("local256_det")), ("64 px", src("local64_det"))], blink),
+        "local256": lambda: grid_table([src("local256_det"), src("local256_50nfe")], blink),
+        "local256_seed1": lambda: grid_table([src("local256_seed1")], blink),
+        "local64": lambda: grid_table([src("local64_det"), src("local_nfe")], blink),
+        "local_k4_25": lambda: grid_table([src("local_k4_25")], blink),
+        "local100": lambda: grid_table([src("local")], blink),
+        "local_default": lambda: grid_table([src("local_default")], blink, std=False),
+        "which": lambda: which_table(src("local256_det"), src("local256_50nfe"), blink),
+        "calibration": lambda: calibration_table([bench / "calibration" / "calibration.csv",
+                                                  bench / "calibration_nfc100" / "calibration.csv"], blink),
+        "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
+                                        ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
+        "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),
+    }
+
+
+def _rel(target: Path, page_dir: Path) -> str:
+    """``target`` as a link prefix relative to the page's folder ("bench/", "docs/bench/", "")."""
+    try:
+        rel = Path(target).resolve().relative_to(Path(page_dir).resolve())
+    except ValueError:
+        return Path(target).as_posix().rstrip("/") + "/"
+    return "" if str(rel) == "." else rel.as_posix() + "/"
+
+
+def render_page(text: str, builders: dict[str, Callable[[], str]]) -> str:
+    """``text`` with the body of every ``<!-- table:NAME -->`` ... ``<!-- /table -->`` block regenerated."""
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in builders:
+            raise ValueError(f"unknown table {name!r} (known: {', '.join(sorted(builders))})")
+        return m.group(1) + builders[name]().rstrip("\n") + "\n" + m.group(4)
+
+    return MARKER.sub(sub, text)
+
+
+def update_pages(root: Path, pages: Sequence[str] = PAGES, check: bool = False,
+                 docs: Path | None = None) -> list[Path]:
+    """Regenerate the tables of ``pages`` (relative to ``root``) from ``root/docs``; return the pages that
+    changed (with ``check``, that would change: nothing is written)."""
+    root = Path(root)
+    docs = Path(docs) if docs is not None else root / "docs"
+    changed = []
+    for rel in pages:
+        page = root / rel
+        if not page.is_file():
+            continue
+        old = page.read_text()
+        new = render_page(old, table_builders(docs, page.parent))
+        if new != old:
+            changed.append(page)
+            if not check:
+                from ..io import atomic_write_text
+
+                atomic_write_text(page, new)
+    return changed
+
+
+def run_report(root: Path, check: bool = False) -> int:
+    """``nfc-dps bench report``: 0, or 1 when ``check`` finds a page out of date."""
+    root = Path(root)
+    if not (root / "docs" / "bench").is_dir():
+        raise FileNotFoundError(f"{root / 'docs' / 'bench'} not found: run the report from the repository root "
+                                f"(or pass --root)")
+    changed = update_pages(root, check=check)
+    verb = "out of date" if check else "regenerated"
+    for page in changed:
+        print(f"{verb}: {page}", file=sys.stderr if check else sys.stdout)
+    if not changed:
+        print("tables up to date")
+    return 1 if (check and changed) else 0

@@ -1,0 +1,110 @@
+"""nfc_dps.bench.report (`nfc-dps bench report`): tables between marker comments, generated from
+result files; idempotent; and the committed docs are what the committed result files give."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nfc_dps.bench import report
+from nfc_dps.bench.tables import COLUMNS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _row(task, image, method, est, budget, psnr, nfe=None):
+    r = {c: "" for c in COLUMNS}
+    r.update(protocol="local", task=task, image=image, method=method, estimator=est, budget=str(budget),
+             nfe=str(budget if nfe is None else nfe), psnr=f"{psnr:.4f}", ssim="0.5", seed="0")
+    return r
+
+
+def _write(path: Path, rows) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
+@pytest.fixture()
+def fake_repo(tmp_path: Path) -> Path:
+    bench = tmp_path / "docs" / "bench"
+    bench.mkdir(parents=True)
+    rows = []
+    for task, base in (("sr4", 20.0), ("deblur_motion", 24.0)):
+        for image, off in (("a", 0.0), ("b", 1.0)):
+            rows += [_row(task, image, "nfc:deterministic", "deterministic", 16, base + 2 + off),
+                     _row(task, image, "dpir", "deterministic", 8, base + 1 + off),
+                     _row(task, image, "tv", "deterministic", 0, base + off),
+                     _row(task, image, "nfc", "sample", 20, base - 1 + off),
+                     _row(task, image, "nfc", "mean4", 20, base + 0.5 + off, nfe=80)]
+    rows.append(_row("sr4", "a", "bicubic", "deterministic", 0, 19.0))
+    rows.append(_row("sr4", "b", "bicubic", "deterministic", 0, 21.0))
+    _write(bench / "local256_seed1_results.csv", rows)
+    (bench / "local256_seed1_summary.md").write_text(
+        "# Benchmark summary (local protocol)\n\n- **date**: 2026-01-02T03:04:05\n- **images**: 2 (a, b), 64x64\n"
+        "- **preset / budgets**: fast / preset NFE\n- **seed**: 0\n")
+    (tmp_path / "docs" / "benchmarks.md").write_text(
+        "# Page\n\nIntro.\n\n<!-- table:local256_seed1 -->\nstale text\n<!-- /table -->\n\nOutro.\n")
+    return tmp_path
+
+
+def test_report_writes_the_table_and_is_idempotent(fake_repo: Path) -> None:
+    changed = report.update_pages(fake_repo, pages=("docs/benchmarks.md",))
+    assert changed == [fake_repo / "docs" / "benchmarks.md"]
+    text = (fake_repo / "docs" / "benchmarks.md").read_text()
+    assert "stale text" not in text and text.startswith("# Page\n\nIntro.\n\n<!-- table:local256_seed1 -->\n")
+    assert text.endswith("<!-- /table -->\n\nOutro.\n")
+    lines = {ln.split(" | ")[0]: ln for ln in text.splitlines() if ln.startswith("| ")}
+    # means over the two images, std with ddof 1; the best mean of each task column in bold
+    assert lines["| NFC `deterministic`"] == "| NFC `deterministic` | 16 | **22.50** ± 0.71 | **26.50** ± 0.71 |"
+    assert lines["| DPIR `fast`"] == "| DPIR `fast` | 8 | 21.50 ± 0.71 | 25.50 ± 0.71 |"
+    assert lines["| NFC `fast`, mean of 4"] == "| NFC `fast`, mean of 4 | 80 | 21.00 ± 0.71 | 25.00 ± 0.71 |"
+    assert lines["| TV"] == "| TV | – | 20.50 ± 0.71 | 24.50 ± 0.71 |"
+    assert lines["| bicubic"] == "| bicubic | – | 20.00 ± 1.41 | – |"
+    assert "| method | NFE | SR ×4 | motion deblur |" in text
+    assert "2 images (a, b), 64x64; measured 2026-01-02" in text
+    # network rows first, the classical ones last
+    order = [k for k in lines if k not in ("| method", "|---")]
+    assert order.index("| NFC `fast`") < order.index("| DPIR `fast`") < order.index("| TV")
+    # a second run changes nothing, and --check agrees
+    assert report.update_pages(fake_repo, pages=("docs/benchmarks.md",)) == []
+    assert (fake_repo / "docs" / "benchmarks.md").read_text() == text
+    assert report.run_report(fake_repo, check=True) == 0
+
+
+def test_check_mode_reports_a_stale_page_and_writes_nothing(fake_repo: Path) -> None:
+    page = fake_repo / "docs" / "benchmarks.md"
+    before = page.read_text()
+    assert report.run_report(fake_repo, check=True) == 1
+    assert page.read_text() == before
+    assert report.run_report(fake_repo) == 0 and report.run_report(fake_repo, check=True) == 0
+
+
+def test_unknown_table_name_is_an_error(fake_repo: Path) -> None:
+    page = fake_repo / "docs" / "benchmarks.md"
+    page.write_text("<!-- table:no_such_table -->\n<!-- /table -->\n")
+    with pytest.raises(ValueError, match="no_such_table"):
+        report.update_pages(fake_repo, pages=("docs/benchmarks.md",))
+
+
+def test_cli_report_runs_through_nfc_dps_bench(fake_repo: Path) -> None:
+    from nfc_dps.cli import main
+
+    assert main(["bench", "report", "--root", str(fake_repo)]) == 0
+    assert "| NFC `deterministic` | 16 |" in (fake_repo / "docs" / "benchmarks.md").read_text()
+    assert main(["bench", "report", "--root", str(fake_repo), "--check"]) == 0
+
+
+def test_committed_docs_are_generated_from_the_committed_result_files(tmp_path: Path) -> None:
+    """Regenerating every page from docs/ gives the committed text: nobody hand-edits a table."""
+    pages = [p for p in report.PAGES if (REPO / p).is_file()]
+    stale = report.update_pages(REPO, pages=pages, check=True)
+    assert stale == [], (f"{', '.join(str(p.relative_to(REPO)) for p in stale)} differ from the result files "
+                         f"in docs/: run `nfc-dps bench report` and commit")
+    # and every page that the report serves has at least one table in it
+    for rel in ("docs/benchmarks.md", "docs/prior.md"):
+        assert "<!-- table:" in (REPO / rel).read_text()
