@@ -4,9 +4,12 @@ one-line reason of a failed image."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -77,10 +80,63 @@ def set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+#: ``--prior module:function``: a Python factory that returns a Prior
+PRIOR_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def prior_factory(path: str | None) -> tuple[str, str] | None:
+    """(module, function) when --prior names a factory ``module:function`` (and no file or folder
+    of that name exists), else None."""
+    if not path or not PRIOR_FACTORY.match(path) or Path(path).exists():
+        return None
+    module, function = path.split(":")
+    return module, function
+
+
+@contextlib.contextmanager
+def _cwd_importable():
+    """The current folder on sys.path for the duration (``nfc-dps`` scripts do not put it there)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _load_factory_prior(path: str, device, precision: str) -> Any:
+    """The Prior that ``module:function`` returns (called with no arguments), moved to ``device``."""
+    import importlib
+
+    from ..priors.base import Prior
+
+    module, function = prior_factory(path)  # type: ignore[misc]
+    if precision != "auto":
+        raise UsageError(f"--precision {precision}: applies to prior folders; the prior of --prior {path} runs in "
+                         f"the precision its factory gives it")
+    try:
+        with _cwd_importable():
+            factory = getattr(importlib.import_module(module), function)
+        prior = factory()
+    except (ImportError, AttributeError, OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot load the prior factory {path}: {type(e).__name__}: {e}") from e
+    if not isinstance(prior, Prior):
+        raise UsageError(f"--prior {path} returned {type(prior).__name__}, not a nfc_dps Prior (wrap a denoiser in "
+                         f"nfc_dps.priors.DenoiserPrior)")
+    return prior.to(device)
+
+
 def open_prior(path: str | None, device, precision: str = "auto") -> Any:
-    """The prior of --prior (None: the embedded default); UsageError naming it when it does not load."""
+    """The prior of --prior: a diffusers folder, a factory ``module:function`` (a module importable
+    from the current folder or the Python path, whose function returns a Prior), or None: the
+    embedded default; UsageError naming it when it does not load."""
     from ..priors.default import load_prior
 
+    if prior_factory(path):
+        return _load_factory_prior(path, device, precision)  # type: ignore[arg-type]
     try:
         prior = load_prior(path, device=device, precision=precision)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
@@ -91,9 +147,23 @@ def open_prior(path: str | None, device, precision: str = "auto") -> Any:
 
 def prior_key(path: str | None) -> dict[str, Any]:
     """What identifies the prior's weights for resume checks: its resolved folder and each file's
-    size and time (:func:`nfc_dps.priors.default.prior_identity`; no file is read)."""
+    size and time (:func:`nfc_dps.priors.default.prior_identity`; no file is read); for a factory
+    ``module:function``, that name and its module's source file (files its function reads are not
+    tracked)."""
     from ..priors.default import prior_identity
 
+    named = prior_factory(path)
+    if named:
+        import importlib.util
+
+        try:
+            with _cwd_importable():
+                spec = importlib.util.find_spec(named[0])
+        except (ImportError, ValueError):
+            spec = None
+        origin = Path(spec.origin) if spec is not None and spec.origin and Path(spec.origin).is_file() else None
+        stat = origin.stat() if origin else None
+        return {"path": path, "files": {str(origin.resolve()): [stat.st_size, stat.st_mtime_ns]} if origin else {}}
     info = prior_identity(path)
     return {"path": info["resolved"], "files": info["files"]}
 

@@ -28,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--output", "-o", default="nfc_dps_demo", help="output folder (default ./nfc_dps_demo)")
     d.add_argument("--steps", type=int, default=None, help="NFC levels (default: the deterministic preset's 16; 1 NFE each)")
     d.add_argument("--size", type=int, default=96, help="image size in pixels (default 96)")
-    d.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    d.add_argument("--prior", default=None,
+                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
+                        "default: the embedded prior)")
     precision_flag(d)
     d.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     common_flags(d)

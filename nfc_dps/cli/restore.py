@@ -40,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "  <name>.png            restoration (mean of the samples with --samples K > 1); input's bit depth;\n"
                     "                        an input's alpha channel is re-attached when the size is unchanged, dropped for SR\n"
                     f"  std/<name>.png|.npy   per-pixel posterior std (K > 1); PNG gray 1.0 = std {1 / STD_PNG_SCALE:g}\n"
+                    "                        (the sampler's spread under the prior, not a calibrated error bar: see --calibration)\n"
                     "  samples/<name>_<j>.png  the K samples (--save-samples)\n"
                     "  <name>_lower.png, <name>_upper.png  the calibrated interval (--calibration; 16-bit, [0, 1])\n"
                     "  results.csv, summary.json  per-image status, seed, PSNR/SSIM (--gt), NFE, time; failures\n"
