@@ -198,3 +198,45 @@ def test_simulate_names_the_entries_it_could_not_use(tmp_path, capsys):
     (inp / "notes.txt").write_text("x")
     assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 1
     assert "FAILED notes.txt: unsupported file type '.txt'" in capsys.readouterr().err
+
+
+def _unet_prior(folder: Path, channels: int = 3, nan: bool = False) -> str:
+    import torch
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=16, in_channels=channels, out_channels=channels, block_out_channels=(8, 16),
+                       norm_num_groups=4, layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+    if nan:
+        with torch.no_grad():
+            unet.conv_out.weight.fill_(float("nan"))
+    unet.save_pretrained(folder)
+    (folder / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("case", ["rho=0", "sigma_min=-1", "ddrm with SR", "gray prior, RGB images", "NaN prior"])
+def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, monkeypatch, capsys, case):
+    from nfc_dps.cli import restore
+
+    make_images(tmp_path / "in", 2)
+    prior, extra = prior_dir, []
+    if case in ("rho=0", "sigma_min=-1"):
+        extra = ["--task", "denoise", "--set", case]
+    elif case == "ddrm with SR":
+        extra = ["--task", "sr_bicubic", "--method", "ddrm"]
+        monkeypatch.setattr(restore, "open_prior", lambda *a: pytest.fail("the prior loaded"))
+    else:
+        extra = ["--task", "denoise"]
+        prior = _unet_prior(tmp_path / "p", channels=1 if case.startswith("gray") else 3, nan=case == "NaN prior")
+    code = run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", *extra, prior=prior)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "FAILED" not in err and "Traceback" not in err and err.count("error:") == 1, err
+    needle = {"rho=0": "rho must be a finite number > 0", "sigma_min=-1": "sigma_min must be a finite number >= 0",
+              "ddrm with SR": "--method ddrm: DDRM needs a diagonalisable operator",
+              "gray prior, RGB images": "the prior models 1-channel images but im0.png has 3 channel(s)",
+              "NaN prior": "the prior returns NaN/Inf"}[case]
+    assert needle in err
+    assert not list((tmp_path / "out").glob("*.png")) if (tmp_path / "out").exists() else True

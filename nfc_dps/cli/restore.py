@@ -23,6 +23,7 @@ from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVE
                      STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_metrics, image_seed, input_names, match_file,
                      open_prior, parse_device, prior_key, read_inputs, set_threads, sha256_file, sha256_json, to_numpy)
 from .flags import common_flags, precision_flag, task_flags
+from .preflight import check_method_takes_operator, check_prior_fits, first_image
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
 from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
@@ -206,6 +207,9 @@ def cmd_restore(args) -> int:
     operator_folders = {flag: Path(task.params[k]) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
                         if k in task.params and Path(task.params[k]).is_dir()}
     read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items())
+    first = first_image(read_inputs("--input", inp)[0])
+    if first is not None:
+        check_method_takes_operator(spec.method, OperatorSource(task), input_names([first[0]], inp)[0], first[1])
     out = check_output_folder(Path(args.output), read)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
@@ -244,6 +248,8 @@ def cmd_restore(args) -> int:
             raise UsageError(error)
         stems = named
         prior = open_prior(args.prior, device, args.precision)
+        if first is not None:
+            check_prior_fits(prior, first[0].name, first[1])
         if args.calibration_loaded is not None:
             from ..conformal import CalibrationError, prior_fingerprint
 

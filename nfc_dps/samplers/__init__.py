@@ -32,6 +32,8 @@ class Method:
     presets: dict[str, Any]
     default_preset: str = "fast"
     fixed_fields: frozenset[str] = frozenset()
+    #: why the method cannot restore an operator (None: it can); checked before a run starts
+    operator_problem: Callable[[Any], str | None] = lambda operator: None
 
 
 METHODS: dict[str, Method] = {
@@ -41,7 +43,7 @@ METHODS: dict[str, Method] = {
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
     "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS),
-    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS),
+    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, operator_problem=ddrm.operator_problem),
     "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS),
 }
 

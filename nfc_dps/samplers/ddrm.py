@@ -97,14 +97,19 @@ def spectral_basis(operator: LinearOperator, y: Tensor, image_shape: tuple[int, 
         s = torch.where(s > cutoff, s, torch.zeros_like(s))
         y_bar = torch.where(s > 0, y / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(y))
         return SpectralBasis(lambda v: v, lambda v: v, s, y_bar)
+    raise ValueError(operator_problem(operator))
+
+
+def operator_problem(operator: LinearOperator) -> str | None:
+    """Why DDRM cannot restore ``operator`` (it needs the operator's diagonal basis), or None."""
+    if operator.diagonal_basis in ("fourier", "pixel"):
+        return None
     padded = operator.image_region() is not None  # declared by a padded canvas (CroppedOperator)
-    raise ValueError(
-        f"DDRM needs a diagonalisable operator (circulant blur or denoising, inpainting mask), got "
-        f"{type(operator).__name__}"
-        + (" (the image size is not a multiple of the prior's size_multiple, so it is restored on a padded "
-           "canvas, which no basis diagonalises; crop the image to a multiple)" if padded else "")
-        + "; use method 'ddnm' instead"
-    )
+    return (f"DDRM needs a diagonalisable operator (circulant blur or denoising, inpainting mask), got "
+            f"{type(operator).__name__}"
+            + (" (the image size is not a multiple of the prior's size_multiple, so it is restored on a padded "
+               "canvas, which no basis diagonalises; crop the image to a multiple)" if padded else "")
+            + "; use method 'ddnm' instead")
 
 
 def sample_ddrm(

@@ -167,6 +167,20 @@ class NFCConfig(StepConfig):
         number = isinstance(self.sigma_max, numbers.Real) and not isinstance(self.sigma_max, bool)
         if self.sigma_max != "auto" and not (number and math.isfinite(self.sigma_max) and self.sigma_max > 0):
             raise ValueError(f"sigma_max must be a finite number > 0 (model units) or 'auto', got {self.sigma_max!r}")
+        for name in ("sigma_min", "ode_sigma_min"):
+            value = getattr(self, name)
+            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 (model units), got {value!r}")
+        if number and self.sigma_min >= self.sigma_max:
+            raise ValueError(f"need sigma_min < sigma_max (model units), got {self.sigma_min}, {self.sigma_max}")
+        for name in ("rho", "langevin_step"):
+            value = getattr(self, name)
+            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not (isinstance(self.langevin_decay, numbers.Real) and 0 < self.langevin_decay <= 1):
+            raise ValueError(f"langevin_decay must be in (0, 1], got {self.langevin_decay!r}")
+        if self.langevin_steps < 1:
+            raise ValueError(f"langevin_steps must be >= 1, got {self.langevin_steps}")
         if self.inner not in INNER_SOLVERS:
             raise ValueError(f"inner must be one of {INNER_SOLVERS}, got {self.inner!r}")
         if self.prior_covariance not in PRIOR_COVARIANCES:

@@ -1,0 +1,62 @@
+"""Checks of a run's setup on its first input image, so that a setup that would fail every image
+is one usage error (exit 2) before any restoration: a method that cannot take the task's
+operator (before the prior loads), a prior whose channels do not fit the images or whose
+network returns NaN/Inf (right after it loads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import io as nio
+from .common import UsageError
+from .tasks import OperatorSource
+
+
+def first_image(images: list[Path]) -> tuple[Path, Any] | None:
+    """(path, image (h, w[, C]) in [0, 1]) of the first input that reads; None when none does
+    (each unreadable image is then reported by name)."""
+    for path in images:
+        try:
+            return path, nio.read_image(path)[0]
+        except (nio.ImageReadError, OSError):
+            continue
+    return None
+
+
+def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any) -> None:
+    """UsageError when ``method`` cannot restore the task's operator, built as for input ``name``."""
+    from ..samplers import get_method
+
+    factor = source.factor()
+    h, w = image.shape[:2]
+    try:
+        operator, _ = source.build(name, (h * factor, w * factor))
+    except (ValueError, TypeError, OSError):
+        return  # the image's own operator error is reported with it
+    problem = get_method(method).operator_problem(operator)
+    if problem:
+        raise UsageError(f"--method {method}: {problem}")
+
+
+def check_prior_fits(prior: Any, name: str, image: Any) -> None:
+    """UsageError when ``prior`` cannot restore ``image`` (input ``name``): an RGB image with a
+    gray prior, or a network that returns NaN/Inf on a plain noisy input."""
+    import torch
+
+    channels = 1 if image.ndim == 2 else image.shape[-1]
+    if prior.channels not in (channels, 3 if channels == 1 else -1):
+        raise UsageError(f"the prior models {prior.channels}-channel images but {name} has {channels} channel(s)"
+                         f"{' (convert the inputs to gray, or use an RGB prior)' if prior.channels == 1 else ''}")
+    m = max(int(prior.size_multiple), 8)
+    gen = torch.Generator().manual_seed(0)
+    sigma = min(0.5, float(prior.sigma_max))
+    x = sigma * torch.randn(1, prior.channels, m, m, generator=gen)
+    from ..priors.base import prior_device
+
+    x = x.to(prior_device(prior) or "cpu")
+    with torch.no_grad():
+        out = prior.denoise(x, torch.full((1,), sigma, device=x.device))
+    if not torch.isfinite(out).all():
+        raise UsageError(f"the prior returns NaN/Inf on a plain noisy {m}x{m} input at sigma {sigma:g} (model units): "
+                         f"its weights are broken or it runs out of range in its precision ({prior.precision})")
