@@ -415,3 +415,20 @@ def test_conformal_rows_correct_a_too_narrow_sampler():
     r = conformal_rows(name, "narrow", 0, [narrow(v_exact(16, gen(name, "v")).double())], [v_truth.double()],
                        [narrow(exact(16, gen(name, "t")).double())], [truth.double()], 0.9, clip=False)[-1]
     assert r["raw_coverage"] < 0.7 and abs(r["coverage"] - 0.9) < 0.02
+
+
+def test_cli_interval_names_may_not_overwrite_another_restoration(tmp_path, prior_dirs, capsys):
+    from nfc_dps.conformal import sampler_fields
+    from nfc_dps.priors.default import load_prior
+
+    prior = prior_dirs[0]
+    folder = _images(tmp_path / "in", 2)
+    (folder / "im1.png").rename(folder / "im0_lower.png")
+    cfg = get_config("nfc", "fast", num_levels=2)
+    cal = _calibration(sampler=sampler_fields(cfg), num_samples=2,
+                       prior={"fingerprint": prior_fingerprint(load_prior(prior))},
+                       task={"task": "denoise", "noise_sigma": 0.025})
+    cal.save(tmp_path / "cal.json")
+    assert _cli("restore", "-i", folder, "-o", tmp_path / "out", "--task", "denoise", "--preset", "fast", "--steps", 2,
+                "--prior", prior, "--samples", 2, "--calibration", tmp_path / "cal.json") == 2
+    assert "would overwrite the restoration of im0_lower" in capsys.readouterr().err

@@ -247,6 +247,11 @@ def cmd_restore(args) -> int:
         if error is not None:
             raise UsageError(error)
         stems = named
+        if args.calibration_loaded is not None:  # <a>_lower.png of input a would overwrite input a_lower's output
+            clash = sorted(set(stems) & {f"{s}_{end}" for s in stems for end in ("lower", "upper")})
+            if clash:
+                raise UsageError(f"--calibration writes <name>_lower.png / <name>_upper.png, which would overwrite the "
+                                 f"restoration of {', '.join(clash[:3])}; restore those inputs into another folder")
         prior = open_prior(args.prior, device, args.precision)
         if first is not None:
             check_prior_fits(prior, first[0].name, first[1])
