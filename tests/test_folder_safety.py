@@ -240,3 +240,18 @@ def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, 
               "NaN prior": "the prior returns NaN/Inf"}[case]
     assert needle in err
     assert not list((tmp_path / "out").glob("*.png")) if (tmp_path / "out").exists() else True
+
+
+@pytest.mark.parametrize("bad", [["--seed", "-1"], ["--image-names", "astronaut,nosuchimage"],
+                                 ["--protocol", "paper"]])
+def test_a_refused_bench_run_leaves_its_folder_usable(tmp_path, capsys, bad):
+    from nfc_dps.bench.cli import main as bench
+
+    out = tmp_path / "bench"
+    args = ["--protocol", "local", "--out", str(out), "--size", "16", "--zoom", "1", "--image-names", "astronaut",
+            "--tasks", "deblur_gaussian", "--methods", "tv", "--threads", "1", "--device", "cpu", "--no-plots"]
+    assert bench(args + bad) == 2
+    capsys.readouterr()
+    assert not (out / "config.json").exists()
+    assert bench(args) == 0, capsys.readouterr()
+    assert (out / "results.csv").is_file()

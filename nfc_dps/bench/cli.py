@@ -107,6 +107,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     why = noise_sigma_problem(args.sigma_y)
     if why:
         raise ValueError(f"--sigma-y {why}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     for flag, value in (("--samples", args.samples), ("--zoom", args.zoom), ("--num-images", args.num_images),
                         ("--size", args.size), ("--threads", args.threads)):
         if value is not None and value < 1:

@@ -116,7 +116,6 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     d = init_distributed(spec.device)
     device = resolve_device(spec.device, d)
     out = spec.out
-    out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     runs = method_runs(spec)
     needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
@@ -129,16 +128,19 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
     record, notes_on_folder = check_folder_record(
         spec, cfg_path, folder_record(spec, column_configs(runs), prior_info, precision),
         {f"{r['method']}@{r['budget']}" for r in existing})
-    d.barrier()
-    if d.rank == 0:
-        for note in notes_on_folder:
-            log(note)
-        atomic_write_text(cfg_path, json.dumps({**_saved(cfg_path), **record}, indent=1, default=str))
     all_tasks = task_specs(spec.protocol, spec.size, spec.boundary)
     unknown = [t for t in spec.tasks if t not in all_tasks]
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(all_tasks)}")
     images = load_images(spec)
+    # config.json only once everything validated: a refused run leaves the folder as it was
+    d.barrier()
+    if d.rank == 0:
+        for note in notes_on_folder:
+            log(note)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cfg_path, json.dumps({**_saved(cfg_path), **record}, indent=1, default=str))
+    d.barrier()
     names = [n for n, _ in images]
     done = {row_key(r) for r in existing if not is_failed(r)}  # failed rows are retried
     jobs = [(t, n) for t in spec.tasks for n in names]
