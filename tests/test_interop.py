@@ -442,3 +442,20 @@ def test_cli_prior_factory(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(argv + ["--method", "daps"]) == 1  # refused for the image, with the reason
     assert "denoiser only" in capsys.readouterr().err
+
+
+def test_the_runnable_examples_of_the_docs_page_run():
+    """docs/bring_your_own.md: the examples that start with ``import torch`` (the others need
+    deepinv or are signatures), in order, in one namespace."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "bring_your_own.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.startswith("import torch")]
+    assert len(blocks) == 2 and all("deepinv" not in b for b in blocks)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block.replace("sigma_y=0.02)", "sigma_y=0.02, progress=False)")
+                     .replace("sigma_y=0.01)", "sigma_y=0.01, progress=False)"), "bring_your_own.md", "exec"), namespace)
+        assert torch.isfinite(namespace["out"].image).all()
+    assert namespace["out"].image.shape == (1, 3, 12, 12)

@@ -43,7 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="sampler preset, as for restore; it must draw samples (nfc: fast, fast_psnr, paper)")
     c.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="sampler field, as for restore (repeatable)")
-    c.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
+    c.add_argument("--prior", default=None,
+                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
+                        "default: the embedded prior)")
     precision_flag(c)
     c.add_argument("--samples", type=int, required=True, metavar="K",
                    help="posterior samples per image (K >= 2); restore must use the same K")
