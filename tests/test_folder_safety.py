@@ -255,3 +255,29 @@ def test_a_refused_bench_run_leaves_its_folder_usable(tmp_path, capsys, bad):
     assert not (out / "config.json").exists()
     assert bench(args) == 0, capsys.readouterr()
     assert (out / "results.csv").is_file()
+
+
+def test_sigterm_stops_like_ctrl_c_with_a_message_and_records(tmp_path, prior_dir, monkeypatch, capsys):
+    import signal
+
+    from nfc_dps.cli import restore
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 3)
+    real, calls = restore.write_outputs, []
+
+    def terminated_at_the_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+
+    monkeypatch.setattr(restore, "write_outputs", terminated_at_the_second)
+    args = ("restore", "-i", inp, "-o", out, "--task", "denoise")
+    assert run(*args, prior=prior_dir) == 143
+    assert "terminated (SIGTERM); rerun the same command to resume" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert list(json.loads((out / "manifest.json").read_text())["images"]) == ["im0.png"]
+    monkeypatch.undo()
+    assert run(*args, prior=prior_dir) == 0
+    assert json.loads((out / "summary.json").read_text())["counts"]["skipped_done_before"] == 1

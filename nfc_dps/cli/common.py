@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import io as nio
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 RESOLVED_JSON = "resolved_config.json"
 SIMULATION_JSON = "simulation.json"

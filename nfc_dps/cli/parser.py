@@ -5,18 +5,21 @@ Exit status: 0 all images done; 1 some image failed (each is reported with its f
 reason; the others are still restored); 2 usage or setup error (bad flag or config, unreadable
 prior, output folder equal to the input or not writable), reported before any work starts, or an
 output disk that fills up (the run stops naming the file; finished images are kept); 130
-interrupted."""
+interrupted (Ctrl-C), 143 terminated (SIGTERM): the finished images are recorded, a rerun resumes."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 from typing import Sequence
 
 from .. import __version__
 from ..config import ConfigError
 from . import bench, calibrate, convert_adm, demo, restore, simulate, train_prior
-from .common import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,6 +42,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or ``kill`` stopping the run), raised where the run is, so that it stops
+    as on Ctrl-C: the records of the finished images are written and a rerun resumes."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops_like_ctrl_c():
+    """While the command runs, SIGTERM raises :class:`Terminated` (where SIGTERM has its default
+    action, in the main thread; a command that handles it itself, like train-prior, replaces this)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 some image failed, 2 usage error)."""
     parser = build_parser()
@@ -50,10 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return args.func(args)
+        with _sigterm_stops_like_ctrl_c():
+            return args.func(args)
     except (UsageError, ConfigError) as e:
         print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated:
+        print(f"nfc-dps {args.command}: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"nfc-dps {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
