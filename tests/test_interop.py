@@ -440,8 +440,10 @@ def test_cli_prior_factory(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0  # resume: the same factory, nothing to redo
     assert "skipped" in (tmp_path / "out" / "results.csv").read_text()
     capsys.readouterr()
-    assert main(argv + ["--method", "daps"]) == 1  # refused for the image, with the reason
-    assert "denoiser only" in capsys.readouterr().err
+    assert main(argv + ["--method", "daps", "-o", str(tmp_path / "out2")]) == 2  # refused once, before any output
+    err = capsys.readouterr().err
+    assert "--method daps with this prior" in err and "denoiser only" in err and "FAILED" not in err
+    assert not (tmp_path / "out2" / "a.png").exists()
 
 
 def test_the_runnable_examples_of_the_docs_page_run():

@@ -445,6 +445,10 @@ class RestoreRun:
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e
+            from ..samplers.common import PriorRangeError
+
+            if isinstance(e, PriorRangeError):  # the method and the prior do not fit: every image would fail
+                raise UsageError(f"--method {self.spec.method} with this prior: {e}") from e
             if len(jobs) > 1:
                 for job in jobs:
                     self._restore_jobs([job])

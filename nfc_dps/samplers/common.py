@@ -199,6 +199,11 @@ def ddim_step(x0: Tensor, eps: Tensor, sigma_next: float, noise_fraction: float,
     return out
 
 
+class PriorRangeError(ValueError):
+    """A sampler's schedule would call a denoiser-only prior above its noise range: no image of
+    the run can be restored with this method and prior."""
+
+
 def schedule_top(prior: Prior, top: float) -> float:
     """The first noise level (model units) a sampler calls ``prior`` at, when its config asks
     for ``top``: ``top`` capped at a diffusion prior's ``sigma_max`` (where the image is already
@@ -214,7 +219,7 @@ def schedule_top(prior: Prior, top: float) -> float:
     low = float(prior.sigma_min)
     lower = (f"; this prior stops below DPIR's first level, so pass sigma_max={limit:.4g} to either"
              if limit < DPIR_SIGMA_MAX else "")
-    raise ValueError(
+    raise PriorRangeError(
         f"this sampler's schedule would call the prior at sigma {top:.4g} (model units, [-1, 1] data; "
         f"{top / 2:.4g} in [0, 1] units), but the prior is a denoiser only, for sigma in [{low:.4g}, {limit:.4g}] "
         f"model units ([{low / 2:.4g}, {limit / 2:.4g}] in [0, 1] units), with no diffusion noise levels. "
