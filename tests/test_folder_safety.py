@@ -281,3 +281,15 @@ def test_sigterm_stops_like_ctrl_c_with_a_message_and_records(tmp_path, prior_di
     monkeypatch.undo()
     assert run(*args, prior=prior_dir) == 0
     assert json.loads((out / "summary.json").read_text())["counts"]["skipped_done_before"] == 1
+
+
+def test_a_refused_run_leaves_no_empty_output_folder(tmp_path, capsys):
+    make_images(tmp_path / "in", 1)
+    out = tmp_path / "new" / "out"
+    assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "denoise", "--prior", tmp_path / "noprior") == 2
+    assert "cannot load" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    assert run("restore", "-i", tmp_path / "in", "-o", existing, "--task", "denoise", "--prior", tmp_path / "noprior") == 2
+    assert existing.is_dir()  # a folder the user had stays

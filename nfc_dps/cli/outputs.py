@@ -45,13 +45,33 @@ def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]]) -> Pat
                              f"outside it (outputs would mix with, and could overwrite, what {flag} reads)")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output {output} exists and is not a folder")
+    missing = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
+        _CREATED.extend(missing)
         probe = nio.atomic_write_bytes(out / f".write-test-{os.getpid()}", b"")
         probe.unlink()
     except OSError as e:
         raise UsageError(f"--output {output} is not writable: {e.strerror or e}") from e
     return out
+
+
+#: folders :func:`check_output_folder` created in this process (deepest first)
+_CREATED: list[Path] = []
+
+
+def forget_created() -> None:
+    """A new command starts: the folders earlier commands of this process created are theirs."""
+    _CREATED.clear()
+
+
+def remove_created_if_empty() -> None:
+    """After a refused run: remove the folders :func:`check_output_folder` created that are still
+    empty, so a usage error leaves the disk as it was."""
+    for folder in _CREATED:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty folder goes
+    _CREATED.clear()
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from .. import __version__
 from ..config import ConfigError
 from . import bench, calibrate, convert_adm, demo, restore, simulate, train_prior
 from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UsageError
+from .outputs import forget_created, remove_created_if_empty
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,10 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    forget_created()
     try:
         with _sigterm_stops_like_ctrl_c():
             return args.func(args)
     except (UsageError, ConfigError) as e:
+        remove_created_if_empty()
         print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated:

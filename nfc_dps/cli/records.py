@@ -204,6 +204,15 @@ class RunRecords:
         self.save(final=True)
         for rank in range(world):
             shard_path(self.out, rank).unlink(missing_ok=True)
+        _remove_empty(self.out / SHARD_DIR)
+
+
+def _remove_empty(folder: Path) -> None:
+    """Remove ``folder`` when it is empty (the shards' folder once merged)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty, or already gone
 
 
 def shard_path(out: Path, rank: int) -> Path:
@@ -264,5 +273,6 @@ def merge_leftover_shards(out: Path, log: Log) -> int:
             f.unlink(missing_ok=True)
     except OSError as e:
         raise OutputError(e) from e
+    _remove_empty(folder)
     log.info(f"merged the progress of {merged} rank(s) of an interrupted sharded run into {manifest_path}")
     return merged
