@@ -3,7 +3,7 @@
 Two kinds of file, each mapping one to one onto existing constructor arguments:
 
 * a **task** config, ``{task: <name>, <operator params>, noise_sigma: <float>}``: the operator
-  params are those of ``nfc_dps.operators.build_operator`` for that task (``TASKS[task]``, with
+  params are those of ``nfc_dps.operators.build_operator`` for that task (``TASKS[task].params``, with
   their defaults); ``noise_sigma`` is the measurement noise std in **[0, 1] pixel units** (the
   "0.05" of DPS/DAPS/NFC, stated for images in [-1, 1], is 0.025 here). Relative ``*_path``
   params are resolved against the config file's folder.
@@ -131,13 +131,9 @@ def parse_scalar(text: str) -> Any:
 # values
 
 
-#: task parameters that also take an (height, width) pair of ints
-PAIR_KEYS = frozenset({"box_size", "margin"})
-
-
 def _coerce(value: Any, default: Any, where: str, pair: bool = False) -> Any:
     """Check ``value`` against the type of the ``default`` it replaces; convert harmless forms
-    (``pair``: an int key that also takes an (h, w) pair, :data:`PAIR_KEYS`)."""
+    (``pair``: an int key that also takes an (h, w) pair, a task's ``pair_params``)."""
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -197,7 +193,7 @@ def task_defaults(task: str) -> dict[str, Any]:
     """The operator parameters of ``task`` and their defaults (None = required)."""
     from .operators import TASKS
 
-    return dict(TASKS[task])
+    return dict(TASKS[task].params)
 
 
 @dataclass
@@ -245,13 +241,13 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     why = noise_sigma_problem(noise)
     if why:
         raise ConfigError(f"{source}: key 'noise_sigma' {why}")
-    allowed = TASKS[name]
+    allowed = TASKS[name].params
     params: dict[str, Any] = {}
     for key, value in data.items():
         if key not in allowed:
             raise ConfigError(f"{source}: unknown key {key!r} for task {name!r}; allowed: "
                               f"{', '.join(['task', *allowed, 'noise_sigma'])}")
-        value = _coerce(value, allowed[key], f"{source}: key {key!r}", pair=key in PAIR_KEYS)
+        value = _coerce(value, allowed[key], f"{source}: key {key!r}", pair=key in TASKS[name].pair_params)
         if key.endswith("_path") and base_dir is not None and not Path(value).is_absolute():
             value = str((base_dir / value).resolve())
         params[key] = value

@@ -23,7 +23,7 @@ import torch
 import nfc_dps.samplers.common as common
 import nfc_dps.samplers.gaussian_step as gaussian_step
 from nfc_dps.bench.spec import task_specs
-from nfc_dps.operators.factory import build_operator
+from nfc_dps.operators import build_operator
 from nfc_dps.priors.default import load_prior
 from nfc_dps.samplers.nfc import band_weight, level_sigmas
 from nfc_dps.samplers.presets import NFC_PRESETS

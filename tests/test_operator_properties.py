@@ -6,13 +6,17 @@ downsampling factor, image region) against the applied operator. float64, small 
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nfc_dps.io import write_image
 from nfc_dps.operators import (
+    TASKS,
     BlurOperator,
     CroppedOperator,
     Denoising,
@@ -20,36 +24,56 @@ from nfc_dps.operators import (
     Inpainting,
     LinearOperator,
     SuperResolution,
+    build_operator,
     gaussian_kernel,
     motion_kernel,
     random_mask,
 )
 from nfc_dps.operators.base import DIAGONAL_BASES, FAMILIES
 
-KINDS = ("blur_circular", "blur_reflect", "motion_circular", "motion_reflect", "denoise", "inpaint",
-         "sr_bicubic", "sr_average", "function")
+#: small values of the task parameters, for the operators' few-pixel images (SR x 2 on even sizes)
+SMALL_PARAMS = {"factor": 2, "kernel_size": 5, "box_size": 2, "margin": 1}
+#: every registered task (both boundaries of the blurs), and a FunctionOperator over a random matrix
+KINDS = tuple(f"{name}:{b}" if "boundary" in task.params else name
+              for name, task in TASKS.items() for b in (("circular", "reflect") if "boundary" in task.params else ("",))
+              ) + ("function",)
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True)
+_FILES = Path(tempfile.mkdtemp(prefix="nfc_dps_operator_files_"))
+
+
+def _operator_file(what: str, h: int, w: int, seed: int) -> str:
+    """A kernel (5 x 5) or an (h, w) mask file for the tasks that read their operator from one."""
+    if what == "kernel":
+        path = _FILES / f"kernel_{seed}.npy"
+        np.save(path, gaussian_kernel(5, 1.0 + 0.1 * (seed % 5)).numpy())
+    else:
+        path = _FILES / f"mask_{h}x{w}_{seed}.png"
+        write_image(path, random_mask(h, w, 0.5, seed).numpy().astype(np.float32))
+    return str(path)
 
 
 def _operator(kind: str, h: int, w: int, seed: int, channels: int = 1) -> LinearOperator:
-    """An operator of ``kind`` for (h, w) images (h, w multiples of 2 for SR x 2); "function": a
-    random Gaussian matrix from the (channels, h, w) image to about half as many values, its
-    adjoint by autograd."""
+    """An operator of ``kind`` (a registered task, ``task:boundary`` for the blurs) for (h, w)
+    images (h, w even); "function": a random Gaussian matrix from the (channels, h, w) image to
+    about half as many values, its adjoint by autograd."""
     if kind == "function":
         n = channels * h * w
         m = n // 2 + 1
         matrix = torch.randn((m, n), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) / n**0.5
         return FunctionOperator(lambda x: (x.flatten(1) @ matrix.T.to(x.dtype)).view(-1, 1, m, 1), (channels, h, w),
                                 (1, m, 1), dtype=torch.float64)
-    if kind.startswith("blur"):
-        return BlurOperator(gaussian_kernel(5, 1.0 + 0.1 * (seed % 5)), kind.split("_")[1])
-    if kind.startswith("motion"):
-        return BlurOperator(motion_kernel(5, 0.5, np.random.default_rng(seed)), kind.split("_")[1])
-    if kind == "denoise":
-        return Denoising()
-    if kind == "inpaint":
-        return Inpainting(random_mask(h, w, 0.5, seed))
-    return SuperResolution(2, kind[3:])
+    name, _, boundary = kind.partition(":")
+    task = TASKS[name]
+    params = {k: v for k, v in SMALL_PARAMS.items() if k in task.params}
+    if boundary:
+        params["boundary"] = boundary
+    if task.reads:
+        params[task.file_param] = _operator_file(task.reads, h, w, seed)
+    return build_operator(name, (h, w), seed=seed, **params)
+
+
+def test_every_registered_task_is_a_kind():
+    assert {k.partition(":")[0] for k in KINDS} == set(TASKS) | {"function"}
 
 
 @st.composite

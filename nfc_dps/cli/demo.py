@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, SamplerSpec, parse_task, resolved_config
+from ..operators import TASKS
 from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noise_seed, open_prior, parse_device,
                      prior_key, set_threads, to_numpy)
 from .flags import common_flags, precision_flag
@@ -126,7 +127,8 @@ def cmd_demo(args) -> int:
             for i, name in enumerate(DEMO_IMAGES):
                 gt = images[name]
                 yi = to_numpy(y[i:i + 1])
-                shown = np.repeat(np.repeat(yi, 4, 0), 4, 1) if task_name.startswith("sr_") else yi
+                up = TASKS[task_name].upscale(task.params)
+                shown = np.repeat(np.repeat(yi, up, 0), up, 1)
                 xi = to_numpy(res.image[i:i + 1])
                 if not np.isfinite(xi).all():
                     raise FloatingPointError(f"{label}/{name}: NaN/Inf in the restoration")

@@ -19,6 +19,7 @@ import numpy as np
 from .. import io as nio
 from ..distributed import Dist, init_distributed, resolve_device
 from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
+from ..operators import TASKS
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
                      STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_metrics, image_seed, input_names, match_file,
                      open_prior, parse_device, prior_key, read_inputs, set_threads, sha256_file, sha256_json, to_numpy)
@@ -26,7 +27,7 @@ from .flags import common_flags, precision_flag, task_flags
 from .preflight import check_method_takes_operator, check_prior_fits, first_image
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
 from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
-from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
+from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task, with_operator_files
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -144,9 +145,7 @@ def cmd_restore(args) -> int:
                      f"{bundle.simulation_dir}) for task {requested!r}")
             bundle.task = recorded
             args.task = None
-            from ..operators import TASKS
-
-            dropped = [p for p in args.param or [] if p.partition("=")[0].strip() not in TASKS[recorded.task]]
+            dropped = [p for p in args.param or [] if p.partition("=")[0].strip() not in TASKS[recorded.task].params]
             if dropped:  # parameters of the simulated operator, which the recorded files now fix
                 log.info(f"ignoring {', '.join('--param ' + p for p in dropped)}: the simulation's "
                          f"{recorded.task} files define the operator")
@@ -166,28 +165,16 @@ def cmd_restore(args) -> int:
     if gt_dir is not None:
         check_readable_folder("--gt", gt_dir)
 
-    # operator files from the flags replace the random / parametric operator of the task
-    if args.kernel:
-        if not task.task.startswith("deblur_"):
-            raise UsageError(f"--kernel applies to deblurring tasks, not {task.task!r}")
-        if not Path(args.kernel).exists():
-            raise UsageError(f"--kernel {args.kernel}: no such file or folder")
-        task = task.with_params(task="deblur_kernel", kernel_path=str(Path(args.kernel).resolve()))
-    if args.mask:
-        if not task.task.startswith("inpaint_"):
-            raise UsageError(f"--mask applies to inpainting tasks, not {task.task!r}")
-        if not Path(args.mask).exists():
-            raise UsageError(f"--mask {args.mask}: no such file or folder")
-        task = task.with_params(task="inpaint_mask", mask_path=str(Path(args.mask).resolve()))
+    task = with_operator_files(task, kernel=args.kernel, mask=args.mask)
     if task.task in RANDOM_TASKS:
         flag = RANDOM_TASKS[task.task]
         raise UsageError(f"task {task.task!r} draws its {'mask' if flag == '--mask' else 'kernel'} at random; "
                          f"restoring needs the one the measurements were taken with: pass {flag} FILE|DIR, "
                          f"or --config <simulate output>/{SIMULATION_JSON}")
-    for key in ("mask_path", "kernel_path"):
-        if key in task.params and not Path(task.params[key]).exists():
-            raise UsageError(f"{task.source}: {key} {task.params[key]}: no such file or folder")
-    check_operator_file(task, args.mask if task.task == "inpaint_mask" else args.kernel)
+    reads = TASKS[task.task].reads
+    if reads and task.params.get(f"{reads}_path") and not Path(task.params[f"{reads}_path"]).exists():
+        raise UsageError(f"{task.source}: {reads}_path {task.params[f'{reads}_path']}: no such file or folder")
+    check_operator_file(task, getattr(args, reads) if reads else None)
     for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ConfigBundle, SamplerSpec, TaskConfig, parse_scalar, parse_task, steps_field
-from ..operators import noise_sigma_problem
+from ..operators import TASKS, noise_sigma_problem, task_reading
 from .common import UsageError, match_file
 
 
-#: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel
-RANDOM_TASKS = {"inpaint_box": "--mask", "inpaint_random": "--mask", "deblur_motion": "--kernel"}
+#: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel (the flag)
+RANDOM_TASKS = {name: f"--{t.draws}" for name, t in TASKS.items() if t.draws}
 #: tasks whose operator is read from a file: task -> (its parameter, the flag that sets it, what it is)
-FILE_TASKS = {"inpaint_mask": ("mask_path", "--mask", "mask"), "deblur_kernel": ("kernel_path", "--kernel", "kernel")}
+FILE_TASKS = {name: (t.file_param, f"--{t.reads}", t.reads) for name, t in TASKS.items() if t.reads}
 
 
 def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
@@ -68,17 +68,34 @@ def resolve_sampler(args, bundle: ConfigBundle) -> SamplerSpec:
     return spec
 
 
+def with_operator_files(task: TaskConfig, **files: str | None) -> TaskConfig:
+    """``task`` switched to the task of its family that reads the given files (``--mask`` /
+    ``--kernel``: ``mask=PATH``, ``kernel=PATH``; None: not given), e.g. deblur_motion with a
+    kernel -> deblur_kernel. UsageError naming the flag when the family reads no such file."""
+    for what, value in files.items():
+        if not value:
+            continue
+        reading = task_reading(TASKS[task.task].family, what)
+        if reading is None:
+            takers = [t.name for t in TASKS.values() if task_reading(t.family, what)]
+            raise UsageError(f"--{what} applies to the tasks {', '.join(takers)}, not {task.task!r}")
+        if not Path(value).exists():
+            raise UsageError(f"--{what} {value}: no such file or folder")
+        task = task.with_params(task=reading.name, **{reading.file_param: str(Path(value).resolve())})
+    return task
+
+
 class OperatorSource:
     """Builds the operator of each image: per-image mask / kernel files when the task's
     ``mask_path`` / ``kernel_path`` is a folder, else one file or none."""
 
     def __init__(self, task: TaskConfig) -> None:
         self.task = task
-        self.key = next((k for k in ("mask_path", "kernel_path") if k in task.params), None)
+        self.key = TASKS[task.task].file_param
         self.folder = Path(task.params[self.key]) if self.key and Path(task.params[self.key]).is_dir() else None
 
     def factor(self) -> int:
-        return int(self.task.params.get("factor", 4)) if self.task.task.startswith("sr_") else 1
+        return TASKS[self.task.task].upscale(self.task.params)
 
     def files_for(self, name: str) -> Path | None:
         if self.key is None:

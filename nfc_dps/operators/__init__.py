@@ -4,7 +4,7 @@ from .base import (LinearOperator, check_image, conjugate_gradient, noise_sigma_
                    randn_per_image)
 from .blur import BlurOperator, mirror_indices
 from .denoising import Denoising
-from .factory import TASKS, build_operator, check_task_params
+from .tasks import TASKS, Task, build_operator, check_task_params, task_reading
 from .function import FunctionOperator
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .padding import CroppedOperator, padded_size
@@ -16,6 +16,6 @@ __all__ = [
     "randn_per_image",
     "BlurOperator", "mirror_indices", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
-    "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "build_operator", "check_task_params",
+    "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "Task", "build_operator", "check_task_params", "task_reading",
     "CroppedOperator", "padded_size", "FunctionOperator",
 ]
