@@ -320,6 +320,7 @@ def test_prior_identity_lists_files_and_hashes_their_contents_only_on_request(tm
         "path", "embedded_default"]
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_equal_single_process(tiny_prior, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     common = ["--tasks", "deblur_gaussian", "--methods", "nfc,ddnm", "--no-images", "--no-plots"]

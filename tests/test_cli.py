@@ -917,6 +917,7 @@ def test_convert_adm_errors(tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------- killed mid-folder
 
 
+@pytest.mark.slow
 def test_sigkill_mid_folder_then_resume(tmp_path, prior_dir):
     inp, out = tmp_path / "in", tmp_path / "out"
     make_images(inp, 5)
@@ -971,6 +972,7 @@ def _torchrun_restore(nproc: int, argv: list[str]) -> subprocess.CompletedProces
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_restore_under_torchrun_equals_one_process_and_resumes(tmp_path, prior_dir):
     """2 gloo processes give byte-identical images and the same records as 1 process; a rerun
     skips everything; the shards of an interrupted sharded run are merged into the manifest."""
@@ -1019,6 +1021,7 @@ def test_restore_under_torchrun_equals_one_process_and_resumes(tmp_path, prior_d
     assert not list(shards.glob("rank*.json"))
 
 
+@pytest.mark.slow
 def test_a_second_run_is_refused_on_every_rank(tmp_path, prior_dir):
     """The folder lock holds for a torchrun group: a live run's lock refuses both ranks (exit 2)."""
     inp, out = tmp_path / "in", tmp_path / "out"

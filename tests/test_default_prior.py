@@ -26,10 +26,10 @@ from nfc_dps.priors.training_data import (
 )
 
 PRIOR_DIR = default_prior_path()
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not PRIOR_DIR.is_dir(),
-    reason=f"embedded default prior not found at {PRIOR_DIR} (train it with scripts/train_prior.py, see docs/prior.md)",
-)
+    reason=f"embedded default prior not found at {PRIOR_DIR} (train it with nfc-dps train-prior, see docs/prior.md)",
+)]
 
 SIGMA01 = 0.1  # [0, 1] units; the prior is called at 2 * SIGMA01 in model units
 MARGIN_DB = 3.0  # over the noisy input

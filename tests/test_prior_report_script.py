@@ -8,7 +8,10 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow  # runs the report script on a network prior
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prior_report.py"
 

@@ -26,6 +26,8 @@ from nfc_dps.training import loop as train_loop
 from nfc_dps.training.data import CropSampler, DeadLeaves
 from nfc_dps.training.state import check_fingerprint, fingerprint, legacy_fingerprint, read_state
 
+pytestmark = pytest.mark.slow  # trains small networks
+
 TINY = ["--widths", "8,16", "--crop", "16", "--batch", "4", "--threads", "1", "--eval-crop", "32", "-q"]
 
 
