@@ -198,7 +198,8 @@ def restore(
         seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, >= 0).
             Chain j of image b draws its noise from its own generator, seeded by (seed_b, j): the
             results do not depend on the batch size, on the other images of the batch or on
-            ``max_batch`` (up to float rounding of batched network layers, about 1e-6).
+            ``max_batch`` (in float32 up to the float rounding of batched network layers; in
+            bfloat16 on a CPU the same bits: docs/scale.md, "Batches and precision").
         num_samples: posterior samples per image; >1 returns their mean and per-pixel std.
         callback: called after every sampler step with a dict of intermediates (model units),
             once per chunk of chains (see ``max_batch``); ``info["chains"]`` is the chunk's

@@ -184,3 +184,60 @@ def test_a_held_out_image_too_small_for_a_psnr_is_skipped(folder: Path, tmp_path
     assert (str(folder / name), "1x1 pixels is smaller than the 16x16 crop: held out, but too small for the "
                                 "held-out PSNR") in data.skipped
     assert any(line.startswith(f"skipped {folder / name}") for line in lines)
+
+
+# ---------------------------------------------------------------- bfloat16 and the batch (S3)
+
+
+def _tiny_unet(in_channels: int = 3, out_channels: int = 3):
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    return UNet2DModel(sample_size=16, in_channels=in_channels, out_channels=out_channels, block_out_channels=(8, 16),
+                       norm_num_groups=4, layers_per_block=1, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D")).eval()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bfloat16_network_output_does_not_depend_on_the_batch(channels_last: bool) -> None:
+    """S3: under bfloat16 autocast the CPU kernels rounded an image alone in its batch differently
+    from the same image beside others (up to 4/255 in a restoration); an image's result is now
+    the same bits in any batch."""
+    from nfc_dps.priors.base import EDMDenoiser
+    from nfc_dps.priors.diffusers_prior import _UNetCall
+
+    unet = _tiny_unet()
+    if channels_last:
+        unet = unet.to(memory_format=torch.channels_last)
+    prior = EDMDenoiser(_UNetCall(unet, "bfloat16", channels_last), channels=3)
+    gen = torch.Generator().manual_seed(1)
+    x, s = torch.randn(5, 3, 48, 48, generator=gen), torch.tensor([0.3, 0.5, 1.0, 0.05, 2.0])
+    with torch.inference_mode():
+        together = prior.denoise(x, s)
+        alone = torch.cat([prior.denoise(x[i:i + 1], s[i:i + 1]) for i in range(5)])
+        pairs = torch.cat([prior.denoise(x[i:i + 2], s[i:i + 2]) for i in (0, 2)] + [prior.denoise(x[4:], s[4:])])
+    assert torch.equal(alone, together) and torch.equal(pairs, together)
+
+
+def _prior_folder(path: Path, unet=None, **prior_json) -> Path:
+    """A tiny diffusers UNet saved as a prior folder with ``nfc_dps_prior.json`` = ``prior_json``."""
+    (unet if unet is not None else _tiny_unet()).save_pretrained(path)
+    (path / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm", **prior_json}))
+    return path
+
+
+def test_bfloat16_restorations_do_not_depend_on_the_batch(tmp_path: Path) -> None:
+    """S3, the promise of README and docs/scale.md: under bfloat16 the restoration of an image of
+    one tile is the same bits alone, in a batch, and at any max_batch."""
+    import nfc_dps
+    from nfc_dps.priors.diffusers_prior import load_diffusers_prior
+
+    prior = load_diffusers_prior(_prior_folder(tmp_path / "p", tile=48), precision="bfloat16")
+    x = torch.rand(3, 3, 48, 48, generator=torch.Generator().manual_seed(0))
+    op = nfc_dps.build_operator("deblur_gaussian", image_size=(48, 48))
+    y = op.measure(x, sigma_y=0.05, generator=torch.Generator().manual_seed(1)).clamp(0, 1)
+    kw = dict(prior=prior, progress=False, seed=[3, 4, 5], sigma_y=0.05, num_levels=3)
+    together = nfc_dps.restore(y, op, **kw).image
+    assert torch.equal(nfc_dps.restore(y, op, max_batch=1, **kw).image, together)
+    alone = [nfc_dps.restore(y[i:i + 1], op, **{**kw, "seed": [3 + i]}).image for i in range(3)]
+    assert torch.equal(torch.cat(alone), together)

@@ -111,8 +111,16 @@ class _UNetCall(torch.nn.Module):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.precision == "bfloat16":
+            # bfloat16 kernels round a batch of one image differently from a batch of several (the
+            # same image, other bits): a lone image goes through as a batch of two copies, so its
+            # result never depends on how many images share its call
+            lone = x.shape[0] == 1
+            if lone:
+                x, t = torch.cat([x, x]), (torch.cat([t, t]) if t.ndim else t)
             with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
                 out = self.unet(x, t).sample.to(x.dtype)
+            if lone:
+                out = out[:1]
         else:
             out = self.unet(x, t).sample
         return out.contiguous() if self.channels_last else out
