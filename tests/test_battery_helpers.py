@@ -241,3 +241,48 @@ def test_bfloat16_restorations_do_not_depend_on_the_batch(tmp_path: Path) -> Non
     assert torch.equal(nfc_dps.restore(y, op, max_batch=1, **kw).image, together)
     alone = [nfc_dps.restore(y[i:i + 1], op, **{**kw, "seed": [3 + i]}).image for i in range(3)]
     assert torch.equal(torch.cat(alone), together)
+
+
+# ---------------------------------------------------------------- prior folders that cannot be priors (S7)
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"sigma_data": -1}, "sigma_data"), ({"sigma_data": "0.5"}, "sigma_data"), ({"sigma_min": 0}, "sigma_min"),
+    ({"sigma_max": float("nan")}, "sigma_max"), ({"sigma_min": 5.0, "sigma_max": 1.0}, "sigma_min"),
+    ({"tile": 0}, "tile"), ({"tile": -48}, "tile"), ({"tile": 4.5}, "tile"), ({"tile": True}, "tile"),
+    ({"tile": 16, "tile_overlap": "yes"}, "tile_overlap"), ({"power_law": [1, True]}, "power_law"),
+    ({"parameterization": "ddpm", "prediction_type": "noise"}, "prediction_type"),
+])
+def test_nonsensical_prior_settings_are_refused_naming_file_and_key(tmp_path: Path, settings: dict, key: str) -> None:
+    from nfc_dps.priors.diffusers_prior import load_diffusers_prior
+
+    folder = _prior_folder(tmp_path / "p", **settings)
+    with pytest.raises(ValueError, match=f"{folder / 'nfc_dps_prior.json'}: {key} "):
+        load_diffusers_prior(folder)
+
+
+@pytest.mark.parametrize("parameterization", ["edm", "ddpm"])
+def test_a_unet_whose_output_is_not_its_input_image_is_refused(tmp_path: Path, parameterization: str) -> None:
+    """S7: a UNet of 3 input and 1 output channels loaded and restored (exit 0)."""
+    from nfc_dps import cli
+    from nfc_dps.priors.diffusers_prior import load_diffusers_prior
+
+    folder = _prior_folder(tmp_path / "p", _tiny_unet(3, 1), parameterization=parameterization)
+    with pytest.raises(ValueError, match=f"{folder / 'config.json'}: out_channels 1 with in_channels 3"):
+        load_diffusers_prior(folder)
+    assert cli.main(["demo", "--output", str(tmp_path / "out"), "--prior", str(folder), "--steps", "1", "-q"]) == 2
+    if parameterization == "ddpm":  # learned variance: twice the input's channels
+        load_diffusers_prior(_prior_folder(tmp_path / "q", _tiny_unet(3, 6), parameterization="ddpm"))
+
+
+def test_a_class_conditional_unet_is_refused_at_load(tmp_path: Path) -> None:
+    from diffusers import UNet2DModel
+
+    from nfc_dps.priors.diffusers_prior import load_diffusers_prior
+
+    unet = UNet2DModel(sample_size=16, block_out_channels=(8, 16), norm_num_groups=4, layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+                       num_class_embeds=10)
+    folder = _prior_folder(tmp_path / "p", unet)
+    with pytest.raises(ValueError, match=f"{folder / 'config.json'}: num_class_embeds is 10"):
+        load_diffusers_prior(folder)

@@ -16,12 +16,13 @@ Accepted layouts (nothing is ever downloaded):
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from .archs import ARCHS, DEFAULT_ARCH, adapt_loaded_unet, size_independent
-from .base import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
+from .base import PREDICTION_TYPES, EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
 
 PRIOR_CONFIG_NAME = "nfc_dps_prior.json"
 DEFAULT_SCHEDULE = {
@@ -148,6 +149,58 @@ def _read_json(path: Path) -> dict:
     return obj
 
 
+def _number(v: object) -> bool:
+    """A finite JSON number (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_prior_config(cfg: dict, where: Path) -> None:
+    """ValueError naming ``where`` and the key for a value of ``nfc_dps_prior.json`` that cannot
+    describe a network (a sigma_data of -1, a tile of 0, ...)."""
+    def bad(key: str, want: str) -> ValueError:
+        return ValueError(f"{where}: {key} must be {want}, got {cfg[key]!r}")
+
+    if cfg.get("parameterization", "ddpm") not in PARAMETERIZATIONS:
+        raise ValueError(f"{where}: parameterization {cfg['parameterization']!r} is not one of "
+                         f"{', '.join(PARAMETERIZATIONS)}")
+    for key in ("sigma_data", "sigma_min", "sigma_max"):
+        if key in cfg and not (_number(cfg[key]) and cfg[key] > 0):
+            raise bad(key, "a number > 0")
+    if float(cfg.get("sigma_min", 0.002)) >= float(cfg.get("sigma_max", 80.0)):
+        raise ValueError(f"{where}: sigma_min {cfg.get('sigma_min', 0.002)!r} must be below sigma_max "
+                         f"{cfg.get('sigma_max', 80.0)!r}")
+    if "tile" in cfg and cfg["tile"] is not None and not (isinstance(cfg["tile"], int) and not isinstance(cfg["tile"], bool)
+                                                           and cfg["tile"] >= 1):
+        raise bad("tile", "an integer >= 1 (pixels), or absent for an untiled network")
+    if "tile_overlap" in cfg and not isinstance(cfg["tile_overlap"], bool):
+        raise bad("tile_overlap", "true or false")
+    if "prediction_type" in cfg and cfg["prediction_type"] not in PREDICTION_TYPES:
+        raise bad("prediction_type", f"one of {', '.join(PREDICTION_TYPES)}")
+    if "power_law" in cfg:
+        pl = cfg["power_law"]
+        if not (isinstance(pl, list) and len(pl) == 2 and all(_number(v) and v > 0 for v in pl)):
+            raise bad("power_law", "[amplitude, alpha], two numbers > 0")
+
+
+def _check_unet_config(ucfg: dict, where: Path, parameterization: str) -> None:
+    """ValueError naming ``where`` and the key for a UNet that cannot be a denoiser of its own
+    images: output channels other than the input's (or, for a DDPM network, twice them: learned
+    variance), or a class-conditional network (nothing here gives it a class label)."""
+    cin, cout = ucfg.get("in_channels", 3), ucfg.get("out_channels", 3)
+    for key, v in (("in_channels", cin), ("out_channels", cout)):
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{where}: {key} must be an integer >= 1, got {v!r}")
+    allowed = (cin,) if parameterization == "edm" else (cin, 2 * cin)
+    if cout not in allowed:
+        raise ValueError(f"{where}: out_channels {cout} with in_channels {cin}: a denoiser returns an image of its "
+                         f"input's channels (out_channels {' or '.join(map(str, allowed))}"
+                         + (", the second half a learned variance" if len(allowed) > 1 else "") + ")")
+    for key in ("num_class_embeds", "class_embed_type"):
+        if ucfg.get(key) is not None:
+            raise ValueError(f"{where}: {key} is {ucfg[key]!r}: a class-conditional network is not "
+                             f"supported (no class label is given to it)")
+
+
 def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                          precision: str = "auto") -> Prior:
     """Load a local diffusers UNet folder as a prior (see module docstring for layouts).
@@ -173,6 +226,16 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     cls = unet_cfg.get("_class_name", "UNet2DModel")
     if cls != "UNet2DModel":
         raise ValueError(f"{unet_dir / 'config.json'}: _class_name is {cls!r}; only UNet2DModel is supported")
+    # every setting is checked before the weights load
+    prior_cfg: dict = {}
+    if (folder / PRIOR_CONFIG_NAME).is_file():
+        prior_cfg = _read_json(folder / PRIOR_CONFIG_NAME)
+        unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
+    _check_prior_config(prior_cfg, folder / PRIOR_CONFIG_NAME)
+    parameterization = prior_cfg.get("parameterization", "ddpm")
+    _check_unet_config(unet_cfg, unet_dir / "config.json", parameterization)
     try:
         unet, info = UNet2DModel.from_pretrained(
             unet_dir, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=dtype, output_loading_info=True
@@ -184,16 +247,6 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     if any(bad.values()):
         detail = "; ".join(f"{k.replace('_', ' ')}: {v[:5]}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v)
         raise OSError(f"{unet_dir}: weights do not match config.json ({detail})")
-    prior_cfg: dict = {}
-    if (folder / PRIOR_CONFIG_NAME).is_file():
-        prior_cfg = _read_json(folder / PRIOR_CONFIG_NAME)
-        unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
-    parameterization = prior_cfg.get("parameterization", "ddpm")
-    if parameterization not in PARAMETERIZATIONS:
-        raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: parameterization {parameterization!r} is not one of "
-                         f"{', '.join(PARAMETERIZATIONS)}")
     arch = prior_cfg.get("arch", DEFAULT_ARCH)
     if arch not in ARCHS:
         raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: arch {arch!r} is not one of {', '.join(ARCHS)}")
@@ -235,11 +288,9 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         )
     if "power_law" in prior_cfg:
         pl = prior_cfg["power_law"]
-        if not (isinstance(pl, list) and len(pl) == 2 and all(isinstance(v, (int, float)) and v > 0 for v in pl)):
-            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: power_law must be [amplitude, alpha] > 0, got {pl!r}")
         prior.power_law = (float(pl[0]), float(pl[1]))
     prior.precision = precision  # before tiling: TiledPrior copies it from the prior it wraps
-    if prior_cfg.get("tile"):
+    if prior_cfg.get("tile") is not None:
         try:
             prior = TiledPrior(prior, int(prior_cfg["tile"]), overlap=bool(prior_cfg.get("tile_overlap", False)))
         except ValueError as e:
