@@ -286,3 +286,18 @@ def test_a_class_conditional_unet_is_refused_at_load(tmp_path: Path) -> None:
     folder = _prior_folder(tmp_path / "p", unet)
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: num_class_embeds is 10"):
         load_diffusers_prior(folder)
+
+
+# ---------------------------------------------------------------- kernel files (U8)
+
+
+def test_a_complex_kernel_file_is_refused_naming_it(tmp_path: Path) -> None:
+    """U8: the imaginary part of a complex .npy kernel was dropped without a word."""
+    from nfc_dps.operators.kernels import load_kernel
+
+    path = tmp_path / "k.npy"
+    np.save(path, np.ones((5, 5)) * (1 + 1j))
+    with pytest.raises(ValueError, match=f"kernel file '{path}' holds complex numbers \\(dtype complex128\\)"):
+        load_kernel(path)
+    np.save(path, np.ones((5, 5)))
+    assert float(load_kernel(path).sum()) == pytest.approx(1.0)

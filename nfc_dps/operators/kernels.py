@@ -183,6 +183,9 @@ def read_array(path: str | Path, what: str) -> np.ndarray:
             raise ValueError(f"cannot read {what} from {str(path)!r}: {exc}") from exc
         if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
             raise ValueError(f"{what} file {str(path)!r} holds non-numeric data of dtype {arr.dtype}")
+        if np.iscomplexobj(arr):
+            raise ValueError(f"{what} file {str(path)!r} holds complex numbers (dtype {arr.dtype}); a {what} is "
+                             f"real: save its real part (numpy.real) if that is what you mean")
         return arr.astype(np.float64)
     from PIL import Image, ImageOps, UnidentifiedImageError
 
