@@ -42,6 +42,13 @@ BETA_START, BETA_END = 1e-4, 0.02
 
 SCHEDULES = ("uniform", "quad", "karras")
 
+#: DPIR's first noise level, 49/255 in [0, 1] units, in model units: the top of the schedules that
+#: stay in a plain denoiser's range (DPIR, NFC's deterministic continuation)
+DPIR_SIGMA_MAX = 2 * 49 / 255
+#: the deterministic continuation's first level for inpainting, model units (see
+#: :func:`nfc_dps.samplers.nfc.top_sigma`)
+AUTO_SIGMA_MAX_INPAINT = 0.1
+
 
 def _log_sigmas_ddpm() -> Tensor:
     betas = torch.linspace(BETA_START, BETA_END, NUM_TRAIN_TIMESTEPS, dtype=torch.float64)

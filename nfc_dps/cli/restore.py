@@ -253,7 +253,7 @@ def cmd_restore(args) -> int:
         recorded = bundle.recorded_prior
         # the embedded default installed elsewhere (another checkout or machine) is the same prior
         same = recorded is not None and (recorded[0] == in_use or (
-            args.prior is None and Path(recorded[0]).parts[-2:] == ("assets", "default_prior")))
+            args.prior is None and Path(recorded[0]).parts[-2:] in (("assets", "default_prior"), ("_assets", "default_prior"))))
         if recorded is not None and not same:
             log.error(f"warning: {bundle.recorded_prior[1]} was written with the prior {bundle.recorded_prior[0]}; "
                       f"this run uses {in_use} (pass --prior {bundle.recorded_prior[0]} to restore with that one)")

@@ -54,7 +54,11 @@ def per_image(value: float | Tensor, x: Tensor) -> Tensor:
     return v.view(-1, 1, 1, 1)
 
 
-def randn_per_image(shape: Sequence[int], generators: torch.Generator | Sequence[torch.Generator] | None,
+#: the random sources of a batch: one generator, one per image (or per chain), or None (torch's global one)
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def randn_per_image(shape: Sequence[int], generators: Generators,
                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Tensor:
     """Standard normal noise of ``shape`` (B, ...), image b drawn from ``generators[b]``.
 
@@ -285,3 +289,9 @@ def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: f
         p = z + (rz_new / rz.clamp_min(tiny)) * p
         rz = rz_new
     return x
+
+
+def pixel_gain(operator: LinearOperator, like: Tensor) -> Tensor:
+    """g = A^T A 1, shaped like ``like`` (B, C, H, W): the weight the measurement puts on each
+    pixel (the mask for inpainting, 1/s^2 for SR x s, sum k^2 for blur); 0 = unobserved."""
+    return operator.A_adjoint(operator.A(torch.ones_like(like)))

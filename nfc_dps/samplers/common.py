@@ -17,10 +17,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..operators.base import LinearOperator, randn_per_image
+from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
 from ..priors.base import Prior, PriorWrapper
+from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas
+from .gaussian_step import gaussian_conditional, pixel_coverage
 
-Generators = torch.Generator | Sequence[torch.Generator] | None
 Callback = Callable[[dict[str, Any]], None] | None
 
 #: floor on the likelihood's noise std (model units) so noiseless measurements stay well posed
@@ -153,8 +154,6 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     # largest finite power leaves the mean to the data just as well
     finite = torch.where(torch.isinf(spectrum), torch.zeros_like(spectrum), spectrum)
     spectrum = torch.where(torch.isinf(spectrum), finite.flatten(1).amax(1).view(-1, 1, 1, 1) * 1e3, spectrum)
-    from .gaussian_step import gaussian_conditional, pixel_coverage
-
     return gaussian_conditional(operator, y, level, sigma_y, spectrum, None, sample=False,
                                 cg_iters=START_CG_ITERATIONS, coverage=pixel_coverage(operator, like))
 
@@ -168,7 +167,6 @@ def pf_ode_predict(prior: Prior, x: Tensor, sigma_from: float, sigma_to: float, 
     dx/dsigma = (x - D(x, sigma)) / sigma on an EDM poly-rho grid down to ``sigma_to``
     (DAPS's predictor). ``steps`` network evaluations; one step from sigma >> sigma_to is Tweedie.
     """
-    from ..schedules import karras_sigmas
 
     if sigma_from <= sigma_to:
         return prior.denoise(x, sigma_vector(sigma_from, x))
@@ -177,12 +175,6 @@ def pf_ode_predict(prior: Prior, x: Tensor, sigma_from: float, sigma_to: float, 
         d = (x - prior.denoise(x, sigma_vector(s, x))) / s
         x = x + (s_next - s) * d
     return x
-
-
-def pixel_gain(operator: LinearOperator, like: Tensor) -> Tensor:
-    """g = A^T A 1, shaped like ``like`` (B, C, H, W): the weight the measurement puts on each
-    pixel (the mask for inpainting, 1/s^2 for SR x s, sum k^2 for blur); 0 = unobserved."""
-    return operator.A_adjoint(operator.A(torch.ones_like(like)))
 
 
 def ddim_step(x0: Tensor, eps: Tensor, sigma_next: float, noise_fraction: float, generators: Generators) -> Tensor:
@@ -213,8 +205,6 @@ def schedule_top(prior: Prior, top: float) -> float:
     limit = float(prior.sigma_max)
     if not prior.denoiser_only or top <= limit * (1 + 1e-6):
         return min(float(top), limit)
-    from .dpir import DPIR_SIGMA_MAX
-    from .nfc import AUTO_SIGMA_MAX_INPAINT
 
     low = float(prior.sigma_min)
     lower = (f"; this prior stops below DPIR's first level, so pass sigma_max={limit:.4g} to either"
@@ -232,7 +222,6 @@ def schedule_top(prior: Prior, top: float) -> float:
 def check_step_settings(num_steps: int, eta: float, sigma_max: float, schedule: str) -> None:
     """Raise ValueError unless num_steps >= 1 (int), 0 <= eta <= 1, sigma_max > 0 (model units) and
     ``schedule`` is one of :data:`~nfc_dps.schedules.SCHEDULES` (DDNM's and DDRM's shared fields)."""
-    from ..schedules import SCHEDULES
 
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")

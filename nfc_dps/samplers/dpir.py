@@ -26,13 +26,12 @@ from torch import Tensor
 
 from ..operators.base import LinearOperator
 from ..priors.base import Prior
+from ..schedules import DPIR_SIGMA_MAX
 from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
                      sigma_vector,
                      to_image_units, to_model_units)
 from .self_ensemble import SelfEnsemblePrior
 
-#: DPIR's first noise level, 49/255 in [0, 1] units, in model units
-DPIR_SIGMA_MAX = 2 * 49 / 255
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ import torch
 from torch import Tensor
 
 from ..frequency import fit_power_law, fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency
-from ..operators.base import LinearOperator, conjugate_gradient, randn_per_image
-from .common import Generators, pixel_gain
+from ..operators.base import Generators, LinearOperator, conjugate_gradient, pixel_gain, randn_per_image
 
 
 def spectral_prior_variance(spectrum: Tensor, sigma: float) -> Tensor:

@@ -39,25 +39,22 @@ import torch
 from torch import Tensor
 
 from ..frequency import fourier_filter, haar_fuse, lowpass_mask
-from ..operators.base import LinearOperator, randn_per_image
+from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
 from ..priors.base import Prior
-from ..schedules import BandSchedule, DetailSchedule, karras_sigmas
+from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, BandSchedule, DetailSchedule, karras_sigmas
 from .common import (
     START_ESTIMATES,
     Callback,
-    Generators,
     StepConfig,
     check_budget,
     check_flag,
     counting,
     initial_estimate,
     pf_ode_predict,
-    pixel_gain,
     schedule_top,
     to_image_units,
     to_model_units,
 )
-from .dpir import DPIR_SIGMA_MAX
 from .gaussian_step import (
     conditional_error_variance,
     fit_spectrum_from_measurement,
@@ -75,13 +72,12 @@ SPECTRUM_SOURCES = ("auto", "measurement", "prior")
 FINAL_STEPS = ("sample", "mean")
 STARTS = ("noise", *START_ESTIMATES)
 RENOISE = ("fresh", "none", "matched")
-#: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units)...
+#: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units), except for
+#: inpainting (``AUTO_SIGMA_MAX_INPAINT``): the observed pixels carry only the measurement noise and
+#: the Wiener start already holds the linear-MMSE fill of the holes, which deterministic steps from
+#: higher up replace by the prior's guess (docs/notes/presets.md, "Range for inpainting"); never
+#: below the measurement noise itself
 AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
-#: ...except for inpainting: the observed pixels carry only the measurement noise and the Wiener
-#: start already holds the linear-MMSE fill of the holes, which deterministic steps from higher up
-#: replace by the prior's guess (docs/benchmarks.md, "The range for inpainting"); never below
-#: the measurement noise itself
-AUTO_SIGMA_MAX_INPAINT = 0.1
 #: the building blocks :func:`sample_nfc` enters ``timer(phase)`` around (a profiling hook)
 PHASES = ("spectrum", "predictor", "inner_exact", "inner_langevin", "band", "haar", "renoise")
 #: ``timer(phase)`` returns a context manager entered around each call of that building block
