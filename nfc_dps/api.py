@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import time
 import zlib
 from dataclasses import dataclass
@@ -130,6 +131,8 @@ def _seed_list(seed: Any, b: int) -> list[int]:
             raise ValueError(f"{where} must be >= 0, got {s}")
         return int(s)
 
+    if isinstance(seed, np.ndarray) and seed.ndim == 0:  # np.array(5): a scalar
+        seed = seed.item()
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
         return [one(seed, "seed") + i for i in range(b)]
     if isinstance(seed, (str, bytes)) or not hasattr(seed, "__iter__"):
@@ -189,13 +192,15 @@ def restore(
             divided by 255 and uint16 by 65535; other integer or bool dtypes are a TypeError.
             Any float dtype is computed in float32; results are float32.
         operator: the forward operator (see :mod:`nfc_dps.operators`).
-        prior: a :class:`~nfc_dps.priors.base.Prior`; None loads the embedded default prior.
+        prior: a :class:`~nfc_dps.priors.base.Prior`, a prior folder's path (str or Path: loaded
+            with :func:`~nfc_dps.priors.default.load_prior`), or None: the embedded default prior.
         method: "nfc", "daps", "dps", "diffpir", "ddnm", "ddrm" or "dpir".
         preset: a named preset of the method; None = its default: for NFC "deterministic" (the
             best estimate per network call: 16 NFE, no random draw), for the others "fast".
             Posterior samples with a calibrated ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
         sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1].
-        seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, >= 0).
+        seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, 0-d numpy
+            integer arrays included, >= 0).
             Chain j of image b draws its noise from its own generator, seeded by (seed_b, j): the
             results do not depend on the batch size, on the other images of the batch or on
             ``max_batch`` (in float32 up to the float rounding of batched network layers; in
@@ -241,6 +246,9 @@ def restore(
         raise ValueError(f"sigma_y {why}")
     sigma_y = sigma
     batch, back = as_batch(y)
+    if batch.numel() == 0:
+        raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)}); pass at least one "
+                         f"image of at least one pixel")
     if operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
         if not torch.isfinite(batch).all():
             raise ValueError("measurement contains NaN or Inf")
@@ -249,8 +257,11 @@ def restore(
     b, c = batch.shape[:2]
     seeds = _seed_list(seed, b)
     input_device = batch.device
-    if prior is None:
-        prior = load_prior(device=input_device)
+    if prior is None or isinstance(prior, (str, os.PathLike)):  # a prior folder: loaded here
+        prior = load_prior(prior, device=input_device)
+    elif not (isinstance(prior, Prior) or (hasattr(prior, "denoise") and hasattr(prior, "channels"))):
+        raise TypeError(f"prior must be a nfc_dps Prior (e.g. nfc_dps.load_prior(folder)), a prior folder's path or "
+                        f"None (the embedded default), got {type(prior).__name__}")
     device = prior_device(prior)  # numpy input is on the CPU; the results return to the input's device
     if device is not None:
         batch = batch.to(device)
@@ -260,6 +271,12 @@ def restore(
         if "timer" not in inspect.signature(m.sample).parameters:
             raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
         hook["timer"] = timer
+    if overrides:  # the types of config files and --set: num_levels=2.5 is refused naming the key
+        from .config import _validate_overrides
+
+        get_method(method)
+        overrides = _validate_overrides(method, preset if config is None else None, overrides,
+                                        {k: f"restore({k}=...)" for k in overrides})
     cfg = get_config(method, preset, **overrides) if config is None else override_config(method, config, **overrides)
     if num_samples > 1 and cfg.is_deterministic:
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "

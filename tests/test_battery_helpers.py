@@ -301,3 +301,56 @@ def test_a_complex_kernel_file_is_refused_naming_it(tmp_path: Path) -> None:
         load_kernel(path)
     np.save(path, np.ones((5, 5)))
     assert float(load_kernel(path).sum()) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- API misuse (U7)
+
+
+@pytest.fixture(scope="module")
+def api_case(tmp_path_factory):
+    import nfc_dps
+    from nfc_dps.priors.diffusers_prior import load_diffusers_prior
+
+    folder = _prior_folder(tmp_path_factory.mktemp("prior") / "p")
+    op = nfc_dps.build_operator("denoise", image_size=(16, 16))
+    y = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    return folder, load_diffusers_prior(folder), op, y
+
+
+def test_restore_takes_a_prior_folder_path_and_refuses_other_objects(api_case) -> None:
+    """U7: prior="a/path" was an AttributeError."""
+    import nfc_dps
+
+    folder, prior, op, y = api_case
+    kw = dict(progress=False, num_levels=2)
+    expected = nfc_dps.restore(y, op, prior=prior, **kw).image
+    assert torch.equal(nfc_dps.restore(y, op, prior=str(folder), **kw).image, expected)
+    assert torch.equal(nfc_dps.restore(y, op, prior=folder, **kw).image, expected)
+    with pytest.raises(TypeError, match="prior must be a nfc_dps Prior .* got object"):
+        nfc_dps.restore(y, op, prior=object(), **kw)
+
+
+def test_restore_refuses_bad_overrides_and_empty_batches_and_takes_numpy_seeds(api_case) -> None:
+    """U7: num_levels=2.5 (a linspace TypeError), an empty batch (a reduction RuntimeError) and
+    seed=np.array(5) (iteration over a 0-d array)."""
+    import nfc_dps
+
+    _, prior, op, y = api_case
+    kw = dict(prior=prior, progress=False)
+    with pytest.raises(ValueError, match=r"restore\(num_levels=...\): key 'num_levels': expected an integer, got 2.5"):
+        nfc_dps.restore(y, op, num_levels=2.5, **kw)
+    with pytest.raises(ValueError, match=r"measurement has no pixels \(batch of shape \(0, 3, 16, 16\)\)"):
+        nfc_dps.restore(y[:0], op, **kw)
+    a = nfc_dps.restore(y, op, seed=np.array(5), num_levels=2, **kw).image
+    assert torch.equal(a, nfc_dps.restore(y, op, seed=5, num_levels=2, **kw).image)
+    with pytest.raises(TypeError, match="seed must be an int or a sequence of ints .*got float"):
+        nfc_dps.restore(y, op, seed=np.array(5.0), **kw)
+    assert nfc_dps.restore(y, op, num_levels=3.0, **kw).config.num_levels == 3  # a whole float, as in a config file
+
+
+def test_bench_budgets_that_are_not_integers_are_named(capsys) -> None:
+    from nfc_dps import cli
+
+    for value in ("abc", "20,0"):
+        assert cli.main(["bench", "--budgets", value, "--out", "unused"]) == 2
+        assert f"--budgets '{value}': expected comma-separated integers >= 1" in capsys.readouterr().err

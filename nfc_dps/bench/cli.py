@@ -26,9 +26,15 @@ from .runner import run
 from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec
 
 
-def _int_list(s: str) -> tuple[int, ...]:
-    """"1,2" -> (1, 2); empty -> ()."""
-    return tuple(int(v) for v in s.split(",") if v.strip()) if s else ()
+def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
+    """"1,2" -> (1, 2); empty -> (); a ValueError naming ``flag`` unless every entry is an int >= 1."""
+    try:
+        vals = tuple(int(v) for v in s.split(",") if v.strip()) if s else ()
+    except ValueError:
+        vals = (0,)
+    if any(v < 1 for v in vals):
+        raise ValueError(f"{flag} {s!r}: expected comma-separated integers >= 1, e.g. 20,50,100")
+    return vals
 
 
 def _str_list(s: str) -> tuple[str, ...]:
