@@ -48,7 +48,8 @@ class Restoration:
         it leaves out the network's own error and the sampler's bias, and mean ± c·std covers the
         truth at no stated rate (docs/uncertainty.md); pass ``calibration`` for intervals that do.
     samples: the K individual samples, each clipped, stacked on a new first axis (None for one
-        sample): numpy (K, h, w[, C]), tensors (K, C, h, w) or (K, B, C, h, w).
+        sample, or with ``keep_samples=False``): numpy (K, h, w[, C]), tensors (K, C, h, w) or
+        (K, B, C, h, w).
     nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
     lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + eps), clipped to
         [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
@@ -165,6 +166,49 @@ def image_generators(seeds: Sequence[int], num_samples: int, device: torch.devic
     return gens
 
 
+def chain_generators(seeds: Sequence[int], num_samples: int, lo: int, hi: int,
+                     device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """The generators of chains ``lo .. hi - 1`` of :func:`image_generators` (chain i: image
+    i // num_samples, sample i % num_samples), made without the others'."""
+    gens = []
+    for i in range(lo, hi):
+        state = np.random.SeedSequence([int(seeds[i // num_samples]), i % num_samples]).generate_state(1, dtype=np.uint64)[0]
+        gens.append(torch.Generator(device=device).manual_seed(int(state)))
+    return gens
+
+
+class _SampleStats:
+    """Running per-pixel mean and variance of each image's K chains, merged a chunk at a time
+    (Chan et al.'s parallel form of Welford's update, in float64): memory of two images per
+    image, whatever K."""
+
+    def __init__(self, b: int, num_samples: int) -> None:
+        self.k, self.n = num_samples, [0] * b
+        self.mean: Tensor | None = None
+        self.m2: Tensor | None = None
+
+    def add(self, x: Tensor, lo: int) -> None:
+        """Chains ``lo .. lo + len(x) - 1`` (image-major order), unclipped."""
+        if self.mean is None:
+            self.mean = x.new_zeros((len(self.n), *x.shape[1:]), dtype=torch.float64)
+            self.m2 = torch.zeros_like(self.mean)
+        image = torch.arange(lo, lo + len(x)) // self.k
+        for i in image.unique().tolist():
+            xs = x[image == i].double()
+            nb, na = len(xs), self.n[i]
+            mb = xs.mean(0)
+            m2b = (xs - mb).square().sum(0)
+            delta = mb - self.mean[i]
+            n = na + nb
+            self.mean[i] += delta * (nb / n)
+            self.m2[i] += m2b + delta.square() * (na * nb / n)
+            self.n[i] = n
+
+    def std(self) -> Tensor:
+        """The unbiased per-pixel standard deviation (as ``Tensor.std``)."""
+        return (self.m2 / (self.k - 1)).sqrt()
+
+
 def restore(
     y: Tensor | np.ndarray,
     operator: LinearOperator,
@@ -180,6 +224,7 @@ def restore(
     max_batch: int | None = None,
     timer: Callable[[str], Any] | None = None,
     calibration: Any | None = None,
+    keep_samples: bool = True,
     **overrides: Any,
 ) -> Restoration:
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
@@ -221,6 +266,10 @@ def restore(
             have been fitted for this method, sampler config, ``num_samples`` (K >= 2), prior
             (weights), noise level and operator family (SR: factor); else
             :class:`~nfc_dps.conformal.CalibrationError` (a ValueError) naming what differs.
+        keep_samples: return the K samples (``samples``, memory K times the images'); False
+            returns ``samples=None`` and keeps only the running mean and variance of the chains
+            (Welford's update, chunk by chunk of ``max_batch``), so memory does not grow with
+            ``num_samples``; the chains' generators are made chunk by chunk either way.
     Gray measurements with an RGB prior are replicated to RGB, with noise std sigma_y * sqrt(3)
     per copy (three copies of one noisy channel carry its information once), and averaged back. Images whose
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
@@ -309,7 +358,6 @@ def restore(
     chains = b * num_samples
     chunk = chains if max_batch is None else min(int(max_batch), chains)
     starts = range(0, chains, chunk)
-    gens = image_generators(seeds, num_samples, device=batch.device)
 
     counted = counting(prior)
     bar = None
@@ -320,6 +368,7 @@ def restore(
         bar = tqdm(total=total * len(starts) if total else None, desc=method, unit="step", leave=False)
 
     parts, nfe = [], None
+    stats = _SampleStats(b, num_samples) if num_samples > 1 else None
     t0 = time.perf_counter()
     try:
         for lo in starts:
@@ -334,27 +383,34 @@ def restore(
             before = counted.nfe
             # chain i restores image i // num_samples: index the measurement, never copy it K times
             y_part = batch[torch.arange(lo, hi, device=batch.device) // num_samples]
-            parts.append(m.sample(counted, operator, y_part, sigma_y, (hi - lo, *image_shape[1:]), cfg,
-                                  gens[lo:hi], step_callback, **hook))
+            gens = chain_generators(seeds, num_samples, lo, hi, device=batch.device)
+            x = m.sample(counted, operator, y_part, sigma_y, (hi - lo, *image_shape[1:]), cfg, gens, step_callback,
+                         **hook)
             nfe = counted.nfe - before if nfe is None else nfe
+            if gray:
+                x = x.mean(1, keepdim=True)
+            if not torch.isfinite(x).all():
+                raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
+            x = x[..., :h, :w].to(input_device)
+            if stats is not None:
+                stats.add(x, lo)
+            if stats is None or keep_samples:
+                parts.append(x.clamp(0, 1))
+            del x
     finally:
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
-    x = parts[0] if len(parts) == 1 else torch.cat(parts)
+    samples = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
     del parts
-    if gray:
-        x = x.mean(1, keepdim=True)
-    if not torch.isfinite(x).all():
-        raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
-    x = x[..., :h, :w].reshape(b, num_samples, x.shape[1], h, w).to(input_device)
-    samples = x.clamp(0, 1)
-    if num_samples == 1:
-        return Restoration(back(samples[:, 0]), None, None, nfe, seconds, cfg)
-    mean = x.mean(1).clamp(0, 1)
-    std = x.std(1)
-    per_sample = [back(samples[:, j]) for j in range(num_samples)]
-    stacked = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
+    if stats is None:
+        return Restoration(back(samples), None, None, nfe, seconds, cfg)
+    mean, std = stats.mean.float().clamp(0, 1), stats.std().float()
+    stacked = None
+    if samples is not None:
+        samples = samples.reshape(b, num_samples, *samples.shape[1:])
+        per_sample = [back(samples[:, j]) for j in range(num_samples)]
+        stacked = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
     lower = upper = None
     if calibration is not None:
         lower, upper = (back(t) for t in calibration.interval(mean, std))
