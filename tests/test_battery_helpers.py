@@ -401,3 +401,19 @@ def test_many_samples_make_nothing_per_sample_before_the_first_network_call(api_
         nfc_dps.restore(y, op, prior=prior, progress=False, preset="fast", num_samples=10**5, max_batch=2,
                         keep_samples=False, callback=stop)
     assert len(made) <= 2
+
+
+# ---------------------------------------------------------------- demo --size (C5)
+
+
+def test_demo_size_is_bounded(tmp_path: Path, capsys) -> None:
+    """C5: --size 100000 was a raw _ArrayMemoryError traceback."""
+    from nfc_dps import cli
+    from nfc_dps.cli.demo import MAX_SIZE
+
+    prior = _prior_folder(tmp_path / "p")
+    for size in (100000, MAX_SIZE + 16, 24):
+        assert cli.main(["demo", "-o", str(tmp_path / "out"), "--prior", str(prior), "--size", str(size), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"--size must be a multiple of 16 from 32 to {MAX_SIZE}" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

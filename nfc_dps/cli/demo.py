@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "metrics.csv.")
     d.add_argument("--output", "-o", default="nfc_dps_demo", help="output folder (default ./nfc_dps_demo)")
     d.add_argument("--steps", type=int, default=None, help="NFC levels (default: the deterministic preset's 16; 1 NFE each)")
-    d.add_argument("--size", type=int, default=96, help="image size in pixels (default 96)")
+    d.add_argument("--size", type=int, default=96,
+                   help=f"image size in pixels: a multiple of 16 from 32 to {MAX_SIZE} (default 96)")
     d.add_argument("--prior", default=None,
                    help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
                         "default: the embedded prior)")
@@ -39,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 DEMO_IMAGES = ("astronaut", "coffee")
+#: the largest --size: the demo photographs are 400 and 512 px, which a larger size only upsamples
+MAX_SIZE = 1024
 
 
 def _demo_tasks(size: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -96,8 +99,9 @@ def cmd_demo(args) -> int:
     log = Log(args.quiet)
     device = parse_device(args.device)
     set_threads(args.threads)
-    if args.size < 32 or args.size % 16:
-        raise UsageError(f"--size must be a multiple of 16, >= 32; got {args.size}")
+    if not 32 <= args.size <= MAX_SIZE or args.size % 16:
+        raise UsageError(f"--size must be a multiple of 16 from 32 to {MAX_SIZE} (the demo photographs are 400 "
+                         f"and 512 px); got {args.size}")
     spec = SamplerSpec("nfc")  # the default preset: the deterministic continuation
     if args.steps is not None:
         if args.steps < 1:
