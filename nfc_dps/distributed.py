@@ -14,7 +14,32 @@ from typing import Any
 
 import torch
 
-__all__ = ["Dist", "init_distributed", "resolve_device"]
+__all__ = ["Dist", "init_distributed", "launch_rank", "reports_errors", "resolve_device", "shutdown"]
+
+
+def launch_rank() -> int:
+    """This process's rank as ``torchrun`` set it (RANK; 0 outside torchrun or when unreadable),
+    known before any process group starts."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def reports_errors() -> bool:
+    """Whether this process prints usage errors: rank 0 only. Every rank of a torchrun group runs
+    the same checks on the same flags (and the folder lock's answer is broadcast), so each refuses
+    alike and exits 2; one message says why, not one per rank."""
+    return launch_rank() == 0
+
+
+def shutdown() -> None:
+    """Leave the process group, if one is up, before a refused run exits (not in the group's
+    destructor at interpreter exit, which can abort the process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclass

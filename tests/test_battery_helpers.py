@@ -417,3 +417,26 @@ def test_demo_size_is_bounded(tmp_path: Path, capsys) -> None:
         err = capsys.readouterr().err
         assert f"--size must be a multiple of 16 from 32 to {MAX_SIZE}" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- usage errors under torchrun (U6)
+
+
+@pytest.mark.parametrize("rank", ["0", "1", "3"])
+def test_usage_errors_print_once_on_rank_0_and_every_rank_exits_2(tmp_path: Path, rank: str, monkeypatch,
+                                                                     capsys) -> None:
+    """U6: every rank printed every usage error. The ranks of a group are faked by torchrun's
+    environment (the errors come before any process group starts)."""
+    from nfc_dps import cli
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", rank)
+    missing = tmp_path / "missing"
+    assert cli.main(["restore", "-i", str(missing), "-o", str(tmp_path / "out"), "--task", "denoise", "-q"]) == 2
+    assert cli.main(["restore", "--no-such-flag"]) == 2
+    err = capsys.readouterr().err
+    if rank == "0":
+        assert err.count(f"--input {missing}: no such file or folder") == 1 and err.count("error:") == 2
+    else:
+        assert err == ""

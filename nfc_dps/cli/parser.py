@@ -18,6 +18,7 @@ from typing import Sequence
 
 from .. import __version__
 from ..config import ConfigError
+from ..distributed import reports_errors, shutdown
 from . import bench, calibrate, convert_adm, demo, restore, simulate, train_prior
 from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UsageError
 from .outputs import forget_created, remove_created_if_empty
@@ -27,6 +28,8 @@ class _Parser(argparse.ArgumentParser):
     """An argparse parser whose usage errors exit with EXIT_USAGE (2) and a one-line message."""
 
     def error(self, message: str):  # noqa: D401 - argparse hook
+        if not reports_errors():  # under torchrun: rank 0 says it, every rank exits 2
+            self.exit(EXIT_USAGE)
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -83,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.func(args)
     except (UsageError, ConfigError) as e:
         remove_created_if_empty()
-        print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
+        shutdown()
+        if reports_errors():  # under torchrun: once, on rank 0 (every rank refuses alike)
+            print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated:
         print(f"nfc-dps {args.command}: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
