@@ -396,6 +396,12 @@ def _read_png16(path: Path) -> tuple[np.ndarray, ImageInfo]:
         raise ImageReadError(path, "unsupported: interlaced 16-bit colour PNG (save it without interlacing)")
     if w == 0 or h == 0:
         raise ImageReadError(path, "image has no pixels")
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS  # Pillow's decompression-bomb limit, which this decoder bypasses
+    if limit is not None and w * h > 2 * limit:
+        raise ImageReadError(path, f"{w}x{h} pixels is more than twice PIL.Image.MAX_IMAGE_PIXELS ({limit}): "
+                                   f"refused as a possible decompression bomb (raise that limit to read it)")
     channels = {2: 3, 4: 2, 6: 4}[ctype]
     try:
         raw = zlib.decompress(b"".join(idat))

@@ -440,3 +440,28 @@ def test_usage_errors_print_once_on_rank_0_and_every_rank_exits_2(tmp_path: Path
         assert err.count(f"--input {missing}: no such file or folder") == 1 and err.count("error:") == 2
     else:
         assert err == ""
+
+
+# ---------------------------------------------------------------- 16-bit PNG size guard (low)
+
+
+def test_a_16_bit_png_bomb_is_refused_before_it_is_decompressed(tmp_path: Path, monkeypatch) -> None:
+    """The 16-bit colour PNG decoder had no pixel-count guard (a 373 KB file peaked at 2.3 GB)."""
+    import zlib
+
+    from PIL import Image
+
+    from nfc_dps import io as nio
+
+    path = tmp_path / "deep.png"
+    nio.write_image(path, np.full((8, 8, 3), 0.5, np.float32), bit_depth=16)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20)  # 8 x 8 = 64 > 2 x 20
+    with pytest.raises(nio.ImageReadError, match=r"8x8 pixels is more than twice PIL.Image.MAX_IMAGE_PIXELS \(20\)"):
+        nio.read_image(path)
+    calls = []
+    monkeypatch.setattr(zlib, "decompress", lambda *a, **k: calls.append(1))
+    with pytest.raises(nio.ImageReadError):
+        nio.read_image(path)
+    assert not calls
+    monkeypatch.undo()
+    assert nio.read_image(path)[0].shape == (8, 8, 3)
