@@ -42,7 +42,7 @@ train=("$PYTHON" -m nfc_dps train-prior --workdir "$WORKDIR" --export "$EXPORT" 
 echo "+ ${train[*]}" >&2
 "${train[@]}"
 
-report=("$PYTHON" scripts/prior_report.py --prior "$EXPORT" --out "$WORKDIR/prior_report.json" --markdown
+report=("$PYTHON" -m nfc_dps prior-report --prior "$EXPORT" --out "$WORKDIR/prior_report.json" --markdown
         --label "gpu_train_prior.sh $ARCH $WIDTHS x$LAYERS crop $CROP")
 [[ -n "$THREADS" ]] && report+=(--threads "$THREADS")
 # shellcheck disable=SC2206  # REPORT_ARGS is a list of flags

@@ -1,8 +1,8 @@
-"""scripts/prior_report.py: the training step it labels a prior with."""
+"""``nfc-dps prior-report`` (nfc_dps.priors.report): the training step it labels a prior with, and
+a run on a gray untiled prior."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow  # runs the report script on a network prior
+from nfc_dps.cli import main
+from nfc_dps.priors import report
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prior_report.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("prior_report_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.slow  # runs the report on a network prior
 
 
 SAVED = time.time() - 60  # an export and a state written a minute ago (no save under way)
@@ -39,7 +33,6 @@ def _export(folder: Path, step: int | None) -> Path:
 def test_the_step_is_the_exports_own_even_beside_a_newer_work_folder_state(tmp_path):
     """A copied export in a work folder whose state.pt has moved on is labelled with the step its
     train_info.json records, not the state's."""
-    report = _load_script()
     torch.save({"step": 6596}, tmp_path / "state.pt")
     os.utime(tmp_path / "state.pt", (SAVED, SAVED))
     _, info = report.snapshot_prior(_export(tmp_path / "export_copy", 6500), tmp_path / "snap1")
@@ -49,7 +42,7 @@ def test_the_step_is_the_exports_own_even_beside_a_newer_work_folder_state(tmp_p
     assert info["step"] == 6596
 
 
-def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path, monkeypatch):
+def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path):
     """A 1-channel prior is evaluated on the photos' luma, and an untiled network on images whose
     size is not its multiple (``--crop 0``: whole photos) is padded to it."""
     import numpy as np
@@ -64,14 +57,22 @@ def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path, monkeypa
         nio.write_image(images / f"g{i}.png", rng.uniform(0, 1, (40, 40)), bit_depth=16)
     train_prior(TrainConfig(workdir=tmp_path / "w", images=images, export=tmp_path / "p", steps=1, arch="unet-pixelnorm",
                             widths=(8, 16), crop=16, batch=2, progress=False, eval_crop=32), log=lambda m: None)
-    report = _load_script()
     out = tmp_path / "report.json"
-    monkeypatch.setattr("sys.argv", ["prior_report.py", "--prior", str(tmp_path / "p"), "--crop", "0", "--tune-crop", "24",
-                                     "--tune-per-image", "1", "--sigmas", "0.1", "--timing-runs", "1", "--no-overlap",
-                                     "--precision", "float32", "--out", str(out)])
-    report.main()
+    assert main(["prior-report", "--prior", str(tmp_path / "p"), "--crop", "0", "--tune-crop", "24",
+                 "--tune-per-image", "1", "--sigmas", "0.1", "--timing-runs", "1", "--no-overlap",
+                 "--precision", "float32", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
     text = json.dumps(rows)
     assert "NaN" not in text and "Infinity" not in text
     assert rows["prior"]["parameters"] > 0
     assert rows["machine"]["cpu_capability"] and "cpu" in rows["machine"]  # timings name their machine
+    assert rows["command"].startswith("nfc-dps prior-report --prior ")  # the command that reproduces it
+
+
+def test_a_missing_prior_folder_or_loss_log_is_a_usage_error(tmp_path, capsys):
+    """A --prior or --loss-csv that does not exist is a one-line error with exit status 2."""
+    assert main(["prior-report", "--prior", str(tmp_path / "none"), "--out", str(tmp_path / "r.json")]) == 2
+    assert main(["prior-report", "--loss-only", "--loss-csv", str(tmp_path / "loss.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--prior" in err and "--loss-csv" in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()

@@ -362,7 +362,7 @@ def oracle_table(files: Sequence[tuple[str, Path]], link: str) -> str:
 
 
 def prior_table(report: Path, link: str) -> str:
-    """The one-step denoising report of the shipped prior (scripts/prior_report.py's JSON)."""
+    """The one-step denoising report of the shipped prior (``nfc-dps prior-report``'s JSON)."""
     d = json.loads(report.read_text())
     sig = [str(s) for s in d["sigmas"]]
     L = ["| method | " + " | ".join(f"σ = {s}" for s in sig) + " |", "| --- |" + " ---: |" * len(sig)]

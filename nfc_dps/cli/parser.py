@@ -19,7 +19,7 @@ from typing import Sequence
 from .. import __version__
 from ..config import ConfigError
 from ..distributed import reports_errors, shutdown
-from . import bench, calibrate, convert_adm, demo, restore, simulate, train_prior
+from . import bench, calibrate, convert_adm, demo, prior_report, restore, simulate, train_prior
 from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UsageError
 from .outputs import forget_created, remove_created_if_empty
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the installed nfc_dps version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (demo, restore, simulate, calibrate, bench, train_prior, convert_adm):  # the order of --help
+    for module in (demo, restore, simulate, calibrate, bench, train_prior, prior_report, convert_adm):  # the order of --help
         module.add_parser(sub)
     return parser
 

@@ -14,7 +14,7 @@ import numpy as np
 
 
 def read_loss_csv(path: Path) -> list[dict]:
-    """Rows of train_prior.py's loss.csv with a cumulative ``hours`` column (runs may be resumed)."""
+    """Rows of ``train-prior``'s loss.csv with a cumulative ``hours`` column (runs may be resumed)."""
     rows, offset, last = [], 0.0, 0.0
     with open(path) as f:
         for r in csv.DictReader(f):
