@@ -22,7 +22,6 @@ from nfc_dps.bench.tables import COLUMNS, VOLATILE
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "benchmark.py"
 
 
 @pytest.fixture(scope="module")
@@ -324,11 +323,11 @@ def test_prior_identity_lists_files_and_hashes_their_contents_only_on_request(tm
 def test_torchrun_two_processes_equal_single_process(tiny_prior, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     common = ["--tasks", "deblur_gaussian", "--methods", "nfc,ddnm", "--no-images", "--no-plots"]
-    single = subprocess.run([sys.executable, str(SCRIPT), *base_args(tiny_prior, tmp_path / "single", *common)],
+    single = subprocess.run([sys.executable, "-m", "nfc_dps", "bench", *base_args(tiny_prior, tmp_path / "single", *common)],
                             env=env, capture_output=True, text=True, timeout=120)
     assert single.returncode == 0, single.stderr[-2000:]
     multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-                            str(SCRIPT), *base_args(tiny_prior, tmp_path / "multi", *common)],
+                            "-m", "nfc_dps", "bench", *base_args(tiny_prior, tmp_path / "multi", *common)],
                            env=env, capture_output=True, text=True, timeout=120)
     assert multi.returncode == 0, (multi.stdout + multi.stderr)[-3000:]
     assert "[rank 1]" in multi.stdout and "[rank 0]" in multi.stdout  # both ranks did work

@@ -1,4 +1,4 @@
-"""The benchmark harness (``scripts/benchmark.py``, ``nfc-dps bench``; docs/benchmarks.md): PSNR/SSIM
+"""The benchmark harness (``nfc-dps bench``; docs/benchmarks.md): PSNR/SSIM
 tables against the peers and classical baselines, NFE curves, timing and memory, the Gaussian
 oracle and Gaussian-mixture protocols, a per-NFE profile, and sharding over torchrun processes.
 

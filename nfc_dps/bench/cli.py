@@ -1,13 +1,13 @@
-"""The benchmark's command line (``scripts/benchmark.py`` and ``nfc-dps bench``): the arguments
-(:func:`build_parser`), the :class:`BenchSpec` they make, and the dispatch to the grid, the
-oracle, the mixture protocol or the profile (:func:`run_from_args`).
+"""The benchmark's command line (``nfc-dps bench``): the arguments (:func:`build_parser`), the
+:class:`BenchSpec` they make, and the dispatch to the grid, the oracle, the mixture protocol or the
+profile (:func:`run_from_args`).
 
-    python scripts/benchmark.py --protocol local --budgets 20,50,100 --out runs/bench/local
-    python scripts/benchmark.py --protocol oracle --out runs/bench/oracle
-    python scripts/benchmark.py --profile --size 256 --out runs/bench/profile
-    python scripts/benchmark.py --protocol paper --images DIR --prior DIR --out runs/bench/paper
+    nfc-dps bench --protocol local --budgets 20,50,100 --out runs/bench/local
+    nfc-dps bench --protocol oracle --out runs/bench/oracle
+    nfc-dps bench --profile --size 256 --out runs/bench/profile
+    nfc-dps bench --protocol paper --images DIR --prior DIR --out runs/bench/paper
     nfc-dps bench report                 # the docs' tables from the committed result files in docs/
-    torchrun --nproc_per_node=K scripts/benchmark.py ...          # shards (task, image) jobs
+    torchrun --nproc_per_node=K -m nfc_dps bench ...              # shards (task, image) jobs
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``nfc-dps bench``: the wiring of :mod:`nfc_dps.bench`, which owns the options
-(:mod:`nfc_dps.bench.cli`, the same as scripts/benchmark.py) and the run."""
+(:mod:`nfc_dps.bench.cli`) and the run."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         b.set_defaults(func=lambda a: _unavailable("bench", bench_error))
     else:
         b = sub.add_parser("bench", help="PSNR/SSIM tables vs peers and classical baselines (docs/benchmarks.md)",
-                           description="See docs/benchmarks.md; same options as scripts/benchmark.py. "
+                           description="See docs/benchmarks.md. "
                                        "`nfc-dps bench report` regenerates the docs' tables from the "
                                        "committed result files.")
         benchmark.build_parser(b)

@@ -1,4 +1,4 @@
-"""The embedded default prior (trained by scripts/train_prior.py, kept in the repository's
+"""The embedded default prior (trained by ``nfc-dps train-prior``, kept in the repository's
 assets/default_prior and installed with the package as nfc_dps/_assets/default_prior)."""
 
 from __future__ import annotations

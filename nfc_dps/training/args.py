@@ -1,4 +1,4 @@
-"""Command-line flags of ``nfc-dps train-prior`` (also used by scripts/train_prior.py)."""
+"""Command-line flags of ``nfc-dps train-prior``."""
 
 from __future__ import annotations
 
