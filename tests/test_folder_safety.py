@@ -293,3 +293,21 @@ def test_a_refused_run_leaves_no_empty_output_folder(tmp_path, capsys):
     existing.mkdir()
     assert run("restore", "-i", tmp_path / "in", "-o", existing, "--task", "denoise", "--prior", tmp_path / "noprior") == 2
     assert existing.is_dir()  # a folder the user had stays
+
+
+def test_restore_keeps_the_samples_in_memory_only_when_it_writes_them(tmp_path, prior_dir, monkeypatch):
+    import nfc_dps.api
+
+    seen, real = [], nfc_dps.api.restore
+
+    def spy(*a, **k):
+        seen.append(k.get("keep_samples", True))
+        return real(*a, **k)
+
+    monkeypatch.setattr(nfc_dps.api, "restore", spy)
+    make_images(tmp_path / "in", 1)
+    args = ("restore", "-i", tmp_path / "in", "--task", "denoise", "--preset", "fast", "--samples", "2")
+    assert run(*args, "-o", tmp_path / "a", prior=prior_dir) == 0
+    assert run(*args, "--save-samples", "-o", tmp_path / "b", prior=prior_dir) == 0
+    assert seen == [False, True]
+    assert (tmp_path / "a" / "std" / "im0.png").is_file() and (tmp_path / "b" / "samples" / "im0_1.png").is_file()

@@ -428,7 +428,7 @@ class RestoreRun:
                           prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
                           progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch,
-                          calibration=self.calibration)
+                          calibration=self.calibration, keep_samples=self.args.save_samples)
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e
