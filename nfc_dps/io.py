@@ -67,6 +67,7 @@ class ImageInfo:
         for 16-bit colour PNGs decoded here). format: "PNG", "JPEG", "TIFF" or "BMP".
     alpha: the alpha channel, float32 (H, W) in [0, 1], or None.
     orientation: the EXIF orientation tag (1 = upright) that was applied.
+    pages: pages (multi-page TIFF) or frames (animated PNG) in the file; only the first is read.
     """
 
     path: str
@@ -76,6 +77,7 @@ class ImageInfo:
     shape: tuple[int, ...]
     alpha: np.ndarray | None = field(default=None, repr=False)
     orientation: int = 1
+    pages: int = 1
 
     @property
     def has_alpha(self) -> bool:
@@ -131,13 +133,26 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageInfo]:
             bit_depth, colour_type = head[24], head[25]
             if bit_depth == 16 and colour_type in (2, 4, 6):
                 return _read_png16(path)
-        return _read_pillow(path)
+        arr, info = _read_pillow(path)
+        info.pages = _page_count(path)
+        return arr, info
     except ImageReadError:
         raise
     except MemoryError as e:
         raise ImageReadError(path, "image too large to load into memory") from e
     except Exception as e:  # noqa: BLE001 - decoder errors of every kind, re-raised naming the file
         raise ImageReadError(path, f"corrupt or unreadable image ({type(e).__name__}: {e})") from e
+
+
+def _page_count(path: Path) -> int:
+    """Pages or frames in an image file (1 when the format has none or the count cannot be read)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return max(int(getattr(im, "n_frames", 1)), 1)
+    except Exception:  # noqa: BLE001 - the pixels were read; the count is only for a note
+        return 1
 
 
 def _orient(a: np.ndarray, orientation: int) -> np.ndarray:

@@ -311,3 +311,26 @@ def test_restore_keeps_the_samples_in_memory_only_when_it_writes_them(tmp_path, 
     assert run(*args, "--save-samples", "-o", tmp_path / "b", prior=prior_dir) == 0
     assert seen == [False, True]
     assert (tmp_path / "a" / "std" / "im0.png").is_file() and (tmp_path / "b" / "samples" / "im0_1.png").is_file()
+
+
+def test_inputs_restored_with_a_caveat_are_noted(tmp_path, prior_dir, capsys):
+    from PIL import Image
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    pages = [Image.fromarray((smooth(phase=i) * 255).astype(np.uint8)) for i in range(3)]
+    pages[0].save(inp / "stack.tif", save_all=True, append_images=pages[1:])
+    write_image(inp / "tiny.png", smooth(8, 8))
+    code = run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "deblur_kernel", "--param", "kernel_path="
+               + str(_kernel(tmp_path, 11)), prior=prior_dir)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "note stack.tif: only the first of its 3 pages/frames is restored" in err
+    assert "note tiny.png: the image is 8x8 pixels" in err and "the blur kernel (11x11) is larger than the image (8x8)" in err
+    assert read_image(tmp_path / "out" / "stack.png")[0].shape == (32, 32, 3)
+
+
+def _kernel(folder: Path, size: int) -> Path:
+    k = np.ones((size, size)) / size**2
+    np.save(folder / "k.npy", k)
+    return folder / "k.npy"

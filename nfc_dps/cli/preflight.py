@@ -60,3 +60,22 @@ def check_prior_fits(prior: Any, name: str, image: Any) -> None:
     if not torch.isfinite(out).all():
         raise UsageError(f"the prior returns NaN/Inf on a plain noisy {m}x{m} input at sigma {sigma:g} (model units): "
                          f"its weights are broken or it runs out of range in its precision ({prior.precision})")
+
+
+#: below this many pixels a side a restoration has almost no context to work from
+SMALL_IMAGE = 16
+
+
+def input_notes(info: Any, image_hw: tuple[int, int], operator: Any) -> list[str]:
+    """What a user should know about an input that is restored anyway: only its first page or
+    frame is used, it is very small, or its blur kernel is larger than the image."""
+    notes = []
+    if getattr(info, "pages", 1) > 1:
+        notes.append(f"only the first of its {info.pages} pages/frames is restored")
+    h, w = image_hw
+    if min(h, w) < SMALL_IMAGE:
+        notes.append(f"the image is {h}x{w} pixels: too small for the prior to see much structure")
+    kernel = operator.blur_kernel()
+    if kernel is not None and (kernel.shape[-2] > h or kernel.shape[-1] > w):
+        notes.append(f"the blur kernel ({kernel.shape[-2]}x{kernel.shape[-1]}) is larger than the image ({h}x{w})")
+    return notes

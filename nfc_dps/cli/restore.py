@@ -24,7 +24,7 @@ from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVE
                      STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_metrics, image_seed, input_names, match_file,
                      open_prior, parse_device, prior_key, read_inputs, set_threads, sha256_file, sha256_json, to_numpy)
 from .flags import common_flags, precision_flag, task_flags
-from .preflight import check_method_takes_operator, check_prior_fits, first_image
+from .preflight import check_method_takes_operator, check_prior_fits, first_image, input_notes
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
 from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task, with_operator_files
@@ -408,6 +408,8 @@ class RestoreRun:
             expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
             if expected != (h, w):
                 raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
+            for note in input_notes(info, (h * factor, w * factor), operator):
+                self.log.error(f"note {item.name}: {note}")
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             row["error"] = failure_reason(e)
             self.records.images.pop(item.name, None)

@@ -13,6 +13,7 @@ from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfi
 from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
                      input_names, noise_seed, read_inputs, to_numpy)
 from .flags import task_flags
+from .preflight import input_notes
 from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
 from .tasks import OperatorSource, check_operator_file, resolve_task
 
@@ -152,6 +153,8 @@ def cmd_simulate(args) -> int:
                     raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
                 op_seed = image_seed(seed, names[i])
                 op, _ = source.build(path.name, (ch, cw), seed=op_seed)
+                for note in input_notes(info, (ch, cw), op):
+                    log.error(f"note {path.name}: {note}")
                 nseed = noise_seed(op_seed)
                 y = op.measure(as_batch(x)[0], task.noise_sigma, torch.Generator().manual_seed(nseed))
                 rec = {"index": i, "name": path.name, "measurement": f"measurements/{stem}.png",
