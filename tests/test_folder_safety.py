@@ -334,3 +334,18 @@ def _kernel(folder: Path, size: int) -> Path:
     k = np.ones((size, size)) / size**2
     np.save(folder / "k.npy", k)
     return folder / "k.npy"
+
+
+@pytest.mark.slow
+def test_train_prior_takes_non_utf8_names_and_a_refused_run_leaves_no_work_folder(tmp_path, capsys):
+    images = tmp_path / "images"
+    make_images(images, 2)
+    shutil.copy(images / "im0.png", Path(os.fsdecode(bytes(images) + b"/caf\xe9.png")))
+    tiny = ["--arch", "unet", "--widths", "8,16", "--layers", "1", "--crop", "16", "--batch", "2", "--threads", "1",
+            "--quiet"]
+    assert main(["train-prior", "--workdir", str(tmp_path / "work"), "--images", str(images), "--steps", "1",
+                 *tiny]) == 0, capsys.readouterr().err
+    assert (tmp_path / "work" / "state.pt").is_file()
+    assert main(["train-prior", "--workdir", str(tmp_path / "new" / "work"), "--images", str(tmp_path / "none"),
+                 "--steps", "1", *tiny]) == 2
+    assert "--images" in capsys.readouterr().err and not (tmp_path / "new" / "work").exists()

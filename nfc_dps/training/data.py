@@ -67,7 +67,7 @@ def to_channels(img: np.ndarray, channels: int) -> np.ndarray:
 
 def heldout_score(relative: str) -> float:
     """A stable number in [0, 1) from a file's relative path (sha256); below the fraction = held out."""
-    return int(hashlib.sha256(relative.encode()).hexdigest()[:12], 16) / 16**12
+    return int(hashlib.sha256(relative.encode("utf-8", "surrogateescape")).hexdigest()[:12], 16) / 16**12
 
 
 def unreadable_subfolders(folder: Path, exclude: Sequence[Path] = ()) -> list[tuple[Path, str]]:

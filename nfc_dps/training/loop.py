@@ -240,6 +240,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     _check(cfg)
     _check_folders(cfg)
     workdir = Path(cfg.workdir)
+    created = not workdir.exists()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -247,12 +248,18 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     from ..cli.common import UsageError
     from ..cli.outputs import folder_lock
 
-    with contextlib.ExitStack() as stack:
-        try:  # one run per work folder (the lock restore takes on its output folder)
-            stack.enter_context(folder_lock(workdir))
-        except UsageError as e:
-            raise TrainingError(f"--workdir {workdir}: {e}") from None
-        return _train_locked(cfg, workdir, log, warn)
+    try:
+        with contextlib.ExitStack() as stack:
+            try:  # one run per work folder (the lock restore takes on its output folder)
+                stack.enter_context(folder_lock(workdir))
+            except UsageError as e:
+                raise TrainingError(f"--workdir {workdir}: {e}") from None
+            return _train_locked(cfg, workdir, log, warn)
+    except TrainingError:
+        if created:  # a refused run leaves no empty work folder behind
+            with contextlib.suppress(OSError):
+                workdir.rmdir()
+        raise
 
 
 def _check_folders(cfg: TrainConfig) -> None:
