@@ -879,11 +879,11 @@ def test_demo_small(tmp_path, prior_dir, capsys):
     assert grid.shape[0] > 3 * 32 and grid.shape[1] > 6 * 32
     lines = (out / "metrics.csv").read_text().strip().splitlines()
     assert lines[0].startswith("task,image") and len(lines) == 7
-    for task in ("sr4_bicubic", "inpaint_box", "deblur_gaussian"):
+    for task in ("sr_bicubic", "inpaint_box", "deblur_gaussian"):
         for name in ("astronaut", "coffee"):
             for kind in ("measurement", "restored", "ground_truth"):
                 assert image_opens(out / task / f"{name}_{kind}.png")
-    assert read_image(out / "sr4_bicubic" / "astronaut_restored.png")[0].shape == (32, 32, 3)
+    assert read_image(out / "sr_bicubic" / "astronaut_restored.png")[0].shape == (32, 32, 3)
     # each row scores its restored image against its ground truth (to 8-bit PNG rounding)
     import csv
 
@@ -897,6 +897,12 @@ def test_demo_small(tmp_path, prior_dir, capsys):
             assert float(row["psnr"]) == pytest.approx(want, abs=0.05), row
     box = out / "inpaint_box"
     assert not np.array_equal(read_image(box / "coffee_restored.png")[0], read_image(box / "coffee_measurement.png")[0])
+    capsys.readouterr()
+    assert main(["demo", "--output", str(tmp_path / "all"), "--prior", prior_dir, "--size", "32", "--steps", "1",
+                 "--tasks", "all"]) == 0
+    assert len((tmp_path / "all" / "metrics.csv").read_text().strip().splitlines()) == 11
+    assert main(["demo", "--output", str(tmp_path / "bad"), "--prior", prior_dir, "--tasks", "sr4"]) == 2
+    assert "--tasks sr4: choose from" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def test_convert_adm_errors(tmp_path, monkeypatch, capsys):

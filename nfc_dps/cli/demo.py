@@ -23,9 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``demo`` subcommand and its arguments."""
     d = sub.add_parser("demo", help="restore 2 held-out photos x 3 tasks; write a grid and metrics",
                        description="Simulate SR x4 (bicubic), box inpainting and Gaussian deblurring (noise_sigma "
-                                   "0.025) on two photographs the default prior never saw, restore them with NFC "
-                                   "(its default deterministic preset) and write per-task images, grid.png and "
-                                   "metrics.csv.")
+                                   "0.025; --tasks all adds random inpainting and motion deblurring) on two "
+                                   "photographs the default prior never saw, restore them with NFC (its default "
+                                   "deterministic preset) and write per-task images, grid.png and metrics.csv. "
+                                   "The tasks' parameters are the local benchmark protocol's.")
     d.add_argument("--output", "-o", default="nfc_dps_demo", help="output folder (default ./nfc_dps_demo)")
     d.add_argument("--steps", type=int, default=None, help="NFC levels (default: the deterministic preset's 16; 1 NFE each)")
     d.add_argument("--size", type=int, default=96,
@@ -35,22 +36,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "default: the embedded prior)")
     precision_flag(d)
     d.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    d.add_argument("--tasks", default=",".join(DEMO_TASKS), metavar="T1,T2|all",
+                   help=f"tasks, comma-separated (default {','.join(DEMO_TASKS)}; all: {','.join(ALL_TASKS)})")
     common_flags(d)
     d.set_defaults(func=cmd_demo)
 
 
 DEMO_IMAGES = ("astronaut", "coffee")
+#: the demo's tasks by default, and with --tasks all (the benchmark harness's standard tasks)
+DEMO_TASKS = ("sr_bicubic", "inpaint_box", "deblur_gaussian")
+ALL_TASKS = ("sr_bicubic", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
 #: the largest --size: the demo photographs are 400 and 512 px, which a larger size only upsamples
 MAX_SIZE = 1024
 
 
-def _demo_tasks(size: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, task, parameters) of the demo's three tasks at image size ``size``."""
-    return [
-        ("sr4_bicubic", "sr_bicubic", {"factor": 4}),
-        ("inpaint_box", "inpaint_box", {"box_size": size // 2, "margin": max(size // 16, 1)}),
-        ("deblur_gaussian", "deblur_gaussian", {"kernel_size": 25, "kernel_std": 2.0}),
-    ]
+def _demo_tasks(size: int, names: str) -> list[tuple[str, dict[str, Any]]]:
+    """(task, parameters) of the demo's ``names`` ("all" or comma-separated) at image size ``size``:
+    the local benchmark protocol's parameters. UsageError naming an unknown task."""
+    from ..bench.spec import task_specs
+
+    specs = {s.factory_task: s.params for s in task_specs("local", size, "circular").values()}
+    chosen = ALL_TASKS if names == "all" else tuple(n.strip() for n in names.split(",") if n.strip())
+    unknown = [n for n in chosen if n not in ALL_TASKS]
+    if unknown or not chosen:
+        raise UsageError(f"--tasks {names}: choose from {', '.join(ALL_TASKS)}, or all")
+    return [(name, dict(specs[name])) for name in chosen]
 
 
 def _demo_image(name: str, size: int) -> np.ndarray:
@@ -108,6 +118,7 @@ def cmd_demo(args) -> int:
             raise UsageError(f"--steps must be >= 1, got {args.steps}")
         spec.set("num_levels", int(args.steps), "--steps")
     cfg = spec.build()
+    tasks = _demo_tasks(args.size, args.tasks)
     out = check_output_folder(Path(args.output), [])
     prior = open_prior(args.prior, device, args.precision)
     images = {name: _demo_image(name, args.size) for name in DEMO_IMAGES}
@@ -117,8 +128,9 @@ def cmd_demo(args) -> int:
     t_start = time.perf_counter()
     with folder_lock(out):
         nio.remove_stale_temp_files(out)
-        for label, task_name, params in _demo_tasks(args.size):
-            task = parse_task({"task": task_name, **params, "noise_sigma": sigma}, f"demo {label}")
+        for task_name, params in tasks:
+            label = task_name
+            task = parse_task({"task": task_name, **params, "noise_sigma": sigma}, f"demo {task_name}")
             op = task.build((args.size, args.size), seed=seed).to(device)
             x = torch.stack([torch.from_numpy(images[n]).permute(2, 0, 1) for n in DEMO_IMAGES]).to(device)
             gens = [torch.Generator().manual_seed(noise_seed(seed + i)) for i in range(len(DEMO_IMAGES))]
@@ -157,7 +169,7 @@ def cmd_demo(args) -> int:
             per_image_seed="seed + index of the image in the demo batch",
             device=str(device), images=list(DEMO_IMAGES), note={
                 "size": args.size, "noise_sigma": sigma,
-                "tasks": {label: {"task": t, **p} for label, t, p in _demo_tasks(args.size)},
+                "tasks": {t: {"task": t, **p} for t, p in tasks},
                 "measurement column": "nearest-neighbour upsampled for SR"}))
     total = time.perf_counter() - t_start
     if not args.quiet:
