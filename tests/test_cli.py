@@ -860,7 +860,7 @@ def test_simulate_sr_crops_to_factor(tmp_path):
     (tmp_path / "clean").mkdir()
     write_image(tmp_path / "clean" / "a.png", smooth(34, 33))
     assert run("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--config",
-               Path(__file__).resolve().parents[1] / "configs" / "sr4_bicubic.yaml") == 0
+               Path(__file__).resolve().parents[1] / "configs" / "sr_bicubic.yaml") == 0
     assert read_image(tmp_path / "sim/measurements/a.png")[0].shape == (8, 8, 3)
     assert read_image(tmp_path / "sim/ground_truth/a.png")[0].shape == (32, 32, 3)
     rec = json.loads((tmp_path / "sim/simulation.json").read_text())

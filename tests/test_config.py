@@ -34,7 +34,7 @@ def _write(tmp_path, name, text):
 
 def test_configs_folder_is_complete():
     names = {p.name for p in YAMLS}
-    for required in ["sr4_bicubic.yaml", "sr4_average.yaml", "inpaint_box.yaml", "inpaint_random.yaml",
+    for required in ["sr_bicubic.yaml", "sr_average.yaml", "inpaint_box.yaml", "inpaint_random.yaml",
                      "deblur_gaussian.yaml", "deblur_motion.yaml", "nfc_fast.yaml", "nfc_paper.yaml",
                      "daps_fast.yaml", "daps_paper.yaml"]:
         assert required in names
