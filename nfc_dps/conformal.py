@@ -147,11 +147,10 @@ def prior_fingerprint(prior: Any) -> str:
 
 
 def task_family(task: str) -> str:
-    """The operator family (:attr:`LinearOperator.family`) of a task name."""
-    for prefix, fam in (("sr_", "sr"), ("inpaint_", "inpaint"), ("deblur_", "blur"), ("denoise", "denoise")):
-        if task.startswith(prefix):
-            return fam
-    return "other"
+    """The operator family (:attr:`LinearOperator.family`) of a registered task ("other" if unknown)."""
+    from .operators.tasks import TASKS
+
+    return TASKS[task].family if task in TASKS else "other"
 
 
 def sampler_fields(config: Any) -> dict[str, Any]:
