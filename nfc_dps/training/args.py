@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..priors.archs import ARCHS
 from .data import DEFAULT_SCALES
+from .leaves import SYNTHETIC
 from .loop import TrainConfig
 
 EXAMPLES = """examples:
@@ -79,7 +80,11 @@ def add_arguments(p: argparse.ArgumentParser, workdir_default: Path | None = Non
     p.add_argument("--holdout", type=float, default=0.1,
                    help="fraction of --images held out for the PSNR, by a hash of each path (default 0.1)")
     p.add_argument("--dead-leaves", type=float, default=None,
-                   help="fraction of procedural dead-leaves crops (default 0.25 built-in, 0 with --images)")
+                   help="fraction of procedural crops, drawn by --synthetic (default 0.25 built-in, 0 with --images)")
+    p.add_argument("--synthetic", choices=SYNTHETIC, default=None,
+                   help="procedural generator: dead_leaves (flat occluding disks, the default) or textured (textured "
+                        "leaves of photographic colours, depth of field, optical blur and noise); a resumed work "
+                        "folder keeps its own")
     p.add_argument("--scales", type=_floats, default=DEFAULT_SCALES,
                    help="image scales in the crop pool (default 1,0.75,0.5)")
     p.add_argument("--eval-crop", type=int, default=128, help="centre crop of held-out images for the PSNR (default 128)")
@@ -93,5 +98,6 @@ def config_from_args(args: argparse.Namespace, device: str = "cpu", progress: bo
         crop=args.crop, batch=args.batch, lr=args.lr, warmup=args.warmup, cooldown=args.cooldown, ema=args.ema,
         p_mean=args.p_mean, p_std=args.p_std, save_every=args.save_every, log_every=args.log_every, seed=args.seed,
         device=str(device), precision=args.precision, init_from=args.init_from, holdout=args.holdout,
-        dead_leaves=args.dead_leaves, scales=tuple(args.scales), eval_crop=args.eval_crop, progress=progress,
+        dead_leaves=args.dead_leaves, synthetic=args.synthetic, scales=tuple(args.scales), eval_crop=args.eval_crop,
+        progress=progress,
     )

@@ -8,7 +8,8 @@ Images are float32 (H, W, C) arrays in [0, 1] (C = 1 or 3), read with :func:`nfc
   the file with the lowest hash), so adding or removing files never moves another file between
   the splits; a resumed run keeps every file it has seen on its side;
 * the built-in set (nfc_dps/priors/training_data.py): scikit-image's ``TRAIN_IMAGES`` for
-  training, ``HELDOUT_IMAGES`` for evaluation (never trained on), plus dead-leaves images.
+  training, ``HELDOUT_IMAGES`` for evaluation (never trained on), plus procedural images
+  (:class:`DeadLeaves`: flat dead leaves, or textured ones from :mod:`nfc_dps.training.leaves`).
 
 :class:`CropSampler` keeps every training image (at each scale) in one flat tensor on the
 training device and draws a batch with a single gather: image indices (area-weighted), crop
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import io as nio
+from .leaves import DEFAULT_SYNTHETIC, SYNTHETIC, synthetic_image
 
 BUILTIN = "builtin"
 DEFAULT_SCALES = (1.0, 0.75, 0.5)
@@ -189,20 +191,25 @@ def multiscale(images: Sequence[np.ndarray], scales: Sequence[float], crop: int)
 
 
 class DeadLeaves:
-    """A deterministic schedule of dead-leaves images: ``count`` slots, one replaced (round robin)
-    every ``refresh_every`` steps; generation g is ``dead_leaves(size, default_rng([seed, 1, g]))``.
+    """A deterministic schedule of procedural images: ``count`` slots, one replaced (round robin)
+    every ``refresh_every`` steps; generation g is ``dead_leaves(size, default_rng([seed, 1, g]))``
+    for ``kind`` "dead_leaves" (flat disks), ``textured_leaves(size, default_rng([seed, 2, g]))``
+    for "textured" (:mod:`nfc_dps.training.leaves`).
 
     So the images in use at any step are a function of (seed, step): a resumed run rebuilds them.
     """
 
     def __init__(self, seed: int, channels: int, count: int = LEAVES_COUNT, size: int = LEAVES_SIZE,
-                 refresh_every: int = LEAVES_REFRESH) -> None:
+                 refresh_every: int = LEAVES_REFRESH, kind: str = DEFAULT_SYNTHETIC) -> None:
+        if kind not in SYNTHETIC:
+            raise TrainingError(f"--synthetic must be one of {', '.join(SYNTHETIC)}, got {kind!r}")
         self.seed, self.channels, self.count, self.size, self.refresh_every = seed, channels, count, size, refresh_every
+        self.kind = kind
 
     def image(self, generation: int) -> np.ndarray:
-        from ..priors.training_data import dead_leaves
-
-        return to_channels(dead_leaves(self.size, np.random.default_rng([self.seed, 1, generation])), self.channels)
+        stream = 2 if self.kind == "textured" else 1
+        rng = np.random.default_rng([self.seed, stream, generation])
+        return to_channels(synthetic_image(self.kind, self.size, rng), self.channels)
 
     def generations(self, step: int) -> list[int]:
         """The generation held by each slot after ``step`` completed steps."""

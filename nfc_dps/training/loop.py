@@ -41,6 +41,7 @@ from ..priors.training_data import images_power_law
 from .data import (BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, CropSampler, DeadLeaves, TrainingError, load_builtin,
                    load_folder, multiscale)
 from .export import EVAL_SIGMAS, INFO_NAME, evaluate_heldout, export_prior, init_network_keys, load_init_weights
+from .leaves import DEFAULT_SYNTHETIC, SYNTHETIC
 from .plot import read_loss_csv, render_loss_png
 from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, write_state
 
@@ -80,7 +81,8 @@ class TrainConfig:
     precision: str = "auto"  # auto: bfloat16 autocast on a CUDA GPU that has it, else float32
     init_from: Path | None = None  # warm start a new work folder from a prior folder
     holdout: float = 0.1  # fraction of a user folder held out (by a hash of each file's path)
-    dead_leaves: float | None = None  # fraction of dead-leaves crops; None: 0.25 built-in, 0 for a folder
+    dead_leaves: float | None = None  # fraction of procedural crops; None: 0.25 built-in, 0 for a folder
+    synthetic: str | None = None  # the procedural generator (SYNTHETIC); None: the work folder's, else dead_leaves
     scales: tuple[float, ...] = DEFAULT_SCALES
     eval_crop: int = 128  # centre crop of the held-out images for the PSNR at each export
     eval_sigmas: tuple[float, ...] = EVAL_SIGMAS
@@ -138,6 +140,7 @@ def _check(cfg: TrainConfig) -> None:
               (cfg.save_every >= 1 and cfg.log_every >= 1, "--save-every and --log-every must be >= 1"),
               (0 <= cfg.holdout < 1, f"--holdout must be in [0, 1), got {cfg.holdout}"),
               (cfg.dead_leaves is None or 0 <= cfg.dead_leaves < 1, f"--dead-leaves must be in [0, 1), got {cfg.dead_leaves}"),
+              (cfg.synthetic in (None, *SYNTHETIC), f"--synthetic must be one of {', '.join(SYNTHETIC)}, got {cfg.synthetic!r}"),
               (len(cfg.scales) > 0 and all(0 < s <= 1 for s in cfg.scales), f"--scales must be in (0, 1], got {cfg.scales}"),
               (cfg.precision in ("auto", "float32", "bfloat16"), f"--precision: auto, float32 or bfloat16, got {cfg.precision!r}"),
               (cfg.widths is None or (len(cfg.widths) >= 2 and min(cfg.widths) >= 1), f"--widths needs >= 2 levels, got {cfg.widths}"),
@@ -302,9 +305,17 @@ def _train_locked(cfg: TrainConfig, workdir: Path, log: Callable[[str], None], w
     data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, warn, previous_split) if cfg.images
             else load_builtin(cfg.channels))
     leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
-    cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac)
+    trained_with = (saved or {}).get("data", {}).get("synthetic", DEFAULT_SYNTHETIC)
+    synthetic = cfg.synthetic or trained_with
+    if saved is not None and synthetic != trained_with:
+        raise TrainingError(f"--workdir {workdir} was trained with --synthetic {trained_with}, this run asks for "
+                            f"{synthetic}; leave --synthetic out (or give {trained_with}) to resume, or use another --workdir")
+    if cfg.synthetic and cfg.synthetic != DEFAULT_SYNTHETIC and leaves_frac == 0:
+        warn(f"--synthetic {cfg.synthetic} has no effect: no procedural crops (--dead-leaves 0); "
+             f"give --dead-leaves F to mix them in")
+    cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac, synthetic=synthetic)
     fp = fingerprint(cfg.arch, cfg.widths, cfg.layers, cfg.channels, cfg.crop, data.source, leaves_frac, cfg.scales,
-                     cfg.holdout if cfg.images else None)
+                     cfg.holdout if cfg.images else None, synthetic)
     if saved is not None:
         check_fingerprint(workdir, saved, fp)
     levels = 2 ** (len(cfg.widths) - 1)
@@ -349,10 +360,10 @@ def _train_locked(cfg: TrainConfig, workdir: Path, log: Callable[[str], None], w
     n_params = sum(p.numel() for p in net.parameters())
 
     pool = multiscale([im for _, im in data.train], cfg.scales, cfg.crop)
-    sampler = CropSampler(pool, cfg.crop, device, DeadLeaves(cfg.seed, cfg.channels), leaves_frac)
+    sampler = CropSampler(pool, cfg.crop, device, DeadLeaves(cfg.seed, cfg.channels, kind=synthetic), leaves_frac)
     sampler.sync_leaves(step)
     log(f"data: {data.source}: {len(data.train)} training image(s) ({len(pool)} with scales), "
-        f"{len(data.heldout)} held out, {len(data.skipped)} skipped; dead leaves {leaves_frac:g}; "
+        f"{len(data.heldout)} held out, {len(data.skipped)} skipped; procedural {synthetic} {leaves_frac:g}; "
         f"network {cfg.arch} {list(cfg.widths)} x{cfg.layers}, {n_params:,} parameters, {cfg.channels} channel(s), "
         f"crop {cfg.crop}, batch {cfg.batch}, {device} {precision}")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}

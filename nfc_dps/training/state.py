@@ -9,8 +9,8 @@ bit-generator state) is converted on load: its network is the default prior's de
 the built-in set, and its crop stream is reseeded from (seed, step).
 
 The fingerprint is what must not change within a work folder: the network design (arch,
-widths, layers, channels), the crop size and the data (source, dead-leaves fraction, scales,
-held-out fraction). A mismatch is a :class:`~nfc_dps.training.data.TrainingError` naming the
+widths, layers, channels), the crop size and the data (source, procedural fraction and generator,
+scales, held-out fraction). A mismatch is a :class:`~nfc_dps.training.data.TrainingError` naming the
 differing keys; learning rate, batch, EMA decay and budgets may change between runs.
 """
 
@@ -26,6 +26,7 @@ import torch
 from .. import io as nio
 from ..priors.archs import DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
 from .data import BUILTIN, BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, TrainingError
+from .leaves import DEFAULT_SYNTHETIC
 
 STATE_NAME = "state.pt"
 STATE_FORMAT = 2
@@ -33,9 +34,13 @@ REQUIRED_KEYS = ("model", "ema", "opt", "step")
 
 
 def fingerprint(arch: str, widths, layers: int, channels: int, crop: int, source: str, dead_leaves: float,
-                scales, holdout: float | None) -> dict:
-    """The settings a work folder is bound to (JSON-able; see the module docstring)."""
+                scales, holdout: float | None, synthetic: str = DEFAULT_SYNTHETIC) -> dict:
+    """The settings a work folder is bound to (JSON-able; see the module docstring). ``synthetic``
+    is recorded only when it is not the flat dead leaves, so the work folders written before it
+    existed keep their fingerprint."""
     data: dict[str, Any] = {"source": source, "dead_leaves": float(dead_leaves), "scales": [float(s) for s in scales]}
+    if synthetic != DEFAULT_SYNTHETIC:
+        data["synthetic"] = synthetic
     if source != BUILTIN:
         data["holdout"] = float(holdout or 0.0)
     return {"arch": arch, "widths": [int(w) for w in widths], "layers": int(layers), "channels": int(channels),
