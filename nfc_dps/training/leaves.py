@@ -73,7 +73,8 @@ DEFAULT_PARAMS = LeavesParams()
 
 
 def _leaf_geometry(rng: np.random.Generator, size: int, p: LeavesParams) -> dict:
-    """Per-leaf shape parameters, front-most first (JSON-free numpy arrays)."""
+    """Per-leaf shapes and positions, front-most first; as many leaves as cover the image
+    ``coverage`` times over on average (so few pixels show the background leaf)."""
     mean_r2 = np.log(p.r_max / p.r_min) / (0.5 * (p.r_min**-2 - p.r_max**-2))  # E[r^2] under r^-3
     n = int(min(p.max_leaves, np.ceil(p.coverage * size * size / (np.pi * mean_r2 * 0.7))))
     u = rng.random(n)
@@ -81,7 +82,7 @@ def _leaf_geometry(rng: np.random.Generator, size: int, p: LeavesParams) -> dict
     shape = rng.choice(3, n, p=np.asarray(p.shapes) / sum(p.shapes))
     aspect = np.where(shape == 0, 1.0, rng.uniform(0.25, 1.0, n))
     theta = rng.uniform(0, np.pi, n)
-    cy, cx = (rng.uniform(-0.5 * r, size + 0.5 * r, (2, n)))
+    cy, cx = rng.uniform(-0.5 * r, size + 0.5 * r, (2, n))
     return {"n": n, "r": r, "shape": shape, "aspect": aspect, "theta": theta, "cy": cy, "cx": cx}
 
 
