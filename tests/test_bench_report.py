@@ -34,15 +34,15 @@ def fake_repo(tmp_path: Path) -> Path:
     bench = tmp_path / "docs" / "bench"
     bench.mkdir(parents=True)
     rows = []
-    for task, base in (("sr4", 20.0), ("deblur_motion", 24.0)):
+    for task, base in (("sr_bicubic", 20.0), ("deblur_motion", 24.0)):
         for image, off in (("a", 0.0), ("b", 1.0)):
             rows += [_row(task, image, "nfc:deterministic", "deterministic", 16, base + 2 + off),
                      _row(task, image, "dpir", "deterministic", 8, base + 1 + off),
                      _row(task, image, "tv", "deterministic", 0, base + off),
                      _row(task, image, "nfc", "sample", 20, base - 1 + off),
                      _row(task, image, "nfc", "mean4", 20, base + 0.5 + off, nfe=80)]
-    rows.append(_row("sr4", "a", "bicubic", "deterministic", 0, 19.0))
-    rows.append(_row("sr4", "b", "bicubic", "deterministic", 0, 21.0))
+    rows.append(_row("sr_bicubic", "a", "bicubic", "deterministic", 0, 19.0))
+    rows.append(_row("sr_bicubic", "b", "bicubic", "deterministic", 0, 21.0))
     _write(bench / "local256_seed1_results.csv", rows)
     (bench / "local256_seed1_summary.md").write_text(
         "# Benchmark summary (local protocol)\n\n- **date**: 2026-01-02T03:04:05\n- **images**: 2 (a, b), 64x64\n"

@@ -210,7 +210,7 @@ def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_pr
 
     cfg, size, sigma_y = get_config("nfc"), 64, 0.05  # sigma_y in model units (0.025 in [0, 1])
     for name, task in task_specs("local", size, "circular").items():
-        op = build_operator(task.factory_task, size, 0, **task.params)
+        op = build_operator(task.name, size, 0, **task.params)
         sigmas = level_sigmas(cfg, op, sigma_y, prior_sigma_max=80.0)
         gram = op.gram_eigenvalues(size, size)
         ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0, False))

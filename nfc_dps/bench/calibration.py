@@ -74,7 +74,7 @@ __all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "
 #: the widths c (in sample stds) of the reliability curve; 1 and 2 are the table's
 WIDTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 31))
 DEFAULT_SETTINGS = ("gaussian", "mixture-well-mild-lo", "mixture-poor-strong-hi",
-                    "embedded-sr4", "embedded-inpaint_random", "embedded-deblur_gaussian")
+                    "embedded-sr_bicubic", "embedded-inpaint_random", "embedded-deblur_gaussian")
 DEFAULT_SAMPLES = 16
 ORACLE_MEASUREMENTS = 8
 ORACLE_SIZE = 32
@@ -337,7 +337,7 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
     part on the embedded prior."""
     from ..api import stable_seed
     from .instruments import machine_description
-    from .spec import MethodRun, not_applicable
+    from .spec import MethodRun, not_applicable, seed_name
     from ..io import atomic_write_text
 
     from .mixture import SETTINGS
@@ -384,7 +384,8 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
                 chains[split] = []
                 for i, (op, truth, y, image) in enumerate(zip(s_ops, s_truths, s_ys, s_names)):
                     # the test split's seeds are those of the local protocol's images (index i)
-                    key = (seed, "calibration", name, i) if split == "test" else (seed, "calibration", name, image)
+                    named = seed_name(name)
+                    key = (seed, "calibration", named, i) if split == "test" else (seed, "calibration", named, image)
                     xs = _run_chains(method, cfg, prior, op, y, SIGMA_Y, k, [stable_seed(*key)], device).double()
                     chains[split].append(xs)
                     if split == "test":

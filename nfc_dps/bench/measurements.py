@@ -17,7 +17,7 @@ from torch import Tensor
 from ..api import stable_seed
 from ..io import atomic_write_bytes, atomic_write_text
 from .instruments import save_png
-from .spec import BenchSpec, TaskSpec
+from .spec import BenchSpec, TaskSpec, seed_name
 
 
 def _center_crop_zoom(img: np.ndarray, size: int, zoom: int) -> np.ndarray:
@@ -81,9 +81,9 @@ def _operator_from_arrays(task: TaskSpec, size: int, arrays: dict[str, np.ndarra
         return BlurOperator(torch.from_numpy(arrays["kernel"]), task.params.get("boundary", "circular"))
     if "mask" in arrays:
         return Inpainting(torch.from_numpy(arrays["mask"]))
-    if task.factory_task == "denoise":
+    if task.name == "denoise":
         return Denoising()
-    return build_operator(task.factory_task, size, 0, **task.params)
+    return build_operator(task.name, size, 0, **task.params)
 
 
 def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) -> tuple[Any, Tensor, Tensor, dict]:
@@ -93,11 +93,11 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
 
     folder = spec.out / "measurements" / task.name
     npz, js = folder / f"{image}.npz", folder / f"{image}.json"
-    meta = {"task": task.name, "factory_task": task.factory_task, "params": task.params, "image": image,
+    meta = {"task": task.name, "params": task.params, "image": image,
             "size": spec.size, "zoom": spec.zoom, "sigma_y": spec.sigma_y, "protocol": spec.protocol,
-            "operator_seed": stable_seed(spec.seed, "operator", task.name, image),
-            "noise_seed": stable_seed(spec.seed, "noise", task.name, image),
-            "sampler_seed": stable_seed(spec.seed, "sampler", task.name, image)}
+            "operator_seed": stable_seed(spec.seed, "operator", seed_name(task.name), image),
+            "noise_seed": stable_seed(spec.seed, "noise", seed_name(task.name), image),
+            "sampler_seed": stable_seed(spec.seed, "sampler", seed_name(task.name), image)}
     if npz.is_file() and js.is_file():
         saved = json.loads(js.read_text())
         if {k: saved.get(k) for k in meta} != json.loads(json.dumps(meta)):
@@ -113,7 +113,7 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
                              f"(another --images folder, or the file changed); use another --out")
         op = _operator_from_arrays(task, spec.size, arrays)
         return op, torch.from_numpy(arrays["x"])[None], torch.from_numpy(arrays["y"])[None], saved
-    op = build_operator(task.factory_task, spec.size, meta["operator_seed"], **task.params)
+    op = build_operator(task.name, spec.size, meta["operator_seed"], **task.params)
     x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(img, -1, 0)))[None].float()
     y = op.measure(x, spec.sigma_y, torch.Generator().manual_seed(meta["noise_seed"]))
     arrays = {"x": x[0].numpy(), "y": y[0].numpy()}

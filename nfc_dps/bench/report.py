@@ -33,10 +33,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .spec import DEFAULT_TASKS
 from .tables import group_rows, load_results, mean_std, numbers
 
-TASKS = ("sr4", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
-TASK_LABELS = {"sr4": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
+TASKS = DEFAULT_TASKS
+TASK_LABELS = {"sr_bicubic": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
                "deblur_gaussian": "Gaussian deblur", "deblur_motion": "motion deblur", "denoise": "denoising"}
 #: display names, in the order rows are listed (network methods, then the classical answers)
 METHOD_NAMES = {"nfc": "NFC", "daps": "DAPS", "dps": "DPS", "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM",

@@ -171,7 +171,7 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
 
         for t in spec.tasks:
             ts = all_tasks[t]
-            op = build_operator(ts.factory_task, spec.size, 0, **ts.params)
+            op = build_operator(ts.name, spec.size, 0, **ts.params)
             for r in runs:
                 why = not_applicable(r, op)
                 if why:

@@ -21,10 +21,10 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A benchmark task: a short name and the operator factory's task and parameters."""
+    """A benchmark task: a registered task (:data:`nfc_dps.operators.TASKS`) and the protocol's
+    values of its parameters."""
 
     name: str
-    factory_task: str
     params: dict[str, Any]
 
 
@@ -43,17 +43,27 @@ def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
     else:
         gk, mk = {"kernel_size": 25, "kernel_std": 2.0}, {"kernel_size": 25, "intensity": 0.5}
     specs = [
-        TaskSpec("sr4", "sr_bicubic", {"factor": 4}),
-        TaskSpec("inpaint_box", "inpaint_box", box),
-        TaskSpec("inpaint_random", "inpaint_random", {"missing_fraction": 0.7}),
-        TaskSpec("deblur_gaussian", "deblur_gaussian", {**gk, **blur}),
-        TaskSpec("deblur_motion", "deblur_motion", {**mk, **blur}),
-        TaskSpec("denoise", "denoise", {}),
+        TaskSpec("sr_bicubic", {"factor": 4}),
+        TaskSpec("inpaint_box", box),
+        TaskSpec("inpaint_random", {"missing_fraction": 0.7}),
+        TaskSpec("deblur_gaussian", {**gk, **blur}),
+        TaskSpec("deblur_motion", {**mk, **blur}),
+        TaskSpec("denoise", {}),
     ]
     return {s.name: s for s in specs}
 
 
-DEFAULT_TASKS = ("sr4", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
+#: the name a task (or calibration setting) is seeded under where it differs from its own, so
+#: that the committed result files stay reproducible by their commands
+SEED_NAMES = {"sr_bicubic": "sr4", "embedded-sr_bicubic": "embedded-sr4"}
+
+
+def seed_name(name: str) -> str:
+    """The name the seeds of task or setting ``name`` are drawn under (:data:`SEED_NAMES`)."""
+    return SEED_NAMES.get(name, name)
+
+
+DEFAULT_TASKS = ("sr_bicubic", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
 
 
 #: the key that marks a config.json as the mixture protocol's (its rows have other columns than the grid's)

@@ -55,7 +55,7 @@ def _demo_tasks(size: int, names: str) -> list[tuple[str, dict[str, Any]]]:
     the local benchmark protocol's parameters. UsageError naming an unknown task."""
     from ..bench.spec import task_specs
 
-    specs = {s.factory_task: s.params for s in task_specs("local", size, "circular").values()}
+    specs = {s.name: s.params for s in task_specs("local", size, "circular").values()}
     chosen = ALL_TASKS if names == "all" else tuple(n.strip() for n in names.split(",") if n.strip())
     unknown = [n for n in chosen if n not in ALL_TASKS]
     if unknown or not chosen:
