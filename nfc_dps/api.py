@@ -31,6 +31,7 @@ from .operators.base import LinearOperator, noise_sigma_problem
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
 from .samplers import counting, get_config, get_method, override_config
+from .priors.default import load_prior
 
 
 @dataclass
@@ -275,8 +276,6 @@ def restore(
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
     is unmeasured, filled by the prior) and cropped back.
     """
-    from .priors.default import load_prior
-
     if not isinstance(operator, LinearOperator):
         raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
                         f"got {type(operator).__name__}")

@@ -44,6 +44,8 @@ from torch import Tensor
 from .frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency, ring_mean
 from .operators.base import LinearOperator, check_image, conjugate_gradient
 from .operators.blur import BlurOperator
+from .operators import build_operator
+from .priors.training_data import HELDOUT_IMAGES, load_skimage_image
 
 __all__ = [
     "CLASSICAL_METHODS", "NotApplicable", "applicable", "restore_classical", "wiener", "tv_restore",
@@ -343,9 +345,6 @@ def calibrate_tv(
     Uses TRAINING images only (raises if a held-out name is passed). Returns
     {family: {c: mean MSE over images and sigmas}}; pick the argmin per family.
     """
-    from .operators import build_operator
-    from .priors.training_data import HELDOUT_IMAGES, load_skimage_image
-
     names = list(image_names)
     bad = set(names) & set(HELDOUT_IMAGES)
     if bad:

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
+from .operators import TASKS, check_task_params, noise_sigma_problem, build_operator
+from .samplers import METHODS, get_config
 
 __all__ = [
     "ConfigError", "TaskConfig", "SamplerSpec", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN", "PER_IMAGE_SEED",
@@ -191,8 +193,6 @@ def _unknown(where: str, key: str, allowed: Sequence[str], what: str = "key") ->
 
 def task_defaults(task: str) -> dict[str, Any]:
     """The operator parameters of ``task`` and their defaults (None = required)."""
-    from .operators import TASKS
-
     return dict(TASKS[task].params)
 
 
@@ -221,15 +221,11 @@ class TaskConfig:
         return parse_task({"task": name, **merged, "noise_sigma": self.noise_sigma}, self.source)
 
     def build(self, image_size: tuple[int, int], seed: int = 0):
-        from .operators import build_operator
-
         return build_operator(self.task, image_size=image_size, seed=seed, **self.params)
 
 
 def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = None) -> TaskConfig:
     """Validate a task mapping ``{task, <operator params>, noise_sigma}``."""
-    from .operators import TASKS, check_task_params, noise_sigma_problem
-
     data = dict(data)
     if "task" not in data:
         raise ConfigError(f"{source}: missing key 'task' (one of: {', '.join(TASKS)})")
@@ -263,8 +259,6 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
 
 
 def _method(name: str, where: str):
-    from .samplers import METHODS
-
     if not isinstance(name, str) or name not in METHODS:
         raise _unknown(where, str(name), sorted(METHODS), "method")
     return METHODS[name]
@@ -382,8 +376,6 @@ class SamplerSpec:
 
     def build(self) -> Any:
         """The method's config object: the preset with the overrides applied."""
-        from .samplers import get_config
-
         kwargs = self.validate()  # nested mappings are merged onto the preset's value by get_config
         try:
             return get_config(self.method, self.resolved_preset, **kwargs)
@@ -439,9 +431,6 @@ def _merge_sampler(bundle: ConfigBundle, data: Mapping[str, Any], source: str) -
 
 def load_config(paths: Sequence[str | Path], bundle: ConfigBundle | None = None) -> ConfigBundle:
     """Read and merge config files (task, sampler, run or simulation records), later ones winning."""
-    from .operators import TASKS
-    from .samplers import METHODS
-
     bundle = bundle or ConfigBundle()
     for p in paths:
         path = Path(p)

@@ -51,6 +51,8 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from .operators.tasks import TASKS
+from .io import write_json
 
 __all__ = ["DEFAULT_EPS", "RULES", "CalibrationError", "Calibration", "min_images", "normalized_scores",
            "fit_quantile", "interval", "load_calibration", "prior_fingerprint", "task_family"]
@@ -148,8 +150,6 @@ def prior_fingerprint(prior: Any) -> str:
 
 def task_family(task: str) -> str:
     """The operator family (:attr:`LinearOperator.family`) of a registered task ("other" if unknown)."""
-    from .operators.tasks import TASKS
-
     return TASKS[task].family if task in TASKS else "other"
 
 
@@ -186,8 +186,6 @@ class Calibration:
         return {"format": FORMAT, "version": VERSION, **d}
 
     def save(self, path: str | Path) -> Path:
-        from .io import write_json
-
         return write_json(path, self.to_dict())
 
     @classmethod

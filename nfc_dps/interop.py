@@ -22,6 +22,8 @@ from torch import Tensor, nn
 from .operators.base import LinearOperator, prox_scales
 from .priors.base import Prior
 from .priors.denoiser import DenoiserPrior
+from .samplers import get_config
+from .api import restore
 
 __all__ = ["PhysicsOperator", "from_deepinv_physics", "from_deepinv_denoiser", "DeepinvSolver"]
 
@@ -207,8 +209,6 @@ class DeepinvSolver(nn.Module):
     def __init__(self, prior: Prior, method: str = "nfc", preset: str | None = None, *, sigma_y: float | None = None,
                  seed: int = 0, **overrides: Any) -> None:
         super().__init__()
-        from .samplers import get_config
-
         if not isinstance(prior, Prior):
             raise TypeError(f"prior must be a nfc_dps Prior (from_deepinv_denoiser(model, sigma_max) wraps a "
                             f"denoiser), got {type(prior).__name__}")
@@ -220,8 +220,6 @@ class DeepinvSolver(nn.Module):
     def forward(self, y: Tensor, physics: Any) -> Tensor:
         """y: the physics' measurement, (B, C', h, w) or (B, m), [0, 1] units -> (B, C, H, W)
         restoration in [0, 1], its shape that of ``physics.A_adjoint(y)``."""
-        from .api import restore
-
         op = from_deepinv_physics(physics)
         y = op.as_measurement(y)
         sigma = op.sigma_y if op.sigma_y is not None else self.sigma_y

@@ -66,6 +66,19 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from ..metrics import coverage, expected_coverage
+from .spec import method_config, BenchSpec, task_specs, MethodRun, not_applicable, seed_name
+from ..samplers import METHODS, get_method
+from ..api import image_generators, stable_seed
+from ..operators import BlurOperator, gaussian_kernel
+from ..priors import GaussianMixturePrior, GaussianSpectralPrior
+from .mixture import SETTINGS
+from ..priors.training_data import load_skimage_image
+from .measurements import _center_crop_zoom, measurement
+from ..priors.default import load_prior
+from ..conformal import DEFAULT_EPS, interval, fit_quantile, normalized_scores
+from .instruments import machine_description
+from ..io import atomic_write_text
 
 __all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "run_calibration",
            "calibration_markdown", "reliability_plot", "read_calibration_csv", "photo_tiles", "conformal_rows",
@@ -98,8 +111,6 @@ def coverage_curve(samples: Tensor, truth: Tensor, widths: Sequence[float] = WID
 
     samples: (K, B, C, H, W); truth: (B, C, H, W); the same units.
     """
-    from ..metrics import coverage
-
     k = samples.shape[0]
     g = k if group is None else int(group)
     if g < 2 or k % g:
@@ -110,8 +121,6 @@ def coverage_curve(samples: Tensor, truth: Tensor, widths: Sequence[float] = WID
 
 def calibration_rows(setting: str, method: str, budget: int, samples: Tensor, truth: Tensor) -> list[dict[str, Any]]:
     """Rows of calibration.csv for one (setting, method): K = 4 and K = all, every width."""
-    from ..metrics import expected_coverage
-
     k = samples.shape[0]
     rows = []
     for kk in sorted({4, k}):
@@ -125,9 +134,6 @@ def calibration_rows(setting: str, method: str, budget: int, samples: Tensor, tr
 
 def _stochastic_runs(budget: int, methods: Sequence[str]) -> list[tuple[str, Any]]:
     """(method, config) of every registered sampler whose fast preset at ``budget`` draws samples."""
-    from .spec import method_config
-    from ..samplers import METHODS
-
     out = []
     for name in METHODS:
         if methods and name not in methods:
@@ -141,9 +147,6 @@ def _stochastic_runs(budget: int, methods: Sequence[str]) -> list[tuple[str, Any
 def _run_chains(method: str, cfg: Any, prior, op, y: Tensor, sigma_y: float, k: int, seeds: Sequence[int],
                 device: torch.device) -> Tensor:
     """(K, B, C, H, W) samples in [0, 1] units (unclipped) of K chains per measurement of y (B, ...)."""
-    from ..api import image_generators
-    from ..samplers import get_method
-
     b = y.shape[0]
     shape = (b * k, *op.image_shape(y.shape)[1:])
     with torch.no_grad():
@@ -157,11 +160,6 @@ def _oracle_problems(names: Sequence[str], seed: int, device: torch.device, spli
     ``exact(k, generator)`` gives (K, B, 1, h, w) exact posterior draws in [0, 1] units, ``gen(*parts)``
     a seeded generator. ``split``: "test" (the protocol's measurements) or "validation"
     (``ORACLE_VALIDATION`` others of the same prior, drawn from other seeds)."""
-    from ..api import stable_seed
-    from ..operators import BlurOperator, gaussian_kernel
-    from ..priors import GaussianMixturePrior, GaussianSpectralPrior
-    from .mixture import SETTINGS
-
     def gen(*parts: Any) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(stable_seed(seed, "calibration", *parts))
 
@@ -201,9 +199,6 @@ def photo_tiles(photos: Sequence[str], count: int, size: int, zoom: int = 2) -> 
     (named as the photograph, the local protocol's image), the next ones the grid cells around it
     nearest the centre (named ``<photo>_r<i>c<j>``)."""
     from PIL import Image
-
-    from ..priors.training_data import load_skimage_image
-    from .measurements import _center_crop_zoom
 
     loaded = {p: load_skimage_image(p) for p in photos}
     cells: dict[str, list[tuple[int, int]]] = {}
@@ -245,10 +240,6 @@ def _embedded_problems(names: Sequence[str], prior_path: str | None, seed: int, 
     per image, the local protocol's measurements (cached under ``out``, as the harness caches them);
     splits "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation"
     (tiles of VALIDATION_PHOTOS)."""
-    from .measurements import measurement
-    from .spec import BenchSpec, task_specs
-    from ..priors.default import load_prior
-
     spec = BenchSpec(protocol="local", size=size, sigma_y=SIGMA_Y, seed=seed, out=out,
                      image_names=EMBEDDED_IMAGES, save_images=False)
     prior = load_prior(prior_path, device=device)
@@ -274,8 +265,6 @@ def interval_stats(samples: Sequence[Tensor], truths: Sequence[Tensor], q: float
     """Test-set numbers of one interval rule: per image, the fraction of pixel values inside
     mean ± q (std + eps) and inside mean ± z std, and the mean width; averaged over images.
     samples: per image (K, B, C, H, W) unclipped chains; truths: (B, C, H, W)."""
-    from ..conformal import DEFAULT_EPS, interval
-
     cov, raw, width = [], [], []
     for xs, truth in zip(samples, truths):
         mean, std = _mean_std(xs, clip)
@@ -308,8 +297,6 @@ def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[
     q fitted on the validation measurements (pooled rule), coverage and width on the test ones.
     validation / test: per measurement, (K, B, C, H, W) chains; each of the B images is one
     calibration image."""
-    from ..conformal import DEFAULT_EPS, fit_quantile, normalized_scores
-
     k = validation[0].shape[0]
     rows = []
     for kk in sorted({4, k}):
@@ -335,13 +322,6 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
     """Run the protocol (module doc); write OUT/calibration.csv, conformal.csv, summary.md,
     reliability.png; return the calibration.csv rows. ``validation_images`` 0 skips the conformal
     part on the embedded prior."""
-    from ..api import stable_seed
-    from .instruments import machine_description
-    from .spec import MethodRun, not_applicable, seed_name
-    from ..io import atomic_write_text
-
-    from .mixture import SETTINGS
-    from .spec import task_specs
 
     known = ["gaussian"] + [f"mixture-{s}" for s in SETTINGS] + [f"embedded-{t}" for t in task_specs("local", 64, "circular")]
     unknown = [s for s in settings if s not in known]
@@ -487,8 +467,6 @@ def _table_index(rows: list[dict[str, Any]]) -> dict[tuple, float]:
 
 def calibration_markdown(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
     """One table: per (method, budget), % of pixels within ±1 / ±2 stds at K = 4 and K = all, per setting."""
-    from ..metrics import expected_coverage
-
     idx = _table_index(rows)
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     ks = sorted({r["k"] for r in rows})

@@ -24,6 +24,8 @@ from .oracle import run_oracle
 from .profiling import run_profile
 from .runner import run
 from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec
+from ..priors.diffusers_prior import PRECISIONS
+from ..config import parse_scalar
 
 
 def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
@@ -44,8 +46,6 @@ def _str_list(s: str) -> tuple[str, ...]:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The benchmark's arguments (added to ``parser`` when given, e.g. an `nfc-dps bench` subparser)."""
-    from ..priors.diffusers_prior import PRECISIONS
-
     p = parser or argparse.ArgumentParser(
         prog="benchmark", description="PSNR/SSIM tables against the peers and classical baselines, NFE curves, "
                                       "timing, the Gaussian oracle and a per-NFE profile (see docs/benchmarks.md).")
@@ -95,8 +95,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     """--set METHOD.KEY=VALUE items -> {method: {key: YAML-parsed value}} (``parse_scalar``: 1e-1 is a number)."""
-    from ..config import parse_scalar
-
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, eq, val = item.partition("=")

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..io import atomic_write_bytes
+from ..metrics import restoration_metrics
 
 
 def save_png(path: Path, img: Tensor | np.ndarray) -> None:
@@ -152,8 +153,6 @@ def row_metrics(x: Tensor, ref: Tensor) -> dict[str, float | None]:
     """A results row's numbers for restoration ``x`` of ground truth ``ref`` ((1, C, H, W), [0, 1]):
     PSNR / SSIM / MSE of x clipped to [0, 1] (:func:`nfc_dps.metrics.restoration_metrics`) and
     LPIPS when available (else None)."""
-    from ..metrics import restoration_metrics
-
     out = restoration_metrics(x, ref)
     out["lpips"] = _lpips(x.detach().cpu().double().clamp(0, 1).float(), ref.detach().cpu().float())
     return out

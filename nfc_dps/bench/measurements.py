@@ -18,6 +18,7 @@ from ..api import stable_seed
 from ..io import atomic_write_bytes, atomic_write_text
 from .instruments import save_png
 from .spec import BenchSpec, TaskSpec, seed_name
+from ..operators import BlurOperator, Denoising, Inpainting, build_operator
 
 
 def _center_crop_zoom(img: np.ndarray, size: int, zoom: int) -> np.ndarray:
@@ -75,8 +76,6 @@ def load_images(spec: BenchSpec) -> list[tuple[str, np.ndarray]]:
 
 def _operator_from_arrays(task: TaskSpec, size: int, arrays: dict[str, np.ndarray]):
     """The operator of a saved measurement: its kernel or mask when saved, else rebuilt from the task."""
-    from ..operators import BlurOperator, Denoising, Inpainting, build_operator
-
     if "kernel" in arrays:
         return BlurOperator(torch.from_numpy(arrays["kernel"]), task.params.get("boundary", "circular"))
     if "mask" in arrays:
@@ -89,8 +88,6 @@ def _operator_from_arrays(task: TaskSpec, size: int, arrays: dict[str, np.ndarra
 def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) -> tuple[Any, Tensor, Tensor, dict]:
     """(operator, x (1, C, H, W), y (1, C, h, w), meta): loaded from OUT/measurements if there,
     otherwise generated from the derived seeds and saved (npz + json)."""
-    from ..operators import build_operator
-
     folder = spec.out / "measurements" / task.name
     npz, js = folder / f"{image}.npz", folder / f"{image}.json"
     meta = {"task": task.name, "params": task.params, "image": image,

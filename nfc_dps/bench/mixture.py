@@ -56,6 +56,15 @@ import torch
 from torch import Tensor
 
 from ..priors.base import Prior, PriorWrapper
+from .spec import method_config, MIXTURE_RECORD_KEY
+from ..samplers import METHODS, counting, get_method
+from ..samplers.nfc import NFCConfig
+from ..metrics import coverage, sliced_wasserstein, expected_coverage
+from ..api import image_generators, stable_seed
+from ..io import atomic_write_text
+from .instruments import machine_description
+from ..operators import BlurOperator, gaussian_kernel
+from ..priors import GaussianMixturePrior
 
 __all__ = ["SETTINGS", "PRESTATED_SETTING", "MixtureSetting", "mixture_runs", "run_mixture", "mixture_markdown"]
 
@@ -106,10 +115,6 @@ def mixture_runs(budget: int, methods: Sequence[str] = (), overrides: dict[str, 
     for a config with NFC's modules active the band-off, Haar-off and both-off variants.
     ``methods`` (labels or registry names) filters; empty keeps all. ``overrides``: per registry
     name, config fields to replace (``--set``), applied before the variants are derived."""
-    from .spec import method_config
-    from ..samplers import METHODS
-    from ..samplers.nfc import NFCConfig
-
     out = []
     for name in METHODS:
         cfg = method_config(name, "fast", budget, (overrides or {}).get(name))
@@ -154,8 +159,6 @@ def _psnr01(mse_model: float) -> float:
 def sample_metrics(xs: Tensor, truth: Tensor, post, ref: Tensor, directions: Tensor) -> dict[str, float]:
     """Metrics of K draws per measurement. xs: (K, B, C, H, W) and truth (B, C, H, W) in model
     units; post: the exact MixturePosterior of the B measurements; ref: (4K, B, C, H, W) exact draws."""
-    from ..metrics import coverage, sliced_wasserstein
-
     k, b = xs.shape[:2]
     out: dict[str, float] = {
         "psnr_mean": _psnr01(float((xs.mean(0) - truth).pow(2).mean())),
@@ -188,14 +191,6 @@ def _csv(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Run the protocol for a :class:`nfc_dps.bench.spec.BenchSpec` (module doc); returns the rows."""
-    from ..api import image_generators, stable_seed
-    from ..io import atomic_write_text
-    from .instruments import machine_description
-    from ..operators import BlurOperator, gaussian_kernel
-    from ..priors import GaussianMixturePrior
-    from .spec import MIXTURE_RECORD_KEY
-    from ..samplers import counting, get_method
-
     t_start = time.perf_counter()
     saved = Path(spec.out) / "config.json"
     if saved.is_file() and MIXTURE_RECORD_KEY not in json.loads(saved.read_text() or "{}"):
@@ -317,8 +312,6 @@ def _delta(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str, spec: s
 def mixture_markdown(rows: list[dict[str, Any]], header: dict[str, Any], bounds: dict[str, dict[str, float]],
                      k: int) -> str:
     """summary.md of the mixture protocol: per-setting tables, module effects, the pre-stated setting."""
-    from ..metrics import expected_coverage
-
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     index = {(r["setting"], r["method"], int(r["budget"])): r for r in rows}
     budgets = sorted({int(r["budget"]) for r in rows if int(r["budget"]) > 0})

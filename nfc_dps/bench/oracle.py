@@ -21,6 +21,12 @@ from ..distributed import init_distributed, resolve_device
 from .runner import check_folder_record, folder_record
 from .spec import BenchSpec
 from .tables import PartWriter, all_rows, fmt, group_rows, is_failed, mean_std, merge_results, numbers, row_key
+from ..samplers import get_config, counting, get_method
+from ..baselines import tv_restore, wiener
+from ..metrics import mse, psnr, ssim
+from ..operators import BlurOperator, gaussian_kernel
+from ..priors import GaussianSpectralPrior
+from ..api import image_generators
 
 
 def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
@@ -29,8 +35,6 @@ def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
     (final_step="sample"), isotropic vs spectral covariance (S from the measurement or the
     prior's true S); NFC with the default final mean step; NFC's ``fast`` and ``fast_psnr``
     presets with fresh and matched re-noising; the peers at their fast presets."""
-    from ..samplers import get_config
-
     base = dataclasses.replace(get_config("nfc", "fast"), num_levels=budget, ode_steps=1, ode_sigma_min=1e-5,
                                inner="exact", final_step="sample")
     out = []
@@ -58,13 +62,6 @@ def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict
     [0, 1] units); each method's PSNR against the exact MMSE and exact-posterior-sample bounds.
     PSNR here is on the *unclipped* estimates (the Gaussian's images leave [0, 1]; the bounds are
     for unclipped estimators). Single process (rank 0 works, the others wait)."""
-    from ..baselines import tv_restore, wiener
-    from ..metrics import mse, psnr, ssim
-    from ..operators import BlurOperator, gaussian_kernel
-    from ..priors import GaussianSpectralPrior
-    from ..samplers import counting, get_method
-    from ..api import image_generators
-
     t_start = time.perf_counter()
     d = init_distributed(spec.device)
     device = resolve_device(spec.device, d)

@@ -21,6 +21,9 @@ from .measurements import load_images, measurement
 from ..distributed import Dist, init_distributed, resolve_device
 from .runner import load_bench_prior, prior_record
 from .spec import BenchSpec, method_runs, task_specs
+from ..samplers import get_method
+from ..priors.base import PriorWrapper
+from ..api import restore
 
 
 #: the profile's column of each phase the NFC sampler's ``timer`` hook reports (``PHASES``)
@@ -54,15 +57,11 @@ def phase_timer(device: torch.device, totals: dict[str, float]) -> Callable[[str
 
 def offers_timer(method: str) -> bool:
     """Whether the sampler of ``method`` takes a ``timer`` (the phase breakdown: NFC and DAPS)."""
-    from ..samplers import get_method
-
     return "timer" in inspect.signature(get_method(method).sample).parameters
 
 
 def _timed_prior(inner, device: torch.device, totals: dict[str, float]):
     """A prior wrapper accumulating the wall time of its denoise calls (the network) in totals["network"]."""
-    from ..priors.base import PriorWrapper
-
     class TimedPrior(PriorWrapper):
         def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
             _sync(device)
@@ -91,8 +90,6 @@ def run_profile(spec: BenchSpec, log: Callable[[str], None] = print, reps: int =
 
 def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str], None], reps: int) -> dict[str, Any]:
     """The profile on rank 0: bare forwards, then each diffusion method's timed run."""
-    from ..api import restore
-
     out = spec.out
     out.mkdir(parents=True, exist_ok=True)
     prior = load_bench_prior(spec, device)

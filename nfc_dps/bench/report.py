@@ -35,6 +35,7 @@ import numpy as np
 
 from .spec import DEFAULT_TASKS
 from .tables import group_rows, load_results, mean_std, numbers
+from .calibration import read_calibration_csv
 
 TASKS = DEFAULT_TASKS
 TASK_LABELS = {"sr_bicubic": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
@@ -274,8 +275,6 @@ def which_table(det: Source, stoch: Source, link: str) -> str:
 
 def calibration_table(paths: Sequence[Path], link: str) -> str:
     """Coverage of the K-sample std map at ±1 / ±2 std, the largest K of each file, per setting."""
-    from .calibration import read_calibration_csv
-
     idx: dict[tuple, float] = {}
     order: list[tuple[str, int]] = []
     settings: list[str] = []

@@ -26,6 +26,9 @@ from .plots import make_plots
 from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, MIXTURE_RECORD_KEY, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
                    method_runs, not_applicable, task_specs)
 from .tables import PartWriter, all_rows, is_failed, merge_results, result_row, row_key, summary_markdown
+from ..priors.default import load_prior
+from ..api import restore
+from ..baselines import restore_classical
 
 
 def prior_record(path: str | None) -> dict[str, Any]:
@@ -40,8 +43,6 @@ def prior_record(path: str | None) -> dict[str, Any]:
 
 def load_bench_prior(spec: BenchSpec, device: torch.device):
     """The run's prior (--prior, else the embedded default); FileNotFoundError says how to pass one."""
-    from ..priors.default import load_prior
-
     try:
         return load_prior(spec.prior, device=device, precision=spec.precision)
     except FileNotFoundError as e:
@@ -51,9 +52,6 @@ def load_bench_prior(spec: BenchSpec, device: torch.device):
 def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: list[MethodRun], prior, device,
             done: set[tuple], writer: PartWriter, notes: list[str], log: Callable[[str], None]) -> None:
     """All methods of one (task, image): measurement once, then every missing row."""
-    from ..api import restore
-    from ..baselines import restore_classical
-
     op, x, y, meta = measurement(spec, task, image, img)
     seed = meta["sampler_seed"]
     dev_op = None

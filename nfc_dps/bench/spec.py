@@ -10,6 +10,8 @@ from typing import Any
 
 from ..baselines import CLASSICAL_METHODS
 from ..samplers import METHODS
+from ..samplers import get_config
+from ..baselines import applicable
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
@@ -148,8 +150,6 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
     """The sampler config of ``method`` at ``preset`` with NFE ``budget`` (the config's own
     ``with_nfe``: NFC/DAPS split it into levels x predictor steps, the peers take num_steps =
     budget). ``budget=None`` keeps the preset."""
-    from ..samplers import get_config
-
     try:
         cfg = get_config(method, preset, **_nested(overrides or {}))
     except TypeError as e:  # a --set value of the wrong type, caught by a comparison in the config's checks
@@ -187,8 +187,6 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
 
 def not_applicable(run: MethodRun, op) -> str | None:
     """Why ``run`` cannot restore with ``op`` (a note for the summary), or None."""
-    from ..baselines import applicable
-
     if run.method in CLASSICAL_METHODS:
         return applicable(run.method, op)
     if run.method == "ddrm" and op.diagonal_basis is None:

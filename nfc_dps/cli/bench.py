@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .common import UsageError
+from ..bench.cli import run_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +28,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench(args) -> int:
     """Run ``bench``: :func:`nfc_dps.bench.cli.run_from_args`."""
-    from ..bench.cli import run_from_args
-
     return run_from_args(args)
 
 

@@ -17,13 +17,13 @@ from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, image_seed, in
                      parse_device, prior_key, set_threads)
 from .flags import common_flags, precision_flag, task_flags
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
+from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores, prior_fingerprint, sampler_fields
+from ..samplers import METHODS
+from ..api import as_batch, restore, stable_seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``calibrate`` subcommand and its arguments."""
-    from ..conformal import RULES
-    from ..samplers import METHODS
-
     c = sub.add_parser(
         "calibrate", help="fit calibrated per-pixel intervals (mean ± q·std) on clean calibration images",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -63,10 +63,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args) -> int:
     """Run ``calibrate``: every check before the prior loads, then simulate, restore, score, fit, write."""
     import torch
-
-    from ..api import as_batch, restore, stable_seed
-    from ..conformal import DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores
-    from ..conformal import prior_fingerprint, sampler_fields
 
     log = Log(args.quiet)
     bundle = load_config(list(args.config or []))

@@ -17,12 +17,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import io as nio
+from ..locking import LOCK_FILE  # noqa: F401 - the name the CLI's records and tests use
+from ..priors.base import Prior
+from ..priors.default import load_prior, prior_identity
+from ..api import as_batch, stable_seed
+from ..metrics import restoration_metrics
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 RESOLVED_JSON = "resolved_config.json"
 SIMULATION_JSON = "simulation.json"
-LOCK_FILE = ".nfc_dps.lock"
 #: gray value 1.0 of a std-map PNG is a posterior std of 1 / STD_PNG_SCALE
 STD_PNG_SCALE = 4.0
 #: OSError numbers that mean the output disk cannot take more data: the run stops (exit 2)
@@ -111,8 +115,6 @@ def _load_factory_prior(path: str, device, precision: str) -> Any:
     """The Prior that ``module:function`` returns (called with no arguments), moved to ``device``."""
     import importlib
 
-    from ..priors.base import Prior
-
     module, function = prior_factory(path)  # type: ignore[misc]
     if precision != "auto":
         raise UsageError(f"--precision {precision}: applies to prior folders; the prior of --prior {path} runs in "
@@ -133,8 +135,6 @@ def open_prior(path: str | None, device, precision: str = "auto") -> Any:
     """The prior of --prior: a diffusers folder, a factory ``module:function`` (a module importable
     from the current folder or the Python path, whose function returns a Prior), or None: the
     embedded default; UsageError naming it when it does not load."""
-    from ..priors.default import load_prior
-
     if prior_factory(path):
         return _load_factory_prior(path, device, precision)  # type: ignore[arg-type]
     try:
@@ -150,8 +150,6 @@ def prior_key(path: str | None) -> dict[str, Any]:
     size and time (:func:`nfc_dps.priors.default.prior_identity`; no file is read); for a factory
     ``module:function``, that name and its module's source file (files its function reads are not
     tracked)."""
-    from ..priors.default import prior_identity
-
     named = prior_factory(path)
     if named:
         import importlib.util
@@ -205,9 +203,6 @@ def to_numpy(t) -> np.ndarray:
 def image_metrics(x: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
     """PSNR (dB) and SSIM (NaN under 7 px) of float32 (h, w[, C]) images in [0, 1], both clipped,
     with :func:`nfc_dps.metrics.restoration_metrics` (scikit-image conventions)."""
-    from ..api import as_batch
-    from ..metrics import restoration_metrics
-
     m = restoration_metrics(as_batch(x)[0], as_batch(np.clip(gt, 0, 1))[0])
     return m["psnr"], (m["ssim"] if m["ssim"] is not None else float("nan"))
 
@@ -242,8 +237,6 @@ def input_names(images: Sequence[Path], inp: Path) -> list[str]:
 def image_seed(seed: int, name: str) -> int:
     """The seed of input image ``name`` (its path relative to the input folder, '/'-separated) in
     a run with base seed ``seed``: see :data:`nfc_dps.config.PER_IMAGE_SEED`."""
-    from ..api import stable_seed
-
     return stable_seed(int(seed), name)
 
 

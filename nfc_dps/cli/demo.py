@@ -17,6 +17,9 @@ from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noi
                      prior_key, set_threads, to_numpy)
 from .flags import common_flags, precision_flag
 from .outputs import check_output_folder, folder_lock
+from ..bench.spec import task_specs
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..api import restore
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,8 +56,6 @@ MAX_SIZE = 1024
 def _demo_tasks(size: int, names: str) -> list[tuple[str, dict[str, Any]]]:
     """(task, parameters) of the demo's ``names`` ("all" or comma-separated) at image size ``size``:
     the local benchmark protocol's parameters. UsageError naming an unknown task."""
-    from ..bench.spec import task_specs
-
     specs = {s.name: s.params for s in task_specs("local", size, "circular").values()}
     chosen = ALL_TASKS if names == "all" else tuple(n.strip() for n in names.split(",") if n.strip())
     unknown = [n for n in chosen if n not in ALL_TASKS]
@@ -66,8 +67,6 @@ def _demo_tasks(size: int, names: str) -> list[tuple[str, dict[str, Any]]]:
 def _demo_image(name: str, size: int) -> np.ndarray:
     """Held-out photograph ``name``: centre square, resized to (size, size, 3) float32 in [0, 1]."""
     from skimage.transform import resize
-
-    from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 
     if name not in HELDOUT_IMAGES:
         raise UsageError(f"demo image {name!r} is not held out of the prior's training set")
@@ -103,8 +102,6 @@ def _grid(rows: list[list[np.ndarray]], labels_top: list[str], labels_left: list
 def cmd_demo(args) -> int:
     """Run ``demo``."""
     import torch
-
-    from ..api import restore
 
     log = Log(args.quiet)
     device = parse_device(args.device)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ..config import DEFAULT_NOISE_SIGMA
+from ..priors.diffusers_prior import PRECISIONS
+from ..operators import TASKS
 
 
 def common_flags(p: argparse.ArgumentParser) -> None:
@@ -17,8 +19,6 @@ def common_flags(p: argparse.ArgumentParser) -> None:
 
 def precision_flag(p: argparse.ArgumentParser) -> None:
     """--precision of the prior network."""
-    from ..priors.diffusers_prior import PRECISIONS
-
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="the prior network's compute precision (default auto: bfloat16 where the CPU or GPU has it "
                         "natively, about 2x faster; float32 otherwise)")
@@ -26,8 +26,6 @@ def precision_flag(p: argparse.ArgumentParser) -> None:
 
 def task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
     """--task, --config, --param, --noise-sigma and --seed (its help: ``seed_help``)."""
-    from ..operators import TASKS
-
     p.add_argument("--task", choices=list(TASKS), help="task name (its default parameters), or use --config")
     p.add_argument("--config", "-c", action="append", metavar="FILE",
                    help="YAML/JSON config: a task (configs/deblur_gaussian.yaml), a sampler (configs/nfc_fast.yaml), "

@@ -5,8 +5,6 @@ the errors of a disk that cannot take more data (:class:`OutputError`)."""
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import io
 import os
 from collections import Counter
@@ -16,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from .. import io as nio
-from .common import LOCK_FILE, UsageError
+from .. import locking
+from .common import UsageError
 
 
 def _resolved(path: Path, flag: str) -> Path:
@@ -76,50 +75,13 @@ def remove_created_if_empty() -> None:
 
 @contextlib.contextmanager
 def folder_lock(folder: Path):
-    """One run per folder: an exclusive ``fcntl.flock`` on ``folder/.nfc_dps.lock``, held until the
-    block ends. The kernel releases it when the process dies (crash, kill -9), so a lock file left
-    behind is free again and no liveness guess is made; two runs that find the same file race for
-    the flock, which exactly one wins. The file holds the holder's pid for the refusal's message.
-    The holder removes the file before it lets go; a run that locked a file just removed (its
-    path now names another file, or none) retries on the new one."""
-    lock = folder / LOCK_FILE
-    for _ in range(100):
+    """:func:`nfc_dps.locking.folder_lock`, refusing a busy folder with a :class:`UsageError` (exit 2)."""
+    with contextlib.ExitStack() as stack:
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
-        except OSError as e:
-            raise UsageError(f"cannot create the lock file {lock}: {e.strerror or e}") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            try:
-                pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            except OSError:
-                pid = ""
-            os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UsageError(f"cannot lock {lock}: {e.strerror or e}") from e
-            who = f"another nfc-dps run (pid {pid})" if pid.isdigit() else "another nfc-dps run"
-            raise UsageError(f"{who} is writing to {folder}; wait for it to finish") from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(lock))
-        except OSError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder before us removed the file after we opened it: lock the new one
-    else:
-        raise UsageError(f"cannot lock {folder}: {lock} keeps being replaced")
-    try:
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
-        except OSError as e:
-            raise UsageError(f"cannot write the lock file {lock}: {e.strerror or e}") from e
+            stack.enter_context(locking.folder_lock(folder))
+        except locking.FolderBusy as e:
+            raise UsageError(str(e)) from None
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            lock.unlink()  # still holding the flock: a run that opened this file sees it is gone
-        os.close(fd)
 
 
 def cannot_write(e: OSError) -> str:

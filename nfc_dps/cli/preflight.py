@@ -11,6 +11,8 @@ from typing import Any
 from .. import io as nio
 from .common import UsageError
 from .tasks import OperatorSource
+from ..samplers import get_method
+from ..priors.base import prior_device
 
 
 def first_image(images: list[Path]) -> tuple[Path, Any] | None:
@@ -26,8 +28,6 @@ def first_image(images: list[Path]) -> tuple[Path, Any] | None:
 
 def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any) -> None:
     """UsageError when ``method`` cannot restore the task's operator, built as for input ``name``."""
-    from ..samplers import get_method
-
     factor = source.factor()
     h, w = image.shape[:2]
     try:
@@ -52,8 +52,6 @@ def check_prior_fits(prior: Any, name: str, image: Any) -> None:
     gen = torch.Generator().manual_seed(0)
     sigma = min(0.5, float(prior.sigma_max))
     x = sigma * torch.randn(1, prior.channels, m, m, generator=gen)
-    from ..priors.base import prior_device
-
     x = x.to(prior_device(prior) or "cpu")
     with torch.no_grad():
         out = prior.denoise(x, torch.full((1,), sigma, device=x.device))

@@ -11,6 +11,11 @@ import sys
 from pathlib import Path
 
 from .common import EXIT_OK, Log, UsageError
+from ..priors.diffusers_prior import PRECISIONS
+from ..priors.report import SIGMAS, ReportError, ReportSettings, prior_report
+from ..priors.report_markdown import loss_table
+from ..training.plot import read_loss_csv, render_loss_png
+from ..io import atomic_write_text
 
 EXAMPLES = """examples:
   nfc-dps prior-report                                   # the embedded default prior
@@ -24,9 +29,6 @@ skipped and the report says so."""
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``prior-report`` subcommand and its arguments."""
-    from ..priors.diffusers_prior import PRECISIONS
-    from ..priors.report import SIGMAS
-
     p = sub.add_parser("prior-report", help="one-step denoising report of a prior folder vs tuned TV and wavelet",
                        description="Denoise held-out photos in one prior call at fixed noise levels and compare with "
                                    "TV and wavelet denoising tuned on training crops; time a 256 x 256 forward pass.",
@@ -74,9 +76,6 @@ def summarise_loss(args, log: Log) -> None:
     """``--loss-csv``: the loss table on stdout, and the curve as a PNG with ``--loss-png``."""
     import numpy as np
 
-    from ..priors.report_markdown import loss_table
-    from ..training.plot import read_loss_csv, render_loss_png
-
     if not args.loss_csv.is_file():
         raise UsageError(f"--loss-csv {args.loss_csv}: no such file")
     rows = read_loss_csv(args.loss_csv)
@@ -93,9 +92,6 @@ def cmd_prior_report(args, parser: argparse.ArgumentParser) -> int:
     """Run ``prior-report``: the loss summary, then the denoising report (unless ``--loss-only``)
     written to ``--out`` as JSON, its table (or with ``--markdown`` its whole section) on stdout."""
     import torch
-
-    from ..io import atomic_write_text
-    from ..priors.report import ReportError, ReportSettings, prior_report
 
     log = Log(False)
     if args.threads:

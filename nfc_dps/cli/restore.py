@@ -28,12 +28,13 @@ from .preflight import check_method_takes_operator, check_prior_fits, first_imag
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
 from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task, with_operator_files
+from ..samplers import METHODS
+from ..conformal import CalibrationError, load_calibration
+from .. import api
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``restore`` subcommand and its arguments."""
-    from ..samplers import METHODS
-
     r = sub.add_parser(
         "restore", help="restore measurement images (a file or a folder)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -423,10 +424,8 @@ class RestoreRun:
         one bad image fails alone."""
         import torch
 
-        from ..api import as_batch, restore
-
         try:
-            res = restore(torch.cat([as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
+            res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
                           prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
                           progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch,
@@ -544,8 +543,6 @@ def _load_calibration(args, task, spec: SamplerSpec, samples: int, bundle) -> An
     once it loads); None without the flag. UsageError naming the file and what differs."""
     if not getattr(args, "calibration", None):
         return None
-    from ..conformal import CalibrationError, load_calibration
-
     if samples < 2:
         raise UsageError(f"--calibration {args.calibration} needs --samples K >= 2 (the interval scales the spread "
                          f"of K samples), got {samples}")

@@ -16,6 +16,7 @@ from .flags import task_flags
 from .preflight import input_notes
 from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
 from .tasks import OperatorSource, check_operator_file, resolve_task
+from ..api import as_batch
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -100,8 +101,6 @@ def _mark_incomplete(out: Path, previous: list[dict[str, Any]], settings: dict[s
 def cmd_simulate(args) -> int:
     """Run ``simulate``; exit status 1 when some image failed."""
     import torch
-
-    from ..api import as_batch
 
     log = Log(args.quiet)
     bundle = load_config(args.config or [])

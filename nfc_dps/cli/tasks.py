@@ -9,6 +9,7 @@ from pathlib import Path
 from ..config import ConfigBundle, SamplerSpec, TaskConfig, parse_scalar, parse_task, steps_field
 from ..operators import TASKS, noise_sigma_problem, task_reading
 from .common import UsageError, match_file
+from ..operators import load_kernel, load_mask, build_operator
 
 
 #: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel (the flag)
@@ -117,8 +118,6 @@ class OperatorSource:
         params = dict(self.task.params)
         if path is not None:
             params[self.key] = str(path)
-        from ..operators import build_operator
-
         return build_operator(self.task.task, image_size=image_hw, seed=seed, **params), path
 
 
@@ -138,8 +137,6 @@ def check_operator_file(task: TaskConfig, flag_value: str | None) -> None:
         raise UsageError(f"{where} {path}: no such file or folder")
     if path.is_dir():
         return  # per-image files: each is checked, and reported by name, with its image
-    from ..operators import load_kernel, load_mask
-
     try:
         (load_mask if key == "mask_path" else load_kernel)(path)
     except (ValueError, TypeError, OSError) as e:

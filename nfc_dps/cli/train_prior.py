@@ -7,12 +7,12 @@ import argparse
 
 from .common import EXIT_OK, Log, UsageError, parse_device, set_threads
 from .flags import common_flags
+from ..training.args import EXAMPLES, add_arguments, config_from_args
+from ..training import TrainingError, train_prior
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``train-prior`` subcommand: the training package's arguments plus the common flags."""
-    from ..training.args import EXAMPLES, add_arguments
-
     t = sub.add_parser("train-prior", help="train a diffusion prior on the package photos or your own images",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
                        description="Train an EDM denoiser (a prior folder for --prior) on CPU or GPU; resumable.")
@@ -23,9 +23,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train_prior(args) -> int:
     """Run ``train-prior``: :func:`nfc_dps.training.train_prior` with the parsed options."""
-    from ..training import TrainingError, train_prior
-    from ..training.args import config_from_args
-
     set_threads(args.threads)
     device = parse_device(args.device)
     log = Log(args.quiet)

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
+from ..frequency import power_law_spectrum
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
@@ -92,8 +93,6 @@ class Prior(nn.Module):
 
     def spectrum(self, h: int, w: int) -> Tensor:
         """(h, w) power spectrum of the prior's images, from ``power_law`` (or a wrapped prior's)."""
-        from ..frequency import power_law_spectrum
-
         if self.power_law is not None:
             amplitude, alpha = (torch.tensor([float(v)], dtype=torch.float64) for v in self.power_law)
             return power_law_spectrum(amplitude, alpha, (h, w))[0, 0]

@@ -51,6 +51,7 @@ from .base import Prior, TiledPrior, reflect_pad
 from .default import default_prior_path, load_prior
 from .report_markdown import markdown
 from .training_data import HELDOUT_IMAGES, TRAIN_IMAGES, center_crop, load_skimage_image
+from ..bench.instruments import machine_description
 
 SIGMAS = (0.05, 0.1, 0.2)
 #: training photos used to tune the baselines: documents and the near-black deep field left out
@@ -123,8 +124,6 @@ def training_job_pids() -> list[int]:
 
 def machine_info() -> dict:
     """The machine the timings ran on, its load, and the training jobs sharing it."""
-    from ..bench.instruments import machine_description
-
     return {
         "cpu": machine_description().get("cpu"),  # the CPU model (timings compare within one)
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from ..frequency import fit_power_law
 
 #: skimage.data photographs used for training (gray ones are replicated to RGB).
 TRAIN_IMAGES = (
@@ -83,8 +84,6 @@ def images_power_law(images: Sequence[np.ndarray], crop: int = 64, per_image: in
     was trained on.
     """
     import torch
-
-    from ..frequency import fit_power_law
 
     rng = np.random.default_rng(seed)
     size = min(crop, *(min(im.shape[:2]) for im in images))

@@ -30,6 +30,7 @@ import torch
 
 from .. import io as nio
 from .leaves import DEFAULT_SYNTHETIC, SYNTHETIC, synthetic_image
+from ..priors.training_data import HELDOUT_IMAGES, TRAIN_IMAGES, load_skimage_image
 
 BUILTIN = "builtin"
 DEFAULT_SCALES = (1.0, 0.75, 0.5)
@@ -169,8 +170,6 @@ def load_folder(folder: str | Path, channels: int | None, crop: int, holdout: fl
 
 def load_builtin(channels: int | None) -> TrainingData:
     """The package photos: TRAIN_IMAGES for training, HELDOUT_IMAGES held out (channels None: 3)."""
-    from ..priors.training_data import HELDOUT_IMAGES, TRAIN_IMAGES, load_skimage_image
-
     channels = channels or 3
     train = [(n, to_channels(load_skimage_image(n), channels)) for n in TRAIN_IMAGES]
     heldout = [(n, to_channels(load_skimage_image(n), channels)) for n in HELDOUT_IMAGES]

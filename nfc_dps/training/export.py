@@ -28,6 +28,9 @@ from ..priors.archs import size_independent
 from ..priors.base import Prior, reflect_pad
 from ..priors.diffusers_prior import PRIOR_CONFIG_NAME
 from ..priors.training_data import center_crop
+from ..priors.archs import ARCHS, DEFAULT_ARCH, unet_config
+from ..priors.diffusers_prior import _find_unet_dir, _read_json
+from .data import TrainingError
 
 EVAL_SIGMAS = (0.05, 0.1, 0.2)
 INFO_NAME = "train_info.json"
@@ -104,10 +107,6 @@ def init_network_keys(folder: str | Path) -> dict:
 
     A TrainingError naming the file when it is not an EDM prior of a design train-prior builds.
     """
-    from ..priors.archs import ARCHS, DEFAULT_ARCH, unet_config
-    from ..priors.diffusers_prior import _find_unet_dir, _read_json
-    from .data import TrainingError
-
     folder = Path(folder)
     try:
         unet_dir = _find_unet_dir(folder)
@@ -141,9 +140,6 @@ def _as_list(v: object) -> object:
 def load_init_weights(net: torch.nn.Module, folder: str | Path, arch: str) -> None:
     """Copy the weights of prior folder ``folder`` into ``net`` (same design; checked by name and shape)."""
     from diffusers import UNet2DModel
-
-    from ..priors.diffusers_prior import _find_unet_dir
-    from .data import TrainingError
 
     unet_dir = _find_unet_dir(Path(folder))
     try:

@@ -44,6 +44,8 @@ from .export import EVAL_SIGMAS, INFO_NAME, evaluate_heldout, export_prior, init
 from .leaves import DEFAULT_SYNTHETIC, SYNTHETIC
 from .plot import read_loss_csv, render_loss_png
 from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, write_state
+from ..locking import FolderBusy, folder_lock
+from ..priors.default import load_prior
 
 LOSS_CSV, LOSS_PNG, HELDOUT_CSV, CONFIG_JSON = "loss.csv", "loss.png", "heldout.csv", "train_config.json"
 LOSS_FIELDS = ["step", "loss", "seconds", "crops_per_s"]
@@ -248,14 +250,11 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TrainingError(f"--workdir {workdir}: cannot create it ({e.strerror or e})") from e
-    from ..cli.common import UsageError
-    from ..cli.outputs import folder_lock
-
     try:
         with contextlib.ExitStack() as stack:
             try:  # one run per work folder (the lock restore takes on its output folder)
                 stack.enter_context(folder_lock(workdir))
-            except UsageError as e:
+            except FolderBusy as e:
                 raise TrainingError(f"--workdir {workdir}: {e}") from None
             return _train_locked(cfg, workdir, log, warn)
     except TrainingError:
@@ -400,8 +399,6 @@ def _train_locked(cfg: TrainConfig, workdir: Path, log: Callable[[str], None], w
         last["saving"] = False
 
     def do_export() -> None:
-        from ..priors.default import load_prior
-
         if not power_law:
             power_law.extend(images_power_law([im for _, im in data.train]))
         info = {"step": step, "data": data.source, "train_images": len(data.train),
