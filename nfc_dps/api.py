@@ -32,6 +32,8 @@ from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
 from .samplers import counting, get_config, get_method, override_config
 from .priors.default import load_prior
+from .config import _validate_overrides
+from .conformal import load_calibration, prior_fingerprint
 
 
 @dataclass
@@ -320,8 +322,6 @@ def restore(
             raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
         hook["timer"] = timer
     if overrides:  # the types of config files and --set: num_levels=2.5 is refused naming the key
-        from .config import _validate_overrides
-
         get_method(method)
         overrides = _validate_overrides(method, preset if config is None else None, overrides,
                                         {k: f"restore({k}=...)" for k in overrides})
@@ -330,8 +330,6 @@ def restore(
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
                          f"the same); for posterior samples and a std map use preset='fast'")
     if calibration is not None:
-        from .conformal import load_calibration, prior_fingerprint
-
         calibration = load_calibration(calibration)
         calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
                           noise_sigma=sigma_y, factor=operator.downsampling_factor)

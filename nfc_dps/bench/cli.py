@@ -26,6 +26,9 @@ from .runner import run
 from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec
 from ..priors.diffusers_prior import PRECISIONS
 from ..config import parse_scalar
+from .spec import task_specs
+from .report import run_report
+from .mixture import run_mixture
 
 
 def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
@@ -135,8 +138,6 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         if unknown:
             raise ValueError(f"--methods {','.join(unknown)}: the oracle protocol runs {','.join(allowed)}")
     elif protocol != "mixture" or args.profile:
-        from .spec import task_specs
-
         known = task_specs("paper" if protocol == "paper" else "local", 64, "circular")
         unknown = [t for t in tasks if t not in known]
         if unknown:
@@ -164,8 +165,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run the profile, the oracle, the mixture protocol or the grid; 0, or 2 with a one-line error."""
     try:
         if getattr(args, "action", "run") == "report":
-            from .report import run_report
-
             return run_report(args.root, check=args.check)
         spec = spec_from_args(args)
         if args.threads:
@@ -175,8 +174,6 @@ def run_from_args(args: argparse.Namespace) -> int:
         elif spec.protocol == "oracle":
             run_oracle(spec)
         elif spec.protocol == "mixture":
-            from .mixture import run_mixture
-
             run_mixture(spec)
         else:
             run(spec)

@@ -19,6 +19,7 @@ from ..io import atomic_write_bytes, atomic_write_text
 from .instruments import save_png
 from .spec import BenchSpec, TaskSpec, seed_name
 from ..operators import BlurOperator, Denoising, Inpainting, build_operator
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 
 
 def _center_crop_zoom(img: np.ndarray, size: int, zoom: int) -> np.ndarray:
@@ -65,8 +66,6 @@ def load_images(spec: BenchSpec) -> list[tuple[str, np.ndarray]]:
     elif spec.protocol == "paper":
         raise ValueError("the paper protocol needs --images DIR (e.g. FFHQ 256 validation images)")
     else:
-        from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
-
         names = spec.image_names or HELDOUT_IMAGES
         imgs = [(n, _center_crop_zoom(load_skimage_image(n), spec.size, spec.zoom)) for n in names]
     if spec.num_images:

@@ -36,6 +36,7 @@ import numpy as np
 from .spec import DEFAULT_TASKS
 from .tables import group_rows, load_results, mean_std, numbers
 from .calibration import read_calibration_csv
+from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
 TASK_LABELS = {"sr_bicubic": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
@@ -456,8 +457,6 @@ def update_pages(root: Path, pages: Sequence[str] = PAGES, check: bool = False,
         if new != old:
             changed.append(page)
             if not check:
-                from ..io import atomic_write_text
-
                 atomic_write_text(page, new)
     return changed
 

@@ -29,6 +29,7 @@ from .tables import PartWriter, all_rows, is_failed, merge_results, result_row, 
 from ..priors.default import load_prior
 from ..api import restore
 from ..baselines import restore_classical
+from ..operators import build_operator
 
 
 def prior_record(path: str | None) -> dict[str, Any]:
@@ -165,8 +166,6 @@ def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, s
         writer.close()
     # applicability notes are cheap to recompute for the summary (jobs of every rank)
     if d.rank == 0:
-        from ..operators import build_operator
-
         for t in spec.tasks:
             ts = all_tasks[t]
             op = build_operator(ts.name, spec.size, 0, **ts.params)

@@ -31,6 +31,8 @@ from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sa
 from ..samplers import METHODS
 from ..conformal import CalibrationError, load_calibration
 from .. import api
+from ..conformal import prior_fingerprint
+from ..samplers.common import PriorRangeError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -244,8 +246,6 @@ def cmd_restore(args) -> int:
         if first is not None:
             check_prior_fits(prior, first[0].name, first[1])
         if args.calibration_loaded is not None:
-            from ..conformal import CalibrationError, prior_fingerprint
-
             try:
                 args.calibration_loaded.check(spec.method, spec.build(), samples, prior_fingerprint(prior))
             except CalibrationError as e:
@@ -433,8 +433,6 @@ class RestoreRun:
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e
-            from ..samplers.common import PriorRangeError
-
             if isinstance(e, PriorRangeError):  # the method and the prior do not fit: every image would fail
                 raise UsageError(f"--method {self.spec.method} with this prior: {e}") from e
             if len(jobs) > 1:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy import ndimage
+from ..priors.training_data import dead_leaves
 
 #: the procedural generators of ``train-prior --synthetic``
 SYNTHETIC = ("dead_leaves", "textured")
@@ -254,7 +255,5 @@ def synthetic_image(kind: str, size: int, rng: np.random.Generator) -> np.ndarra
     if kind == "textured":
         return textured_leaves(size, rng)
     if kind == "dead_leaves":
-        from ..priors.training_data import dead_leaves
-
         return dead_leaves(size, rng)
     raise ValueError(f"unknown synthetic image kind {kind!r}; expected one of {', '.join(SYNTHETIC)}")
