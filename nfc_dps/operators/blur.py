@@ -1,4 +1,4 @@
-"""Blur (convolution) operator with circular or mirror-reflect boundaries.
+"""Blur (convolution) operator with circular, mirror-reflect or unknown ("valid") boundaries.
 
 Convention: **true convolution** (as ``scipy.ndimage.convolve``), one 2-D kernel shared by all
 channels, kernel centre at ``(kh // 2, kw // 2)``:
@@ -14,9 +14,18 @@ with out-of-range indices resolved by the boundary rule. The output has the inpu
   which is what DPS's ``nn.ReflectionPad2d`` does and scipy calls ``mode="mirror"``. Implemented
   as: gather the mirror-padded image, linear convolution on the padded grid by FFT, crop. Its
   adjoint is exact (zero-embed, correlate with the kernel on the padded grid, fold the padding
-  back onto the pixels it copied). Prox and pinv use conjugate gradients (base class), so
-  they are approximate for ill-conditioned kernels (see ``prox``'s max_iter / tol). Pads
-  larger than the image reflect repeatedly, as scipy does.
+  back onto the pixels it copied). Prox and pinv use conjugate gradients, so they are
+  approximate (see ``prox``'s max_iter / tol). Pads larger than the image reflect repeatedly, as
+  scipy does. The FFTs run on grids of fast lengths (:func:`fast_fft_size`).
+* ``boundary="valid"``: nothing is assumed beyond the border. The measurement is the part of the
+  convolution that the image fully determines (scipy ``convolve2d(mode="valid")``): an (H, W)
+  image gives an (H - kh + 1, W - kw + 1) measurement, and the image that a measurement of (h, w)
+  restores is (h + kh - 1, w + kw - 1): the measured scene plus a band of (kh - 1) // 2 px (top)
+  / kh // 2 (bottom), likewise for columns, that the blur mixed into the measured pixels. This is
+  how a photograph is blurred (the scene continues past the frame). Measurement pixel (i, j) sits
+  over image pixel (i + kh - 1 - kh // 2, j + kw - 1 - kw // 2). Implemented by FFT on the image
+  grid (the valid part never wraps); prox and pinv by conjugate gradients preconditioned with the
+  circular blur's closed form.
 
 DPS itself applies a cross-correlation; for the symmetric Gaussian kernel this is the same, for a
 random motion kernel it is the kernel rotated by 180 degrees (same distribution).
@@ -31,12 +40,16 @@ import torch
 from torch import Tensor
 
 from ..frequency import fourier_gaussian_mean
-from .base import LinearOperator, check_image, prox_scales
+from .base import LinearOperator, check_image, conjugate_gradient, prox_scales
 from .kernels import normalize_kernel
 
-__all__ = ["BlurOperator", "mirror_indices"]
+__all__ = ["BlurOperator", "fast_fft_size", "mirror_indices"]
 
-_BOUNDARIES = ("circular", "reflect")
+_BOUNDARIES = ("circular", "reflect", "valid")
+#: relative residual at which the conjugate-gradient prox of a reflect or valid blur stops: tight
+#: enough that NFC's and DPIR's restorations keep the PSNR of a converged solve, loose enough that
+#: the solve costs a fraction of a network call
+PROX_TOL = 1e-4
 
 
 def mirror_indices(n: int, before: int, after: int) -> np.ndarray:
@@ -52,6 +65,20 @@ def mirror_indices(n: int, before: int, after: int) -> np.ndarray:
     return np.where(idx >= n, period - idx, idx)
 
 
+def fast_fft_size(n: int) -> int:
+    """The smallest m >= n whose prime factors are 2, 3 and 5: an FFT length that is fast (a prime
+    factor such as 79 in 316 = 4 * 79 makes an FFT several times slower)."""
+    m = max(int(n), 1)
+    while True:
+        k = m
+        for p in (2, 3, 5):
+            while k % p == 0:
+                k //= p
+        if k == 1:
+            return m
+        m += 1
+
+
 def _complex_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.complex128 if dtype == torch.float64 else torch.complex64
 
@@ -61,7 +88,8 @@ class BlurOperator(LinearOperator):
 
     Args:
         kernel: (kh, kw) tensor or array; normalised to sum 1 (its sum must be positive).
-        boundary: ``"circular"`` (FFT, circulant) or ``"reflect"`` (mirror padding as DPS).
+        boundary: ``"circular"`` (FFT, circulant), ``"reflect"`` (mirror padding as DPS) or
+            ``"valid"`` (the scene beyond the border unknown: the measurement is smaller).
     """
 
     name = "blur"
@@ -88,8 +116,15 @@ class BlurOperator(LinearOperator):
 
     def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor:
         """Circular: the exact |H|^2. Reflect: those of the circular blur with the same kernel; the
-        two operators differ only within the kernel's half-width of the border."""
-        return self._embedded_fft(int(h), int(w), True, torch.float64, None).abs().square().flatten()
+        two operators differ only within the kernel's half-width of the border. Valid: those too,
+        with the smallest set to 0 so that as many are nonzero as there are measurements (the rank
+        of A)."""
+        gram = self._embedded_fft(int(h), int(w), True, torch.float64, None).abs().square().flatten()
+        if self.boundary != "valid":
+            return gram
+        mh, mw = self.measurement_shape((int(h), int(w)))
+        order = torch.argsort(gram, descending=True)
+        return gram.clone().index_fill_(0, order[mh * mw:], 0.0)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "kernel_shape": list(self.kernel.shape), "boundary": self.boundary}
@@ -136,10 +171,20 @@ class BlurOperator(LinearOperator):
             raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
 
     def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(image_shape)
+        if self.boundary != "valid":
+            return tuple(image_shape)
+        kh, kw = self._k64.shape
+        h, w = image_shape[-2] - kh + 1, image_shape[-1] - kw + 1
+        if h < 1 or w < 1:
+            raise ValueError(f"boundary='valid' needs an image at least as large as the {kh}x{kw} kernel, "
+                             f"got {tuple(image_shape[-2:])}")
+        return (*image_shape[:-2], h, w)
 
     def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(measurement_shape)
+        if self.boundary != "valid":
+            return tuple(measurement_shape)
+        kh, kw = self._k64.shape
+        return (*measurement_shape[:-2], measurement_shape[-2] + kh - 1, measurement_shape[-1] + kw - 1)
 
     def _pads(self) -> tuple[int, int, int, int]:
         kh, kw = self._k64.shape
@@ -164,11 +209,20 @@ class BlurOperator(LinearOperator):
             X = torch.fft.rfft2(x)
             return torch.fft.irfft2(X * self._half(h, w, True, x), s=(h, w))
         kh, kw = self._k64.shape
+        if self.boundary == "valid":  # linear convolution of the image; its valid part
+            self.measurement_shape(x.shape)
+            return self._linear_valid(x)
         ih, iw = self._mirror(h, w, x.device)
-        xp = x.index_select(-2, ih).index_select(-1, iw)
+        return self._linear_valid(x.index_select(-2, ih).index_select(-1, iw))
+
+    def _linear_valid(self, xp: Tensor) -> Tensor:
+        """The valid part of the linear convolution of xp with the kernel, (ph - kh + 1, pw - kw + 1),
+        by FFT on a grid of at least (ph, pw) (the valid part never wraps) of fast length."""
+        kh, kw = self._k64.shape
         ph, pw = xp.shape[-2:]
-        full = torch.fft.irfft2(torch.fft.rfft2(xp) * self._half(ph, pw, False, x), s=(ph, pw))
-        return full[..., kh - 1:, kw - 1:]
+        gh, gw = fast_fft_size(ph), fast_fft_size(pw)
+        full = torch.fft.irfft2(torch.fft.rfft2(xp, s=(gh, gw)) * self._half(gh, gw, False, xp), s=(gh, gw))
+        return full[..., kh - 1:ph, kw - 1:pw]
 
     def A_adjoint(self, y: Tensor) -> Tensor:
         self._check(y, "y")
@@ -177,19 +231,28 @@ class BlurOperator(LinearOperator):
             Y = torch.fft.rfft2(y)
             return torch.fft.irfft2(Y * self._half(h, w, True, y).conj(), s=(h, w))
         kh, kw = self._k64.shape
-        ih, iw = self._mirror(h, w, y.device)
         ph, pw = h + kh - 1, w + kw - 1
-        yp = torch.nn.functional.pad(y, (kw - 1, 0, kh - 1, 0))
-        zp = torch.fft.irfft2(torch.fft.rfft2(yp) * self._half(ph, pw, False, y).conj(), s=(ph, pw))
+        gh, gw = fast_fft_size(ph), fast_fft_size(pw)
+        # zero-embed y where A's valid part sits, correlate with the kernel (the conjugate transfer
+        # function) on a fast grid of at least (ph, pw): the correlation reaches back kh - 1 rows
+        # and kw - 1 columns, into the zeros, never around the grid
+        yp = torch.nn.functional.pad(y, (kw - 1, gw - pw, kh - 1, gh - ph))
+        zp = torch.fft.irfft2(torch.fft.rfft2(yp) * self._half(gh, gw, False, y).conj(), s=(gh, gw))[..., :ph, :pw]
+        if self.boundary == "valid":
+            return zp
+        ih, iw = self._mirror(h, w, y.device)
         out = y.new_zeros((*y.shape[:-1], pw)).index_add_(-2, ih, zp)
         return y.new_zeros(y.shape).index_add_(-1, iw, out)
 
     def A_pinv(self, y: Tensor, rcond: float | None = None) -> Tensor:
         """Pseudo-inverse. Circular: closed form in Fourier, frequencies with
         |H| <= rcond * max|H| are dropped (default rcond = sqrt(eps) of y's dtype: truncation and
-        round-off errors of A A^+ A then both stay ~sqrt(eps)). Reflect: conjugate gradients."""
+        round-off errors of A A^+ A then both stay ~sqrt(eps)). Reflect and valid: the base class's
+        unpreconditioned conjugate gradients (100 iterations from 0: an early-stopped, so
+        regularised, pseudo-inverse)."""
         if self.boundary != "circular":
-            return super().A_pinv(y)
+            z = torch.zeros(self.image_shape(y.shape), dtype=y.dtype, device=y.device)
+            return LinearOperator.prox(self, y, z, 1.0, 1e4)
         self._check(y, "y")
         h, w = y.shape[-2:]
         H = self._half(h, w, True, y)
@@ -201,14 +264,17 @@ class BlurOperator(LinearOperator):
         return torch.fft.irfft2(torch.fft.rfft2(y) * inv, s=(h, w))
 
     def prox(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor,
-             max_iter: int = 100, tol: float = 1e-6) -> Tensor:
+             max_iter: int = 100, tol: float = PROX_TOL) -> Tensor:
         """argmin_x ||y - A x||^2/(2 sigma_y^2) + ||x - z||^2/(2 r^2).
 
-        Circular: exact, by FFT (max_iter and tol unused; r = inf allowed). Reflect: conjugate
-        gradients (base class; a circulant preconditioner was measured not to help here).
+        Circular: exact, by FFT (max_iter and tol unused; r = inf allowed). Reflect and valid:
+        conjugate gradients from z, preconditioned by the circular blur's closed form
+        (|H|^2 / sigma_y^2 + 1 / r^2)^-1 on the image grid, until the residual is below ``tol``
+        times the right-hand side or for ``max_iter`` iterations (r = inf: unpreconditioned).
+        The default ``tol`` (:data:`PROX_TOL`) is what a restoration needs, not machine precision.
         """
         if self.boundary != "circular":
-            return super().prox(y, z, sigma_y, r, max_iter, tol)
+            return self._prox_cg(y, z, sigma_y, r, max_iter, tol)
         self._check(y, "y")
         self._check(z, "z")
         if y.shape != z.shape:
@@ -219,3 +285,19 @@ class BlurOperator(LinearOperator):
         H = self._half(h, w, True, z)
         X = fourier_gaussian_mean(H, torch.fft.rfft2(y), s2, prior_mean=torch.fft.rfft2(z), prior_precision=inv_r2)
         return torch.fft.irfft2(X, s=(h, w))
+
+    def _prox_cg(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor, max_iter: int,
+                 tol: float) -> Tensor:
+        self._check(y, "y")
+        self._check(z, "z")
+        if tuple(y.shape) != tuple(self.measurement_shape(z.shape)):
+            raise ValueError(f"y {tuple(y.shape)} is not the measurement of z {tuple(z.shape)} for this blur")
+        s2, r2 = prox_scales(sigma_y, r, z)
+        if bool(torch.isinf(r2).any()):
+            return LinearOperator.prox(self, y, z, sigma_y, r, max_iter, tol)
+        h, w = z.shape[-2:]
+        gram = self._half(h, w, True, z).abs().square()
+        gain = 1.0 / (gram / s2 + 1.0 / r2)  # (B, 1, h, w // 2 + 1)
+        rhs = self.A_adjoint(y) / s2 + z / r2
+        return conjugate_gradient(lambda v: self.normal(v) / s2 + v / r2, rhs, z.clone(), max_iter, tol,
+                                  precondition=lambda v: torch.fft.irfft2(torch.fft.rfft2(v) * gain, s=(h, w)))
