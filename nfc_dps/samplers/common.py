@@ -20,7 +20,7 @@ from torch import Tensor
 from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
 from ..priors.base import Prior, PriorWrapper
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas
-from .gaussian_step import gaussian_conditional, pixel_coverage
+from .gaussian_step import blur_wiener_estimate, gaussian_conditional, is_nonwrapping_blur, pixel_coverage
 
 Callback = Callable[[dict[str, Any]], None] | None
 
@@ -129,7 +129,9 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     * ``wiener``: the linear MMSE estimate E[x | y] under x ~ N(m, C), C = F* diag(S) F with
       ``spectrum`` S (B|1, 1, H, W) (a power law: the prior's or the measurement's): a Wiener
       filter for circulant blur, a smooth interpolation of the holes for inpainting; conjugate
-      gradients (``START_CG_ITERATIONS``) where there is no closed form.
+      gradients (``START_CG_ITERATIONS``) where there is no closed form. For a blur that does not
+      wrap (reflect or valid boundary) C is stationary on the image's mirror extension instead,
+      so that it does not join opposite borders either (``gaussian_step.blur_wiener_estimate``).
     Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
     """
     if kind == "pinv":
@@ -154,6 +156,8 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     # largest finite power leaves the mean to the data just as well
     finite = torch.where(torch.isinf(spectrum), torch.zeros_like(spectrum), spectrum)
     spectrum = torch.where(torch.isinf(spectrum), finite.flatten(1).amax(1).view(-1, 1, 1, 1) * 1e3, spectrum)
+    if is_nonwrapping_blur(operator):  # a blur that does not wrap: nor may the prior
+        return blur_wiener_estimate(operator, y, level, sigma_y, spectrum, START_CG_ITERATIONS)
     return gaussian_conditional(operator, y, level, sigma_y, spectrum, None, sample=False,
                                 cg_iters=START_CG_ITERATIONS, coverage=pixel_coverage(operator, like))
 

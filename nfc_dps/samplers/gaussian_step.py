@@ -214,3 +214,68 @@ def normal_preconditioner(coverage: PixelCoverage, prior_var: Tensor, sigma_y: f
         return lambda v: fourier_filter(v, approx_inv)
     rest = 1 - wide
     return lambda v: rest * fourier_filter(rest * v, approx_inv) + wide * fourier_filter(wide * v, prior_var)
+
+
+def is_nonwrapping_blur(operator: LinearOperator) -> bool:
+    """A blur whose boundary does not wrap (reflect or valid), on the image grid itself: it declares
+    a kernel, is not circulant and is not a padded canvas (``image_region``), which keeps the
+    periodic treatment of its inner operator."""
+    return operator.blur_kernel() is not None and not operator.is_circulant and operator.image_region() is None
+
+
+def _mirror_extension(n: int) -> Tensor:
+    """Source index of each sample of a length-n axis extended by mirroring to its period
+    2(n - 1) (``d c b | a b c d | c b``): a periodic signal with no jump anywhere."""
+    from ..operators.blur import mirror_indices
+
+    return torch.from_numpy(mirror_indices(n, 0, max(n - 2, 0)))
+
+
+def _spectrum_on_grid(spectrum: Tensor, gh: int, gw: int) -> Tensor:
+    """A spectrum given on an (h, w) FFT grid read on a (gh, gw) one at the nearest frequency (the
+    power spectrum of a stationary process, orthonormal FFT, does not depend on the grid size)."""
+    h, w = spectrum.shape[-2:]
+
+    def nearest(n: int, g: int) -> Tensor:
+        f = torch.fft.fftfreq(g, dtype=torch.float64)  # cycles per sample
+        return torch.round(f * n).long() % n
+
+    return spectrum.index_select(-2, nearest(h, gh).to(spectrum.device)).index_select(-1, nearest(w, gw).to(spectrum.device))
+
+
+def mirrored_prior_precision(spectrum: Tensor, h: int, w: int) -> Callable[[Tensor], Tensor]:
+    """v -> Q v, the precision of a stationary Gaussian prior with power spectrum S seen on the
+    image's mirror extension (period 2(h - 1) x 2(w - 1)) rather than on its own periodic grid:
+    Q = E^T F^-1 diag(1 / S) F E / 4, E the extension (four copies of each interior pixel). The
+    periodic grid's prior joins each border to the opposite one and so penalises the jump between
+    them; a photograph's opposite borders are unrelated, and a non-circulant blur measures them as
+    such. ``spectrum`` (B|1, 1, h, w), finite and > 0."""
+    ih, iw = _mirror_extension(h).to(spectrum.device), _mirror_extension(w).to(spectrum.device)
+    gh, gw = ih.numel(), iw.numel()
+    inv = 1.0 / _spectrum_on_grid(spectrum, gh, gw)[..., : gw // 2 + 1]
+
+    def apply(v: Tensor) -> Tensor:
+        ext = v.index_select(-2, ih).index_select(-1, iw)
+        out = torch.fft.irfft2(torch.fft.rfft2(ext, norm="ortho") * inv, s=(gh, gw), norm="ortho")
+        rows = v.new_zeros((*v.shape[:-2], h, gw)).index_add_(-2, ih, out)
+        return v.new_zeros(v.shape).index_add_(-1, iw, rows) / 4.0
+
+    return apply
+
+
+def blur_wiener_estimate(operator: LinearOperator, y: Tensor, level: Tensor, sigma_y: float, spectrum: Tensor,
+                         max_iter: int, tol: float = 1e-5) -> Tensor:
+    """E[x | y] for a blur that does not wrap (:func:`is_nonwrapping_blur`) under
+    x ~ N(level, Q^-1) with Q :func:`mirrored_prior_precision`: conjugate gradients on
+    (A^T A / sigma_y^2 + Q) x = A^T y / sigma_y^2 + Q level, preconditioned by the circulant
+    Wiener filter (|H|^2 / sigma_y^2 + 1 / S)^-1 of the circular blur with the same kernel.
+    ``level`` (B, C, H, W), ``spectrum`` (B|1, 1, H, W) finite and > 0."""
+    from ..operators.blur import BlurOperator
+
+    h, w = level.shape[-2:]
+    q = mirrored_prior_precision(spectrum, h, w)
+    gram = BlurOperator(operator.blur_kernel(), "circular").transfer_function(h, w, level.dtype, level.device).abs().square()
+    gain = 1.0 / (gram / sigma_y**2 + 1.0 / spectrum)
+    rhs = operator.A_adjoint(y) / sigma_y**2 + q(level)
+    return conjugate_gradient(lambda v: operator.normal(v) / sigma_y**2 + q(v), rhs, level.clone(), max_iter=max_iter,
+                              tol=tol, precondition=lambda v: fourier_filter(v, gain))

@@ -60,6 +60,7 @@ from .gaussian_step import (
     fit_spectrum_from_measurement,
     gram_eigenvalues_for_matching,
     gaussian_conditional,
+    is_nonwrapping_blur,
     pixel_coverage,
     spectral_crossing,
     spectral_prior_variance,
@@ -101,7 +102,8 @@ class NFCConfig(StepConfig):
     law the prior declares, or the Gaussian oracle's true spectrum) or "auto": the prior's exact
     spectrum when it has one (the Gaussian oracle); else the measurement's when the inner step
     is a conditional mean (``inner_temperature`` 0) and the operator observes every pixel (blur,
-    SR, denoising: A^+ y is a whole image to fit); else the prior's declared law, or the
+    SR, denoising: A^+ y is a whole image to fit), except a blur that does not wrap (reflect or
+    valid boundary: its A^+ y is an early-stopped solve); else the prior's declared law, or the
     measurement's when it declares none. The fit is to the unregularised A^+ y, so on a blur it
     also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat (docs/benchmarks.md
     compares the sources).
@@ -398,7 +400,9 @@ def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, 
         region = operator.image_region()
         if region is not None:  # the padding to the prior's size multiple is not the image
             gain = gain[..., : region[0], : region[1]]
-        if bool((gain > 0).all()):
+        # a blur that does not wrap has no closed-form A^+: its A^+ y is an early-stopped solve whose
+        # noise the fit would take for image power (on motion blur, a start that amplifies noise)
+        if bool((gain > 0).all()) and not is_nonwrapping_blur(operator):
             source = "measurement"
     if source in ("prior", "auto"):
         try:
