@@ -400,6 +400,8 @@ def _full_disk(monkeypatch, name: str) -> None:
         return real(path, data)
 
     monkeypatch.setattr(nio, "atomic_write_bytes", write)
+    # and where it is defined, which write_json, write_image, ... call
+    monkeypatch.setattr(sys.modules[real.__module__], "atomic_write_bytes", write)
 
 
 def test_full_disk_is_a_clear_error_that_keeps_finished_work(tmp_path, prior_dir, monkeypatch, capsys):

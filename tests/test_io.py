@@ -169,7 +169,7 @@ def test_exif_orientation_matches_pillow(tmp_path, orientation):
 
 def test_16bit_png_orientation_uses_same_rule(tmp_path):
     """The own decoder's orientation matches Pillow's exif_transpose on the 8-bit equivalent."""
-    from nfc_dps.io import _orient
+    from nfc_dps.io.images import _orient
     from PIL import ImageOps
 
     a = (np.random.default_rng(1).random((3, 5, 3)) * 255).astype(np.uint8)
@@ -186,7 +186,7 @@ def test_16bit_png_and_tiff_apply_their_orientation(tmp_path, orientation):
     with tifffile) turn the pixels as for 8-bit files, and the info says which orientation."""
     import tifffile
 
-    from nfc_dps.io import _orient
+    from nfc_dps.io.images import _orient
 
     a = np.random.default_rng(2).random((4, 6, 3))
     write_image(tmp_path / "a.png", a, bit_depth=16)
