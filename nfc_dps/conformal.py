@@ -135,15 +135,25 @@ def interval(mean: Any, std: Any, q: float, eps: float = DEFAULT_EPS) -> tuple[A
 
 
 def prior_fingerprint(prior: Any) -> str:
-    """16 hex digits over a prior's class and its state dict (names, dtypes, shapes, values): the
-    same weights give the same fingerprint wherever they are loaded from."""
+    """16 hex digits over what a prior computes: its class, its declared range, channels and size
+    multiple, its own description (``extra_repr``: e.g. a wrapped function's settings), the
+    qualified names of the functions it wraps, and its state dict (names, dtypes, shapes, values).
+    The same weights give the same fingerprint wherever they are loaded from."""
     h = hashlib.sha256(type(prior).__qualname__.encode())
+    declared = [getattr(prior, k, None) for k in ("sigma_min", "sigma_max", "channels", "size_multiple",
+                                                  "denoiser_only")]
+    h.update(repr(declared).encode())
+    h.update(prior.extra_repr().encode() if hasattr(prior, "extra_repr") else b"")
+    for value in vars(prior).values():
+        if callable(value) and not isinstance(value, torch.nn.Module):  # a wrapped function, e.g. DenoiserPrior's fn
+            h.update(f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+                     .encode())
     state = prior.state_dict() if hasattr(prior, "state_dict") else {}
     for name in sorted(state):
         t = state[name]
         if isinstance(t, torch.Tensor):
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
                      if t.numel() else b"")
     return h.hexdigest()[:16]
 

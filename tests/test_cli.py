@@ -254,7 +254,7 @@ def _cases(tmp_path: Path, prior: str):
     return {
         "no task": (base + ["-o", out], "--task"),
         "unknown task": (base + ["-o", out, "--task", "deblurr"], "invalid choice"),
-        "output is input": (base + ["-o", str(inp), "--task", "denoise"], "is the output folder"),
+        "output is input": (base + ["-o", str(inp), "--task", "denoise"], "(folder) is the output folder"),
         "output not writable": (base + ["-o", str(tmp_path / "afile" / "sub"), "--task", "denoise"], "not writable"),
         "bad config key": (base + ["-o", out, "--config", str(tmp_path / "bad.yaml")], "noise_sigmaa"),
         "bad --set": (base + ["-o", out, "--task", "denoise", "--set", "num_levelz=2"], "num_levelz"),
@@ -792,7 +792,7 @@ def test_output_folder_may_not_be_the_mask_or_kernel_folder(tmp_path, prior_dir,
     before = (masks / "im0.png").read_bytes()
     assert run("restore", "-i", tmp_path / "in", "-o", masks, "--task", "inpaint_mask", "--mask", masks,
                prior=prior_dir) == 2
-    assert f"--mask {masks} is the output folder" in capsys.readouterr().err
+    assert f"--mask {masks} (folder) is the output folder" in capsys.readouterr().err
     assert (masks / "im0.png").read_bytes() == before
 
 

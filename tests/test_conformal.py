@@ -432,3 +432,28 @@ def test_cli_interval_names_may_not_overwrite_another_restoration(tmp_path, prio
     assert _cli("restore", "-i", folder, "-o", tmp_path / "out", "--task", "denoise", "--preset", "fast", "--steps", 2,
                 "--prior", prior, "--samples", 2, "--calibration", tmp_path / "cal.json") == 2
     assert "would overwrite the restoration of im0_lower" in capsys.readouterr().err
+
+
+def test_the_prior_fingerprint_takes_scalar_buffers_and_tells_function_priors_apart():
+    from nfc_dps.conformal import prior_fingerprint
+    from nfc_dps.priors import DenoiserPrior
+
+    class Normed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm2d(3)  # holds a 0-d buffer (num_batches_tracked)
+
+        def forward(self, x, sigma):
+            return self.norm(x)
+
+    def smooth(x, sigma):
+        return x
+
+    def sharpen(x, sigma):
+        return x
+
+    assert len(prior_fingerprint(DenoiserPrior(Normed(), 0.2))) == 16
+    prints = {prior_fingerprint(DenoiserPrior(smooth, 0.2)), prior_fingerprint(DenoiserPrior(sharpen, 0.2)),
+              prior_fingerprint(DenoiserPrior(smooth, 0.3)), prior_fingerprint(DenoiserPrior(smooth, 0.2, channels=1))}
+    assert len(prints) == 4
+    assert prior_fingerprint(DenoiserPrior(smooth, 0.2)) == prior_fingerprint(DenoiserPrior(smooth, 0.2))

@@ -30,7 +30,7 @@ def test_simulate_refuses_an_input_inside_its_output_folder(tmp_path, capsys, su
     code = run("simulate", "-i", photos, "-o", tmp_path / "p", "--task", task)
     err = capsys.readouterr().err
     assert code == 2, err
-    assert f"--input {photos} lies inside the output folder" in err and "Traceback" not in err
+    assert f"--input {photos} (folder) lies in {sub}/ of the output folder" in err and "Traceback" not in err
     assert _bytes(photos) == before
 
 
@@ -42,7 +42,7 @@ def test_restore_refuses_its_own_std_folder_as_input(tmp_path, prior_dir, capsys
     before = _bytes(out / "std")
     assert run("restore", "-i", out / "std", "-o", out, "--task", "denoise", "--preset", "fast",
                "--samples", "2", prior=prior_dir) == 2
-    assert "lies inside the output folder" in capsys.readouterr().err
+    assert "(folder) lies in std/ of the output folder" in capsys.readouterr().err
     assert _bytes(out / "std") == before
 
 
@@ -51,14 +51,28 @@ def test_ground_truth_folder_as_output_is_named_as_such(tmp_path, prior_dir, cap
     gt = tmp_path / "gt"
     make_images(gt, 1)
     assert run("restore", "-i", tmp_path / "in", "-o", gt, "--gt", gt, "--task", "denoise", prior=prior_dir) == 2
-    assert f"--gt {gt} is the output folder" in capsys.readouterr().err
+    assert f"--gt {gt} (folder) is the output folder" in capsys.readouterr().err
 
 
-def test_an_output_folder_inside_the_input_folder_is_fine(tmp_path, prior_dir):
+def test_an_output_folder_inside_the_input_folder_or_above_it_is_fine(tmp_path, prior_dir):
     inp = tmp_path / "in"
     make_images(inp, 1)
     assert run("restore", "-i", inp, "-o", inp / "restored", "--task", "denoise", prior=prior_dir) == 0
     assert (inp / "restored" / "im0.png").is_file()
+    assert run("restore", "-i", inp, "-o", tmp_path, "--task", "denoise", prior=prior_dir) == 0  # -o . above -i data
+    assert (tmp_path / "im0.png").is_file() and (inp / "im0.png").is_file()
+    assert run("simulate", "-i", inp, "-o", tmp_path / "sim_above", "--task", "denoise") == 0
+    assert run("restore", "-i", inp / "im0.png", "-o", tmp_path / "x", "--task", "denoise", prior=prior_dir) == 0
+
+
+def test_simulate_refuses_a_kernel_folder_it_would_write_into(tmp_path, capsys):
+    make_images(tmp_path / "in", 1)
+    kernels = tmp_path / "sim" / "kernels"
+    kernels.mkdir(parents=True)
+    np.save(kernels / "im0.npy", np.ones((3, 3)) / 9)
+    assert run("simulate", "-i", tmp_path / "in", "-o", tmp_path / "sim", "--task", "deblur_kernel",
+               "--param", f"kernel_path={kernels}") == 2
+    assert "--param kernel_path" in capsys.readouterr().err and (kernels / "im0.npy").is_file()
 
 
 class _Killed(BaseException):

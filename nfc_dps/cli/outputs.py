@@ -26,22 +26,28 @@ def _resolved(path: Path, flag: str) -> Path:
         raise UsageError(f"{flag} {path}: cannot follow its symbolic links ({e})") from e
 
 
-def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]]) -> Path:
-    """Create the output folder and check it is writable and apart from every folder the run reads
-    (exit 2 otherwise). ``inputs``: (flag, path) of each file or folder read, e.g. ("--input", p).
+def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]], writes: Sequence[str] = ()) -> Path:
+    """Create the output folder and check it is writable and apart from what the run reads (exit 2
+    otherwise). ``inputs``: (flag, path) of each file or folder read, e.g. ("--input", p);
+    ``writes``: the subfolders of the output folder the run writes into (e.g. "std", "samples").
 
-    A folder read must not be the output folder nor lie inside it: the run writes into the output
-    folder's top level and into subfolders of its own (measurements/, std/, ...), so a photo there
-    could be replaced by its own restoration. An output folder inside an input folder is fine:
-    inputs are read from a folder's top level only."""
+    Refused: a folder read that is the output folder, or that is or lies in one of ``writes``; a
+    file read that lies directly in the output folder or anywhere in ``writes``. Either could be
+    replaced by the run's own outputs. An output folder inside an input folder, or one that holds
+    an input elsewhere, is fine: inputs are read from a folder's top level only."""
     out = _resolved(output, "--output")
+    written = [out / w for w in writes]
     for flag, inp in inputs:
         path = _resolved(inp, flag)
         folder = path if path.is_dir() else path.parent
-        if out == folder or out in folder.parents:
-            where = "is" if out == folder else "lies inside"
-            raise UsageError(f"{flag} {inp} {where} the output folder --output {output}; choose an output folder "
-                             f"outside it (outputs would mix with, and could overwrite, what {flag} reads)")
+        inside = next((w for w in written if folder == w or w in folder.parents), None)
+        if folder == out or inside is not None:
+            what = "folder" if path.is_dir() else "file"
+            where = f"the output folder --output {output}" if inside is None else \
+                f"{inside.relative_to(out)}/ of the output folder --output {output}, which this command writes"
+            verb = "is" if path.is_dir() and inside is None else "lies in"
+            raise UsageError(f"{flag} {inp} ({what}) {verb} {where}; choose an output folder apart from it (its "
+                             f"outputs could overwrite what {flag} reads)")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output {output} exists and is not a folder")
     missing = [p for p in (out, *out.parents) if not p.exists()]

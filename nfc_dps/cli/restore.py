@@ -26,13 +26,17 @@ from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVE
 from .flags import common_flags, precision_flag, task_flags
 from .preflight import check_method_takes_operator, check_prior_fits, first_image, input_notes
 from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
-from .records import SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
+from .records import SHARD_DIR, SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task, with_operator_files
 from ..samplers import METHODS
 from ..conformal import CalibrationError, load_calibration
 from .. import api
 from ..conformal import prior_fingerprint
 from ..samplers.common import PriorRangeError
+
+
+#: the subfolders of the output folder that restore writes (std maps, samples, torchrun's progress)
+OUTPUT_SUBFOLDERS = ("std", "samples", SHARD_DIR)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -200,7 +204,7 @@ def cmd_restore(args) -> int:
     first = first_image(read_inputs("--input", inp)[0])
     if first is not None:
         check_method_takes_operator(spec.method, OperatorSource(task), input_names([first[0]], inp)[0], first[1])
-    out = check_output_folder(Path(args.output), read)
+    out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
         device = resolve_device("cuda", dist)

@@ -19,6 +19,10 @@ from .tasks import OperatorSource, check_operator_file, resolve_task
 from ..api import as_batch
 
 
+#: the subfolders of the output folder that simulate writes
+OUTPUT_SUBFOLDERS = ("measurements", "ground_truth", "kernels", "masks")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``simulate`` subcommand and its arguments."""
     s = sub.add_parser("simulate", help="clean images -> measurements, with kernels, masks and seeds recorded",
@@ -115,7 +119,9 @@ def cmd_simulate(args) -> int:
     images, others = read_inputs("--input", inp)
     if not images and not others:
         raise UsageError(f"--input {inp}: no files")
-    out = check_output_folder(Path(args.output), [("--input", inp)])
+    read = [("--input", inp)] + [(f"--param {key}", Path(task.params[key])) for key in ("mask_path", "kernel_path")
+                                 if task.params.get(key) and Path(task.params[key]).exists()]
+    out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     source = OperatorSource(task)
     factor = source.factor()
     with folder_lock(out):
