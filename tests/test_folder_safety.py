@@ -363,3 +363,39 @@ def test_train_prior_takes_non_utf8_names_and_a_refused_run_leaves_no_work_folde
     assert main(["train-prior", "--workdir", str(tmp_path / "new" / "work"), "--images", str(tmp_path / "none"),
                  "--steps", "1", *tiny]) == 2
     assert "--images" in capsys.readouterr().err and not (tmp_path / "new" / "work").exists()
+
+
+def test_calibrate_demo_and_prior_report_refuse_setups_once_without_traceback(tmp_path, prior_dir, monkeypatch, capsys):
+    from nfc_dps.cli import calibrate
+
+    clean = tmp_path / "clean"
+    make_images(clean, 9)
+    base = ("calibrate", "--images", clean, "--samples", "2", "--preset", "fast", "--out", tmp_path / "c.json")
+    monkeypatch.setattr(calibrate, "open_prior", lambda *a: pytest.fail("the prior loaded"))
+    assert run(*base, "--task", "sr_bicubic", "--method", "ddrm", prior=prior_dir) == 2
+    assert "--method ddrm: DDRM needs a diagonalisable operator" in capsys.readouterr().err
+    monkeypatch.undo()
+    gray = _unet_prior(tmp_path / "gray", channels=1)
+    assert run(*base, "--task", "denoise", prior=gray) == 2
+    assert "the prior models 1-channel images" in capsys.readouterr().err
+    _unreadable(monkeypatch, clean)
+    assert run(*base, "--task", "denoise", prior=prior_dir) == 2
+    assert f"--images {clean}: cannot read the folder" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert run("demo", "-o", tmp_path / "demo", "--size", "32", prior=gray) == 2
+    err = capsys.readouterr().err
+    assert "the prior models 1-channel images" in err and "Traceback" not in err and not (tmp_path / "demo").exists()
+    assert main(["prior-report", "--prior", prior_dir, "--timing-runs", "0", "--out", str(tmp_path / "r.json")]) == 2
+    assert "--timing-runs must be >= 1" in capsys.readouterr().err
+
+
+def test_stale_file_cleanup_never_removes_an_output_of_this_run(tmp_path):
+    from nfc_dps.cli.common import Log
+    from nfc_dps.cli.records import RunRecords
+
+    (tmp_path / "a_lower.png").write_bytes(b"this run's output for the input a_lower.png")
+    (tmp_path / "std").mkdir()
+    (tmp_path / "std" / "a.npy").write_bytes(b"stale")
+    records = RunRecords(tmp_path, Log(True), {}, None, overwrite=False)
+    records.remove_unlisted(["a.png", "a_lower.png", "std/a.npy"], ["a.png"], keep={"a.png", "a_lower.png"})
+    assert (tmp_path / "a_lower.png").is_file() and not (tmp_path / "std" / "a.npy").exists()

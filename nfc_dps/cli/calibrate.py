@@ -13,12 +13,14 @@ import numpy as np
 
 from .. import io as nio
 from ..config import load_config
-from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, image_seed, input_names, noise_seed, open_prior,
+from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, image_seed, input_names, noise_seed, open_prior, read_inputs,
                      parse_device, prior_key, set_threads)
 from .flags import common_flags, precision_flag, task_flags
+from .preflight import check_method_takes_operator, check_prior_fits, first_image
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
 from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores, prior_fingerprint, sampler_fields
 from ..samplers import METHODS
+from ..samplers.common import PriorRangeError
 from ..api import as_batch, restore, stable_seed
 
 
@@ -83,7 +85,7 @@ def cmd_calibrate(args) -> int:
     folder = Path(args.images)
     if not folder.is_dir():
         raise UsageError(f"--images {folder}: not a folder of clean calibration images")
-    images, _ = nio.list_folder(folder)
+    images, _ = read_inputs("--images", folder)
     need = min_images(args.coverage)
     if len(images) < need:
         raise UsageError(f"--images {folder} holds {len(images)} image(s); coverage {args.coverage:g} needs at least "
@@ -97,9 +99,14 @@ def cmd_calibrate(args) -> int:
     seed = args.seed if args.seed is not None else (bundle.seed or 0)
     if seed < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
+    first = first_image(images)
+    if first is not None:
+        check_method_takes_operator(spec.method, OperatorSource(task), input_names([first[0]], folder)[0], first[1])
     device = parse_device(args.device)
     set_threads(args.threads)
     prior = open_prior(args.prior, device, args.precision)
+    if first is not None:
+        check_prior_fits(prior, first[0].name, first[1])
     max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
     source = OperatorSource(task)
     factor = source.factor()
@@ -112,8 +119,8 @@ def cmd_calibrate(args) -> int:
     for path, name in zip(tqdm(images, desc="calibrate", unit="img", disable=args.quiet), names):
         try:
             x, _ = nio.read_image(path)
-        except nio.ImageReadError as e:
-            raise UsageError(f"calibration image {e}") from e
+        except (nio.ImageReadError, OSError) as e:
+            raise UsageError(f"calibration image {path}: {e}") from e
         h, w = x.shape[:2]
         ch, cw = h - h % factor, w - w % factor  # as simulate: centre crop to a multiple of the SR factor
         if min(ch, cw) < 1:
@@ -127,9 +134,14 @@ def cmd_calibrate(args) -> int:
             raise UsageError(f"calibration image {path}: {e}") from e
         truth = as_batch(x)[0]
         y = op.measure(truth, task.noise_sigma, torch.Generator().manual_seed(noise_seed(op_seed))).clamp(0, 1)
-        res = restore(y.to(device), op.to(device), prior=prior, method=spec.method, sigma_y=task.noise_sigma,
-                      seed=stable_seed(seed, "calibrate", name), num_samples=args.samples, progress=False,
-                      config=cfg, max_batch=max_batch)
+        try:
+            res = restore(y.to(device), op.to(device), prior=prior, method=spec.method, sigma_y=task.noise_sigma,
+                          seed=stable_seed(seed, "calibrate", name), num_samples=args.samples, progress=False,
+                          config=cfg, max_batch=max_batch, keep_samples=False)
+        except PriorRangeError as e:
+            raise UsageError(f"--method {spec.method} with this prior: {e}") from e
+        except ValueError as e:
+            raise UsageError(f"calibration image {path}: {e}") from e
         s = normalized_scores(res.image, res.std, truth, DEFAULT_EPS)
         scores.append(s)
         per_image.append(name)

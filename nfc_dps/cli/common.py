@@ -123,7 +123,7 @@ def _load_factory_prior(path: str, device, precision: str) -> Any:
         with _cwd_importable():
             factory = getattr(importlib.import_module(module), function)
         prior = factory()
-    except (ImportError, AttributeError, OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - the user's module: any error (SyntaxError too) is named, not a traceback
         raise UsageError(f"cannot load the prior factory {path}: {type(e).__name__}: {e}") from e
     if not isinstance(prior, Prior):
         raise UsageError(f"--prior {path} returned {type(prior).__name__}, not a nfc_dps Prior (wrap a denoiser in "

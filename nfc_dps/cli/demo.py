@@ -17,7 +17,8 @@ from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noi
                      prior_key, set_threads, to_numpy)
 from .flags import common_flags, precision_flag
 from .outputs import check_output_folder, folder_lock
-from ..bench.spec import task_specs
+from .preflight import check_prior_fits
+from ..bench.spec import DEFAULT_TASKS, task_specs
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..api import restore
 
@@ -48,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 DEMO_IMAGES = ("astronaut", "coffee")
 #: the demo's tasks by default, and with --tasks all (the benchmark harness's standard tasks)
 DEMO_TASKS = ("sr_bicubic", "inpaint_box", "deblur_gaussian")
-ALL_TASKS = ("sr_bicubic", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
+ALL_TASKS = DEFAULT_TASKS
 #: the largest --size: the demo photographs are 400 and 512 px, which a larger size only upsamples
 MAX_SIZE = 1024
 
@@ -119,6 +120,7 @@ def cmd_demo(args) -> int:
     out = check_output_folder(Path(args.output), [])
     prior = open_prior(args.prior, device, args.precision)
     images = {name: _demo_image(name, args.size) for name in DEMO_IMAGES}
+    check_prior_fits(prior, DEMO_IMAGES[0], images[DEMO_IMAGES[0]])
     sigma = DEFAULT_NOISE_SIGMA
     seed = args.seed
     rows_csv, grid_rows, row_labels = [], [], []

@@ -46,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the commands whose rerun resumes where an interrupted run stopped
+RESUMABLE = ("restore", "simulate", "train-prior", "bench")
+
+
+def _rerun(command: str) -> str:
+    """What an interrupted ``command`` asks of the user."""
+    return "rerun the same command to resume" if command in RESUMABLE else "rerun the same command to start again"
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler or ``kill`` stopping the run), raised where the run is, so that it stops
     as on Ctrl-C: the records of the finished images are written and a rerun resumes."""
@@ -61,6 +70,7 @@ def _sigterm_stops_like_ctrl_c():
         return
 
     def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the records' write short
         raise Terminated()
 
     signal.signal(signal.SIGTERM, stop)
@@ -91,10 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated:
-        print(f"nfc-dps {args.command}: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        print(f"nfc-dps {args.command}: terminated (SIGTERM); {_rerun(args.command)}", file=sys.stderr)
         return EXIT_TERMINATED
     except KeyboardInterrupt:
-        print(f"nfc-dps {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+        print(f"nfc-dps {args.command}: interrupted; {_rerun(args.command)}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

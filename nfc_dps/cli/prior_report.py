@@ -47,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--no-overlap", action="store_true", help="skip the overlap=True row (4x the cost)")
     p.add_argument("--no-whole", action="store_true", help="skip the untiled reference row")
-    p.add_argument("--out", type=Path, default=Path("docs/prior_report.json"), help="JSON with all numbers and the table")
+    p.add_argument("--out", type=Path, default=Path("prior_report.json"),
+                   help="JSON with all numbers and the table (default ./prior_report.json)")
     p.add_argument("--markdown", action="store_true", help="print the full markdown section (table and notes) for docs")
     p.add_argument("--loss-csv", type=Path, default=None, help="train-prior's loss log (loss.csv) to summarise")
     p.add_argument("--loss-png", type=Path, default=None, help="render the loss curve here (PIL)")
@@ -94,6 +95,14 @@ def cmd_prior_report(args, parser: argparse.ArgumentParser) -> int:
     import torch
 
     log = Log(False)
+    for flag, value, low in (("--timing-runs", args.timing_runs, 1), ("--crop", args.crop, 0),
+                             ("--tune-crop", args.tune_crop, 1), ("--tune-per-image", args.tune_per_image, 1),
+                             ("--loss-every", args.loss_every, 1), ("--threads", args.threads, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    bad = [s for s in args.sigmas if not 0 < s < 1]
+    if bad:
+        raise UsageError(f"--sigmas: noise levels lie in (0, 1) ([0, 1] units, e.g. 0.05 0.1 0.2), got {bad[0]:g}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.loss_csv is not None:

@@ -136,18 +136,26 @@ class RunRecords:
         if earlier is not None and earlier.get("key") != key:
             del self.images[name]
             try:
-                self.write(final=False)
+                self.write_manifest()
             except OSError as e:
                 raise OutputError(e) from e
         return list(outputs)
 
-    def remove_unlisted(self, earlier: list[str], outputs: list[str]) -> None:
+    def remove_unlisted(self, earlier: list[str], outputs: list[str], keep: set[str] = frozenset()) -> None:
         """Remove the files an earlier entry listed (std maps, samples) that the new outputs of the
-        same image do not: a rerun with fewer or no samples leaves no stale ones beside its own."""
-        for rel in set(earlier) - set(outputs):
+        same image do not: a rerun with fewer or no samples leaves no stale ones beside its own.
+        ``keep``: the run's own output names (another input may own a name an earlier entry listed)."""
+        for rel in set(earlier) - set(outputs) - set(keep):
             path = self.out / rel
             if self.out.resolve() in path.resolve().parents and path.is_file():  # only files inside the folder
                 path.unlink()
+
+    def write_manifest(self) -> None:
+        """manifest.json alone (or this rank's shard file): what a rerun trusts; OSError propagates."""
+        if self.shard is not None:
+            self.write(final=False)
+        else:
+            nio.write_json(self.manifest_path, self.manifest)
 
     def write(self, final: bool) -> None:
         """manifest.json, results.csv, summary.json (or this rank's shard file); an OSError (full

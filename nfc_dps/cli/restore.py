@@ -277,7 +277,7 @@ def cmd_restore(args) -> int:
         # results do not depend on the rank (each image's seed comes from its name)
         mine = items[dist.rank::dist.world]
         run = RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir, dist,
-                         [it.name for it in mine])
+                         [it.name for it in mine], own_outputs={f"{it.out_stem}.png" for it in items})
         return run.run(mine, others if dist.rank == 0 else [], total=len(items))
 
 
@@ -287,8 +287,9 @@ class RestoreRun:
     records (:class:`~nfc_dps.cli.records.RunRecords`)."""
 
     def __init__(self, args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir,
-                 dist: Dist | None = None, names: list[str] | None = None) -> None:
+                 dist: Dist | None = None, names: list[str] | None = None, own_outputs: set[str] = frozenset()) -> None:
         self.args, self.log, self.task, self.spec, self.cfg = args, log, task, spec, cfg
+        self.own_outputs = set(own_outputs)  # every input's main output name in this run: never removed as stale
         self.prior, self.device, self.seed, self.samples = prior, device, seed, samples
         self.out, self.inp, self.gt_dir = out, inp, gt_dir
         self.source = OperatorSource(task)
@@ -455,7 +456,7 @@ class RestoreRun:
                     raise OutputError(e) from e
                 self._record(self._failed(job, e))
                 continue
-            self.records.remove_unlisted(earlier, entry["outputs"])
+            self.records.remove_unlisted(earlier, entry["outputs"], keep=self.own_outputs)
             entry["key"] = job.key
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
