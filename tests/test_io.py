@@ -231,6 +231,81 @@ def test_16bit_png_and_tiff_apply_their_orientation(tmp_path, orientation):
         np.testing.assert_allclose(y, _orient(u16[..., 0] / 65535.0, orientation), atol=1e-6)
 
 
+@pytest.mark.parametrize("c", [1, 2, 3, 4])
+def test_16bit_png_writes_are_exact(tmp_path, c):
+    """16-bit PNGs (gray, gray + alpha, RGB, RGBA) hold exactly quantize()'s values, in the PNG
+    colour type of their channels, and read back exactly."""
+    import imagecodecs
+
+    x = _img(h=9, w=11, c=c, seed=c)
+    image, alpha = (x[..., :-1], x[..., -1]) if c in (2, 4) else (x, None)
+    image = image[..., 0] if image.ndim == 3 and image.shape[2] == 1 else image
+    p = write_image(tmp_path / "a.png", image, bit_depth=16, alpha=alpha)
+    data = p.read_bytes()
+    assert data[24] == 16 and data[25] == {1: 0, 2: 4, 3: 2, 4: 6}[c]  # IHDR bit depth, colour type
+    q = quantize(x, 16)
+    np.testing.assert_array_equal(imagecodecs.png_decode(data), q)
+    y, info = read_image(p)
+    q = q if q.ndim == 3 else q[..., None]
+    colour = q[..., :-1] if c in (2, 4) else q
+    np.testing.assert_array_equal(y, (colour[..., 0] if colour.shape[2] == 1 else colour) / np.float32(65535))
+    assert info.bit_depth == 16 and info.has_alpha == (c in (2, 4))
+    if info.has_alpha:
+        np.testing.assert_array_equal(info.alpha, q[..., -1] / np.float32(65535))
+
+
+def test_16bit_png_exif_after_the_image_data_is_applied(tmp_path):
+    """libpng may write the eXIf chunk after the image data; its orientation is applied as when
+    it comes before."""
+    from nfc_dps.io.images import _orient
+
+    a = _img(h=4, w=6, seed=4)
+    write_image(tmp_path / "a.png", a, bit_depth=16)
+    upright = read_image(tmp_path / "a.png")[0]
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    body = exif.tobytes()
+    body = body[6:] if body.startswith(b"Exif\x00\x00") else body
+    chunk = struct.pack(">I", len(body)) + b"eXIf" + body + struct.pack(">I", zlib.crc32(b"eXIf" + body))
+    data = (tmp_path / "a.png").read_bytes()
+    iend = data.index(b"IEND") - 4
+    (tmp_path / "o.png").write_bytes(data[:iend] + chunk + data[iend:])
+    y, info = read_image(tmp_path / "o.png")
+    assert info.orientation == 6 and y.shape[:2] == (6, 4)
+    np.testing.assert_array_equal(y, _orient(upright, 6))
+
+
+def test_corrupt_16bit_png_data_names_the_file(tmp_path):
+    write_image(tmp_path / "a.png", _img(), bit_depth=16)
+    data = bytearray((tmp_path / "a.png").read_bytes())
+    data[data.index(b"IDAT") + 20] ^= 0xFF
+    (tmp_path / "bad.png").write_bytes(bytes(data))
+    with pytest.raises(ImageReadError, match="bad.png.*corrupt"):
+        read_image(tmp_path / "bad.png")
+    assert not image_opens(tmp_path / "bad.png")
+
+
+@pytest.mark.parametrize("compression", ["lzw", "zlib"])
+@pytest.mark.parametrize("c", [1, 2, 3, 4])
+def test_compressed_16bit_tiff_reads_exactly(tmp_path, compression, c):
+    """LZW- and deflate-compressed 16-bit TIFFs (tifffile decodes them with imagecodecs) read at
+    full precision: gray, gray + alpha, RGB, RGBA."""
+    import tifffile
+
+    q = np.random.default_rng(c).integers(0, 65536, (7, 9, c)).astype(np.uint16)
+    tifffile.imwrite(tmp_path / "a.tif", q[..., 0] if c == 1 else q, compression=compression,
+                     photometric="minisblack" if c <= 2 else "rgb",
+                     extrasamples=["unassalpha"] if c in (2, 4) else None)
+    with tifffile.TiffFile(tmp_path / "a.tif") as tif:
+        assert tif.pages[0].compression == (5 if compression == "lzw" else 8)
+    y, info = read_image(tmp_path / "a.tif")
+    colour = q[..., :-1] if c in (2, 4) else q
+    np.testing.assert_array_equal(y, (colour[..., 0] if colour.shape[2] == 1 else colour) / np.float32(65535))
+    assert info.bit_depth == 16 and info.has_alpha == (c in (2, 4))
+    if info.has_alpha:
+        np.testing.assert_array_equal(info.alpha, q[..., -1] / np.float32(65535))
+
+
 # ---------------------------------------------------------------- errors name the file
 
 

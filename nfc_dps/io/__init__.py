@@ -1,25 +1,34 @@
-"""Reading and writing images and result files (see :mod:`nfc_dps.io.images`)."""
+"""Reading and writing images and result files.
 
+* :mod:`.images`: image files (read_image, write_image, encode_image, quantize, ImageInfo);
+* :mod:`.files`: atomic writes and records (atomic_write_bytes / _text, write_json, write_csv,
+  remove_stale_temp_files);
+* :mod:`.folders`: folder listing (list_folder, scan_images, unusable_reason, ...).
+"""
+
+from .files import (
+    TEMP_SUFFIX,
+    atomic_write_bytes,
+    atomic_write_text,
+    remove_stale_temp_files,
+    write_csv,
+    write_json,
+)
+from .folders import images_in_subfolders, list_folder, list_images, scan_images, unusable_reason
 from .images import (
     IMAGE_EXTENSIONS,
     INTEGER_SCALES,
-    TEMP_SUFFIX,
     ImageInfo,
     ImageReadError,
-    atomic_write_bytes,
-    atomic_write_text,
     encode_image,
     image_opens,
-    images_in_subfolders,
-    list_folder,
-    list_images,
     quantize,
     read_image,
-    remove_stale_temp_files,
-    scan_images,
-    unusable_reason,
-    write_csv,
     write_image,
-    write_json,
 )
-from .images import __all__
+
+__all__ = [
+    "IMAGE_EXTENSIONS", "ImageReadError", "ImageInfo", "read_image", "write_image", "list_images",
+    "list_folder", "unusable_reason", "atomic_write_bytes", "atomic_write_text", "write_json", "write_csv",
+    "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens",
+]

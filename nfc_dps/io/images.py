@@ -1,4 +1,4 @@
-"""Reading and writing images and result files.
+"""Reading and writing image files.
 
 Images are float32 numpy arrays in [0, 1]: (H, W) for gray, (H, W, 3) for colour. An alpha
 channel is never part of the array: :func:`read_image` sets it aside in the returned
@@ -6,38 +6,29 @@ channel is never part of the array: :func:`read_image` sets it aside in the retu
 
 * Formats: PNG, JPEG, TIFF, BMP; 1-, 8- and 16-bit integer images and [0, 1] float TIFFs; gray,
   gray + alpha, palette, RGB, RGBA (CMYK / YCbCr are converted to RGB). Pillow truncates 16-bit
-  colour PNGs and TIFFs to 8 bits, so those are decoded here (PNG) or with tifffile (TIFF).
+  colour PNGs and TIFFs to 8 bits, so those are read and written with imagecodecs (PNG, libpng)
+  or tifffile (TIFF, whose LZW and other codecs are imagecodecs').
 * EXIF orientation is applied (``PIL.ImageOps.exif_transpose``), so arrays are upright.
 * Values are never min-max rescaled: writing clips to [0, 1] and rounds to the bit depth.
-* Every write is atomic: a temporary file in the destination folder, then ``os.replace``. A run
-  killed mid-write leaves either the old file or the new one, never a torn one; its stray
-  temporary file (``.<name>.<random>.nfc-dps-tmp``) is removed by :func:`remove_stale_temp_files`.
+* Writes are atomic (:func:`nfc_dps.io.files.atomic_write_bytes`).
 * Errors name the file: :class:`ImageReadError` for missing, empty, corrupt or unsupported files.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import errno
 import io
-import json
-import math
 import os
 import struct
-import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
+import imagecodecs
 import numpy as np
+import tifffile
+from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
-__all__ = [
-    "IMAGE_EXTENSIONS", "ImageReadError", "ImageInfo", "read_image", "write_image", "list_images",
-    "list_folder", "unusable_reason", "atomic_write_bytes", "atomic_write_text", "write_json", "write_csv",
-    "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens",
-]
+from . import files
 
 #: file extensions read_image accepts (lower case)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -45,8 +36,6 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 INTEGER_SCALES = {"uint8": 255.0, "uint16": 65535.0}
 #: Pillow format names accepted (the file's content decides, not its extension)
 _FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "BMP", "DIB"}
-#: suffix of the temporary files of atomic writes
-TEMP_SUFFIX = ".nfc-dps-tmp"
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -132,7 +121,7 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageInfo]:
         if head[:8] == _PNG_SIGNATURE and len(head) >= 33 and head[12:16] == b"IHDR":
             bit_depth, colour_type = head[24], head[25]
             if bit_depth == 16 and colour_type in (2, 4, 6):
-                return _read_png16(path)
+                return _read_png16(path, head)
         arr, info = _read_pillow(path)
         info.pages = _page_count(path)
         return arr, info
@@ -146,8 +135,6 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageInfo]:
 
 def _page_count(path: Path) -> int:
     """Pages or frames in an image file (1 when the format has none or the count cannot be read)."""
-    from PIL import Image
-
     try:
         with Image.open(path) as im:
             return max(int(getattr(im, "n_frames", 1)), 1)
@@ -199,8 +186,6 @@ def _split(path: Path, fmt: str, mode: str, bits: int, arr: np.ndarray, orientat
 
 
 def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
-    from PIL import Image, UnidentifiedImageError
-
     try:
         im = Image.open(path)
     except UnidentifiedImageError as e:
@@ -275,8 +260,6 @@ def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.
     tag) or does not open (16-bit gray + alpha, float colour), read with tifffile from the first page's own tags: planar or interleaved samples,
     extra samples (associated alpha is divided out, as Pillow does for 8-bit files; unspecified
     ones are dropped), "min is white" gray inverted. ``orientation`` None: the page's tag 274."""
-    import tifffile
-
     try:
         with tifffile.TiffFile(path) as tif:
             page = tif.pages[0]
@@ -288,10 +271,10 @@ def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.
                 tag = page.tags.get(274)
                 orientation = int(tag.value) if tag is not None else 1
     except (tifffile.TiffFileError, ValueError, OSError, IndexError) as e:
-        if "imagecodecs" in str(e):  # tifffile decodes LZW and JPEG compression only with that package
-            raise ImageReadError(path, f"this {mode} TIFF is read with tifffile, and its compression needs the "
-                                       f"imagecodecs package ({e}): pip install imagecodecs, or save it "
-                                       f"uncompressed or with deflate") from e
+        if "imagecodecs" in str(e):  # tifffile's codecs (LZW, JPEG, ...) are imagecodecs': one it lacks
+            raise ImageReadError(path, f"this {mode} TIFF is read with tifffile, and its compression needs a "
+                                       f"codec the installed imagecodecs package lacks ({e}): pip install "
+                                       f"imagecodecs (a full build), or save it uncompressed or with deflate") from e
         raise ImageReadError(path, f"not a readable image (corrupt TIFF: {e})") from e
     if raw.ndim == 3 and planar:
         raw = np.moveaxis(raw, 0, -1)
@@ -324,203 +307,76 @@ def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.
                   orientation, alpha_at is not None)
 
 
-def _png_chunks(data: bytes, path: Path):
-    pos = 8
-    while pos + 8 <= len(data):
-        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        crc = data[pos + 8 + length:pos + 12 + length]
-        if len(body) != length or len(crc) != 4:
-            raise ImageReadError(path, "corrupt or truncated PNG (chunk runs past the end of the file)")
-        if struct.unpack(">I", crc)[0] != zlib.crc32(ctype + body) & 0xFFFFFFFF:
-            raise ImageReadError(path, f"corrupt PNG (bad CRC in {ctype.decode('latin-1')!r} chunk)")
-        yield ctype, body
-        if ctype == b"IEND":
-            return
-        pos += 12 + length
-    raise ImageReadError(path, "corrupt or truncated PNG (no IEND chunk)")
+def _read_png16(path: Path, head: bytes) -> tuple[np.ndarray, ImageInfo]:
+    """16-bit RGB / RGBA / gray+alpha PNGs, decoded with imagecodecs (libpng) at full precision.
 
-
-def _unfilter_sequential(ftype: int, line: bytes, up: list[int], bpp: int) -> bytearray:
-    """One row of PNG filter 3 (Average) or 4 (Paeth) undone; each byte depends on the one ``bpp``
-    before it, so this loops over Python ints (numpy per pixel was ~20 us a pixel)."""
-    cur = bytearray(len(line))
-    if ftype == 3:
-        for i, v in enumerate(line):
-            cur[i] = (v + (((cur[i - bpp] if i >= bpp else 0) + up[i]) >> 1)) & 0xFF
-        return cur
-    for i, v in enumerate(line):
-        b = up[i]
-        if i >= bpp:
-            a, c = cur[i - bpp], up[i - bpp]
-        else:
-            a = c = 0
-        p = a + b - c
-        pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-        cur[i] = (v + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
-    return cur
-
-
-def _unfilter(raw: bytes, h: int, w: int, bpp: int, path: Path) -> np.ndarray:
-    """Undo PNG scanline filters; returns (h, w * bpp) uint8."""
-    stride = w * bpp
-    if len(raw) != h * (stride + 1):
-        raise ImageReadError(path, "corrupt or truncated PNG (image data has the wrong length)")
-    data = np.frombuffer(raw, np.uint8).reshape(h, stride + 1)
-    out = np.empty((h, stride), np.uint8)
-    prev = np.zeros(stride, np.int32)
-    for y in range(h):
-        ftype, line = int(data[y, 0]), data[y, 1:].astype(np.int32)
-        if ftype == 0:
-            cur = line
-        elif ftype == 1:  # Sub: running sum along the row, per byte of a pixel
-            cur = line.reshape(w, bpp).cumsum(0).reshape(-1) & 0xFF
-        elif ftype == 2:  # Up
-            cur = (line + prev) & 0xFF
-        elif ftype in (3, 4):  # Average, Paeth: sequential along the row, so plain ints, byte by byte
-            cur = np.frombuffer(_unfilter_sequential(ftype, data[y, 1:].tobytes(), prev.tolist(), bpp),
-                                np.uint8).astype(np.int32)
-        else:
-            raise ImageReadError(path, f"corrupt PNG (unknown filter type {ftype} in row {y})")
-        out[y] = cur
-        prev = cur
-    return out
-
-
-def _read_png16(path: Path) -> tuple[np.ndarray, ImageInfo]:
-    """16-bit RGB / RGBA / gray+alpha PNGs (non-interlaced)."""
-    data = path.read_bytes()
-    idat, header, orientation = [], None, 1
-    for ctype, body in _png_chunks(data, path):
-        if ctype == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif ctype == b"IDAT":
-            idat.append(body)
-        elif ctype == b"eXIf":
-            from PIL import Image
-
-            with contextlib.suppress(Exception):
-                exif = Image.Exif()
-                exif.load(body)
-                orientation = int(exif.get(0x0112, 1))
-                orientation = orientation if 1 <= orientation <= 8 else 1
-    if header is None or not idat:
-        raise ImageReadError(path, "corrupt PNG (missing IHDR or image data)")
-    w, h, bits, ctype, _, _, interlace = header
-    if interlace:
-        raise ImageReadError(path, "unsupported: interlaced 16-bit colour PNG (save it without interlacing)")
+    The pixel count is checked on the header (``head``: the file's first 33 bytes) before anything
+    is decompressed; Pillow opens the file for its EXIF block and frame count only.
+    """
+    w, h = struct.unpack(">II", head[16:24])
     if w == 0 or h == 0:
         raise ImageReadError(path, "image has no pixels")
-    from PIL import Image
-
     limit = Image.MAX_IMAGE_PIXELS  # Pillow's decompression-bomb limit, which this decoder bypasses
     if limit is not None and w * h > 2 * limit:
         raise ImageReadError(path, f"{w}x{h} pixels is more than twice PIL.Image.MAX_IMAGE_PIXELS ({limit}): "
                                    f"refused as a possible decompression bomb (raise that limit to read it)")
-    channels = {2: 3, 4: 2, 6: 4}[ctype]
+    with Image.open(path) as im:  # reads the chunks before the image data, decodes nothing
+        exif = im.info.get("exif")
+        pages = max(int(getattr(im, "n_frames", 1)), 1)
+    if exif is None:
+        exif = _png_exif_after_image_data(path)
+    orientation = _orientation_of(exif)
     try:
-        raw = zlib.decompress(b"".join(idat))
-    except zlib.error as e:
-        raise ImageReadError(path, f"corrupt PNG (compressed data: {e})") from e
-    rows = _unfilter(raw, h, w, channels * 2, path)
-    arr = rows.view(">u2").reshape(h, w, channels).astype(np.float32) / 65535.0
-    mode = {2: "RGB;16", 4: "LA;16", 6: "RGBA;16"}[ctype]
-    return _split(path, "PNG", mode, 16, arr, orientation, channels in (2, 4))
+        raw = imagecodecs.png_decode(path.read_bytes())
+    except imagecodecs.PngError as e:
+        raise ImageReadError(path, f"corrupt or truncated PNG ({e})") from e
+    if raw.ndim == 2:
+        raw = raw[..., None]
+    channels = raw.shape[-1]
+    if raw.dtype != np.uint16 or channels not in (2, 3, 4):
+        raise ImageReadError(path, f"unexpected decoded PNG layout {raw.dtype} {raw.shape}")
+    arr = raw.astype(np.float32) / 65535.0
+    mode = {2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}[channels]
+    arr, info = _split(path, "PNG", mode, 16, arr, orientation, channels in (2, 4))
+    info.pages = pages
+    return arr, info
+
+
+def _png_exif_after_image_data(path: Path) -> bytes | None:
+    """The eXIf chunk of a PNG that places it after the image data (libpng may write it there,
+    and Pillow sees it only once the pixels are loaded), found with Pillow's chunk reader
+    skipping over every other chunk; nothing is decompressed. None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(8)
+            chunks = PngImagePlugin.ChunkStream(f)
+            while True:
+                cid, _, length = chunks.read()
+                if cid == b"eXIf":
+                    body = f.read(length)
+                    return body if len(body) == length else None
+                if cid == b"IEND":
+                    return None
+                f.seek(length + 4, os.SEEK_CUR)  # the body and its CRC
+    except (OSError, SyntaxError, ValueError, struct.error):  # broken structure: the decoder reports it
+        return None
+
+
+def _orientation_of(exif: bytes | None) -> int:
+    """The orientation tag (1..8) of an EXIF block, 1 when there is none or it cannot be read."""
+    if not exif:
+        return 1
+    try:
+        parsed = Image.Exif()
+        parsed.load(exif)
+        value = int(parsed.get(0x0112, 1))
+    except Exception:  # noqa: BLE001 - a broken EXIF block must not make the image unreadable
+        return 1
+    return value if 1 <= value <= 8 else 1
 
 
 # --------------------------------------------------------------------------------------------
 # writing
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then os.replace).
-
-    An OSError (full disk, quota, read-only folder) leaves any old file as it was and carries
-    ``path`` as its ``filename``, so its message names the file.
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-    except OSError as e:
-        if e.errno is None:
-            raise
-        raise _naming(e, path) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno is not None:
-            raise _naming(e, path) from e
-        raise
-    return path
-
-
-def _naming(e: OSError, path: Path) -> OSError:
-    """The same error (same errno, so the same OSError subclass) with ``path`` as its file name."""
-    return OSError(e.errno, e.strerror, str(path))
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """``text`` as UTF-8; a file name that is not valid UTF-8 in it (surrogate escapes) is written
-    as its escape sequence (``caf\\udce9.png``), so the file stays valid UTF-8."""
-    return atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _finite_json(obj: Any) -> Any:
-    """NaN/Inf -> None, so the file stays strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Mapping):
-        return {k: _finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_json(v) for v in obj]
-    return obj
-
-
-def write_json(path: str | Path, obj: Any) -> Path:
-    """Atomic, indented, strict JSON (NaN/Inf written as null)."""
-    text = json.dumps(_finite_json(obj), indent=2, default=_json_default, allow_nan=False)
-    return atomic_write_text(path, text + "\n")
-
-
-def write_csv(path: str | Path, rows: Iterable[Mapping[str, Any]], fieldnames: Sequence[str]) -> Path:
-    """Atomic CSV with a header; floats with 4 decimals, missing values empty."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(fieldnames), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else
-                             ("" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v))
-                         for k, v in row.items()})
-    return atomic_write_text(path, buf.getvalue())
 
 
 def quantize(array: np.ndarray, bit_depth: int = 8) -> np.ndarray:
@@ -532,22 +388,6 @@ def quantize(array: np.ndarray, bit_depth: int = 8) -> np.ndarray:
         raise FloatingPointError("image contains NaN or Inf")
     peak = 255 if bit_depth == 8 else 65535
     return np.rint(np.clip(a, 0.0, 1.0) * peak).astype(np.uint8 if bit_depth == 8 else np.uint16)
-
-
-def _png16_bytes(q: np.ndarray) -> bytes:
-    """PNG (16-bit gray / gray+alpha / RGB / RGBA) from a uint16 (H, W, C) array."""
-    h, w, c = q.shape
-    ctype = {1: 0, 2: 4, 3: 2, 4: 6}[c]
-    rows = q.astype(">u2").reshape(h, w * c).view(np.uint8).reshape(h, w, 2 * c).astype(np.int16)
-    sub = rows.copy()
-    sub[:, 1:] -= rows[:, :-1]  # Sub filter: difference to the pixel on the left, per byte
-    filtered = np.concatenate([np.ones((h, 1), np.uint8), (sub & 0xFF).astype(np.uint8).reshape(h, -1)], 1)
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
-
-    return (_PNG_SIGNATURE + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, ctype, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(filtered.tobytes(), 6)) + chunk(b"IEND", b""))
 
 
 def _unit_values(a: np.ndarray, what: str) -> np.ndarray:
@@ -580,11 +420,9 @@ def encode_image(array: np.ndarray, fmt: str, bit_depth: int = 8, alpha: np.ndar
     if q.ndim == 2:
         q = q[..., None]
     c = q.shape[2]
-    if fmt == "PNG" and bit_depth == 16:
-        return _png16_bytes(q)
+    if fmt == "PNG" and bit_depth == 16:  # Pillow writes no 16-bit colour PNGs
+        return bytes(imagecodecs.png_encode(q[..., 0] if c == 1 else q))
     if fmt == "TIFF" and bit_depth == 16:
-        import tifffile
-
         buf = io.BytesIO()
         tifffile.imwrite(buf, q[..., 0] if c == 1 else q,
                          photometric="minisblack" if c <= 2 else "rgb",
@@ -594,8 +432,6 @@ def encode_image(array: np.ndarray, fmt: str, bit_depth: int = 8, alpha: np.ndar
         raise ValueError(f"{fmt} cannot store 16-bit images; write PNG or TIFF")
     if fmt in ("JPEG", "BMP") and c in (2, 4):  # a 32-bit BMP's fourth byte is read back as padding
         raise ValueError(f"{fmt} cannot store an alpha channel; write PNG or TIFF")
-    from PIL import Image
-
     im = Image.fromarray(q[..., 0] if c == 1 else q)
     buf = io.BytesIO()
     kwargs = {"quality": 95} if fmt == "JPEG" else {"compression": "tiff_deflate"} if fmt == "TIFF" else {}
@@ -625,7 +461,7 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
         raise ValueError(f"{path}: {e}") from e
     except FloatingPointError as e:  # quantize's check, image and alpha together
         raise FloatingPointError(f"{path}: {e}; not written") from e
-    return atomic_write_bytes(path, data)
+    return files.atomic_write_bytes(path, data)
 
 
 def image_opens(path: str | Path) -> bool:
@@ -635,102 +471,3 @@ def image_opens(path: str | Path) -> bool:
     except (ImageReadError, OSError):
         return False
     return True
-
-
-# --------------------------------------------------------------------------------------------
-# folders
-
-
-def list_folder(folder: str | Path) -> tuple[list[Path], list[Path]]:
-    """(images, others) of a folder's non-hidden entries, each list sorted by name.
-
-    ``images`` are regular files (or links to them) with a supported extension
-    (:data:`IMAGE_EXTENSIONS`, any case). ``others`` are what a user may have meant as an input
-    but cannot be read as one: files of other types, broken symbolic links, folders named like
-    images (``x.png/``) and special files; :func:`unusable_reason` says why. Other subfolders
-    are not inputs and are left out.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{folder}: not a folder")
-    images, others = [], []
-    for p in sorted(folder.iterdir(), key=lambda q: q.name):
-        if p.name.startswith("."):
-            continue
-        if p.is_file():
-            (images if p.suffix.lower() in IMAGE_EXTENSIONS else others).append(p)
-        elif not p.is_dir() or p.suffix.lower() in IMAGE_EXTENSIONS:  # broken link, special file, x.png/
-            others.append(p)
-    return images, others
-
-
-def scan_images(folder: str | Path, exclude: Sequence[Path] = ()) -> tuple[list[Path], list[Path]]:
-    """(images, others) under ``folder``, recursively, sorted by relative path.
-
-    Hidden files and folders are skipped, and so are the folders in ``exclude`` (e.g. a work or
-    output folder inside it). ``others`` are files of other types.
-    """
-    folder, skip = Path(folder), [p.resolve() for p in exclude]
-    images, others = [], []
-    for p in sorted(folder.rglob("*"), key=lambda q: q.relative_to(folder).as_posix()):
-        rel = p.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        try:
-            rp = p.resolve()
-        except (RuntimeError, OSError):  # a symbolic-link loop: not an image, said as such
-            others.append(p)
-            continue
-        if any(rp == s or s in rp.parents for s in skip) or p.is_dir():
-            continue
-        (images if p.suffix.lower() in IMAGE_EXTENSIONS else others).append(p)
-    return images, others
-
-
-def images_in_subfolders(folder: str | Path, exclude: Sequence[Path] = ()) -> int:
-    """How many image files lie in ``folder``'s non-hidden subfolders (which :func:`list_folder`
-    leaves out), not counting those under ``exclude`` (e.g. an output folder inside it)."""
-    folder = Path(folder)
-    return sum(len(p.relative_to(folder).parts) > 1 for p in scan_images(folder, exclude)[0])
-
-
-def unusable_reason(path: str | Path) -> str:
-    """Why ``path`` (one of :func:`list_folder`'s ``others``) is not an input image."""
-    path = Path(path)
-    if path.is_symlink() and not path.exists():
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        try:
-            path.resolve(strict=True)
-        except RuntimeError:
-            return f"symbolic link in a loop (it points to {target}, which leads back to itself)"
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                return f"symbolic link in a loop (it points to {target}, which leads back to itself)"
-        return f"broken symbolic link (its target {target} does not exist)"
-    if path.is_dir():
-        return "is a folder, not an image file"
-    if not path.is_file():
-        return "not a regular file (a pipe, socket or device)"
-    return (f"unsupported file type {path.suffix or '(no extension)'!r}; "
-            f"supported: {', '.join(IMAGE_EXTENSIONS)}")
-
-
-def list_images(folder: str | Path) -> list[Path]:
-    """The folder's image files (supported extensions, not hidden), sorted by file name."""
-    return list_folder(folder)[0]
-
-
-def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Delete temporary files that an interrupted atomic write left in ``folder`` (recursively)."""
-    removed = []
-    folder = Path(folder)
-    if not folder.is_dir():
-        return removed
-    for p in folder.rglob(f".*{TEMP_SUFFIX}"):
-        with contextlib.suppress(OSError):
-            p.unlink()
-            removed.append(p)
-    return removed
