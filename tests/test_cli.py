@@ -41,15 +41,6 @@ def prior_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two cores are shared with a training job: one torch thread avoids oversubscription."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def smooth(h=32, w=32, c=3, phase=0.0) -> np.ndarray:
     yy, xx = np.mgrid[0:h, 0:w]
     yy, xx = yy / max(h - 1, 1), xx / max(w - 1, 1)

@@ -218,14 +218,6 @@ def prior_dirs(tmp_path_factory) -> list[str]:
     return paths
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _images(folder: Path, n: int, size: int = 16) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     yy, xx = np.mgrid[0:size, 0:size] / (size - 1)

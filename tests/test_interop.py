@@ -21,14 +21,6 @@ from nfc_dps.samplers.common import schedule_top
 SIGMA_MAX = 50 / 255  # DRUNet's range, [0, 1] units
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def smoothing_denoiser(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """A Gaussian denoiser in deepinv's convention: x in [0, 1] (plus noise), sigma (B,) in [0, 1]
     units -> a blend of x and its 3 x 3 mean, more of the mean at larger sigma."""
