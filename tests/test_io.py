@@ -275,6 +275,23 @@ def test_16bit_png_exif_after_the_image_data_is_applied(tmp_path):
     np.testing.assert_array_equal(y, _orient(upright, 6))
 
 
+def test_interlaced_16bit_png_reads(tmp_path):
+    """An Adam7-interlaced 16-bit RGB PNG reads at full precision."""
+    q = np.random.default_rng(5).integers(0, 65536, (13, 11, 3)).astype(np.uint16)
+    rows = b""
+    for y0, x0, dy, dx in ((0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2), (1, 0, 2, 1)):
+        rows += b"".join(b"\x00" + row.astype(">u2").tobytes() for row in q[y0::dy, x0::dx])
+
+    def chunk(k, b):
+        return struct.pack(">I", len(b)) + k + b + struct.pack(">I", zlib.crc32(k + b) & 0xFFFFFFFF)
+
+    (tmp_path / "i.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 11, 13, 16, 2, 0, 0, 1))
+                                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    y, info = read_image(tmp_path / "i.png")
+    assert info.bit_depth == 16
+    np.testing.assert_array_equal(y, q / np.float32(65535))
+
+
 def test_corrupt_16bit_png_data_names_the_file(tmp_path):
     write_image(tmp_path / "a.png", _img(), bit_depth=16)
     data = bytearray((tmp_path / "a.png").read_bytes())
