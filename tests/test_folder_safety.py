@@ -399,3 +399,26 @@ def test_stale_file_cleanup_never_removes_an_output_of_this_run(tmp_path):
     records = RunRecords(tmp_path, Log(True), {}, None, overwrite=False)
     records.remove_unlisted(["a.png", "a_lower.png", "std/a.npy"], ["a.png"], keep={"a.png", "a_lower.png"})
     assert (tmp_path / "a_lower.png").is_file() and not (tmp_path / "std" / "a.npy").exists()
+
+
+def test_an_animated_png_is_noted(tmp_path, prior_dir, capsys):
+    from PIL import Image
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    frames = [Image.fromarray((smooth(phase=i) * 255).astype(np.uint8)) for i in range(2)]
+    frames[0].save(inp / "anim.png", save_all=True, append_images=frames[1:])
+    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 0
+    assert "note anim.png: only the first of its 2 pages/frames is restored" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_prior_names_a_symlink_loop_and_trains_on_the_rest(tmp_path, capsys):
+    images = tmp_path / "images"
+    make_images(images, 2)
+    (images / "loop.png").symlink_to(images / "loop.png")
+    tiny = ["--widths", "8,16", "--crop", "16", "--batch", "2", "--threads", "1", "--quiet"]
+    assert main(["train-prior", "--workdir", str(tmp_path / "work"), "--images", str(images), "--steps", "1",
+                 *tiny]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "loop.png" in err and (tmp_path / "work" / "state.pt").is_file()
