@@ -130,3 +130,35 @@ def test_wiener_start_on_a_reflect_blur_is_no_worse_than_the_adjoint(kernel):
     wiener = to_image_units(initial_estimate(op, prob.y, prob.sigma, shape, "wiener", spectrum)).clamp(0, 1)
     adjoint = to_image_units(initial_estimate(op, prob.y, prob.sigma, shape, "adjoint")).clamp(0, 1)
     assert float(psnr(wiener, truth)) >= float(psnr(adjoint, truth)) + 0.5
+
+
+def test_the_restore_command_restores_a_valid_blur_to_the_scene_it_measured(tmp_path):
+    """boundary: valid through the command line: simulate keeps the whole image as the truth and a
+    measurement smaller by the kernel less one; restore writes the whole scene, scored against it."""
+    import csv
+    import json as _json
+
+    from diffusers import UNet2DModel
+
+    from nfc_dps.cli import main
+    from nfc_dps.io import read_image, write_image
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16),
+                       norm_num_groups=4, layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+    unet.save_pretrained(tmp_path / "prior")
+    (tmp_path / "prior" / "nfc_dps_prior.json").write_text(_json.dumps({"parameterization": "edm"}))
+    yy, xx = np.mgrid[0:32, 0:32] / 31.0
+    (tmp_path / "clean").mkdir()
+    write_image(tmp_path / "clean" / "a.png", np.stack([xx, yy, 0.5 + 0.3 * np.sin(6 * xx)], -1).astype(np.float32))
+    task = ["--task", "deblur_gaussian", "--param", "kernel_size=5", "--param", "kernel_std=1.0",
+            "--param", "boundary=valid"]
+    assert main(["simulate", "-i", str(tmp_path / "clean"), "-o", str(tmp_path / "sim"), *task, "-q"]) == 0
+    assert read_image(tmp_path / "sim" / "measurements" / "a.png")[0].shape == (28, 28, 3)
+    assert main(["restore", "--config", str(tmp_path / "sim" / "simulation.json"), "-o", str(tmp_path / "out"),
+                 "--prior", str(tmp_path / "prior"), "--steps", "2", "-q"]) == 0
+    assert read_image(tmp_path / "out" / "a.png")[0].shape == (32, 32, 3)
+    with open(tmp_path / "out" / "results.csv") as f:
+        row = next(csv.DictReader(f))
+    assert row["status"] == "done" and float(row["psnr"]) > 15, row

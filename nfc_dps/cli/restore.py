@@ -411,10 +411,13 @@ class RestoreRun:
             h, w = y.shape[:2]
             operator, _ = self.source.build(item.name, (h * factor, w * factor))
             operator = operator.to(self.device)
-            expected = tuple(operator.measurement_shape((1, 1, h * factor, w * factor))[-2:])
+            # the image the measurement is of: factor times larger for SR, larger by the kernel less one
+            # for a blur with boundary 'valid' (the scene beyond the frame that the blur mixed in)
+            image_hw = tuple(operator.image_shape((1, 1, h, w))[-2:])
+            expected = tuple(operator.measurement_shape((1, 1, *image_hw))[-2:])
             if expected != (h, w):
                 raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
-            for note in input_notes(info, (h * factor, w * factor), operator):
+            for note in input_notes(info, image_hw, operator):
                 self.log.error(f"note {item.name}: {note}")
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             row["error"] = failure_reason(e)
