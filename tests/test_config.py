@@ -16,9 +16,9 @@ from nfc_dps.config import (
     load_mapping,
     parse_scalar,
     parse_task,
-    resolved_config,
     steps_field,
 )
+from nfc_dps.run_record import resolved_config
 from nfc_dps.operators import TASKS
 from nfc_dps.samplers import METHODS, get_config
 
@@ -299,7 +299,7 @@ def test_resolved_config_of_every_method_and_preset_reads_back(tmp_path):
     that file rebuilds the same sampler config for every registered method and preset."""
     import json
 
-    from nfc_dps.config import SamplerSpec, resolved_config
+    from nfc_dps.config import SamplerSpec
 
     for method, meth in METHODS.items():
         for preset in meth.presets:

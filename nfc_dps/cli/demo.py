@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from .. import io as nio
-from ..config import DEFAULT_NOISE_SIGMA, SamplerSpec, parse_task, resolved_config
+from ..config import DEFAULT_NOISE_SIGMA, SamplerSpec, parse_task
+from ..run_record import resolved_config
 from ..operators import TASKS
 from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noise_seed, open_prior, parse_device,
                      prior_key, set_threads, to_numpy)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import io as nio
-from ..config import package_versions
+from ..run_record import package_versions
 from .common import Log, UsageError
 from .outputs import OutputError
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import io as nio
 from ..distributed import Dist, init_distributed, resolve_device
-from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task, resolved_config
+from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task
+from ..run_record import resolved_config
 from ..operators import TASKS
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
                      STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_metrics, image_seed, input_names, match_file,

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import io as nio
-from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config, package_versions
+from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
+from ..run_record import package_versions
 from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
                      input_names, noise_seed, read_inputs, to_numpy)
 from .flags import task_flags
