@@ -9,31 +9,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
-
-from .. import io as nio
-from ..distributed import Dist, init_distributed, resolve_device
-from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task
-from ..run_record import resolved_config
-from ..operators import TASKS
-from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
-                     STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_metrics, image_seed, input_names, match_file,
-                     open_prior, parse_device, prior_key, read_inputs, set_threads, sha256_file, sha256_json, to_numpy)
-from .flags import common_flags, precision_flag, task_flags
-from .preflight import check_method_takes_operator, check_prior_fits, first_image, input_notes
-from .outputs import OutputError, cannot_write, check_output_folder, npy_bytes, output_stems, run_lock
-from .records import SHARD_DIR, SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
-from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task, with_operator_files
-from ..samplers import METHODS
-from ..conformal import CalibrationError, load_calibration
 from .. import api
-from ..conformal import prior_fingerprint
+from .. import io as nio
+from ..config import PER_IMAGE_SEED, SamplerSpec, load_config, parse_task
+from ..conformal import CalibrationError, load_calibration, prior_fingerprint
+from ..distributed import Dist, init_distributed, resolve_device
+from ..operators import TASKS
+from ..run_record import resolved_config
+from ..samplers import METHODS
 from ..samplers.common import PriorRangeError
+from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, SIMULATION_JSON,
+                     STD_PNG_SCALE, Log, UsageError, check_readable_folder, failure_reason, image_seed, input_names,
+                     open_prior, parse_device, prior_key, read_inputs, set_threads, sha256_file, sha256_json)
+from .flags import common_flags, precision_flag, task_flags
+from .outputs import OutputError, cannot_write, check_output_folder, output_stems, run_lock
+from .preflight import check_method_takes_operator, check_prior_fits, first_image, input_notes
+from .records import SHARD_DIR, SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
+from .restore_outputs import Item, Job, add_ground_truth_metrics, write_outputs
+from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task, with_operator_files
 
 
 #: the subfolders of the output folder that restore writes (std maps, samples, torchrun's progress)
@@ -105,32 +101,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--overwrite", action="store_true", help="redo images already done in the output folder")
     common_flags(r)
     r.set_defaults(func=cmd_restore)
-
-
-@dataclass
-class Item:
-    """An input image: its index in the sorted list, path, name (relative, '/'-separated), output stem and seed."""
-
-    index: int
-    path: Path
-    name: str
-    out_stem: str
-    seed: int
-    row: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Job:
-    """An image to restore: its measurement y ((h, w[, C]) in [0, 1]), operator and manifest key.
-    Jobs of one ``group`` (measurement shape, operator file) can share a restore() call."""
-
-    item: Item
-    row: dict[str, Any]
-    key: str
-    y: np.ndarray
-    info: nio.ImageInfo
-    operator: Any
-    group: tuple
 
 
 def cmd_restore(args) -> int:
@@ -471,78 +441,6 @@ class RestoreRun:
         job.row["error"] = failure_reason(error)
         self.records.images.pop(job.item.name, None)
         return job.row
-
-
-def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: int | None, samples: int,
-                  save_samples: bool) -> dict[str, Any]:
-    """Write image ``i`` of the restore() result ``res`` of ``batch`` images into ``out`` (at
-    ``bit_depth``, None: the input's; std map when ``samples`` > 1, and each sample with
-    ``save_samples``), fill the job's row; its manifest entry."""
-    item, row, info = job.item, job.row, job.info
-    h, w = job.y.shape[:2]
-    image = to_numpy(res.image[i:i + 1])
-    if not np.isfinite(image).all():
-        raise FloatingPointError("restoration contains NaN/Inf; not saved")
-    bit_depth = bit_depth or info.output_bit_depth
-    same_size = image.shape[:2] == (h, w)
-    alpha = info.alpha if (info.has_alpha and same_size) else None
-    row["alpha"] = "" if not info.has_alpha else ("re-attached" if same_size else
-                                                  "dropped (output size differs from the input)")
-    outputs = [f"{item.out_stem}.png"]
-    extra: list[tuple[str, Callable[[Path], Any]]] = []
-    if res.std is not None:
-        std = to_numpy(res.std[i:i + 1])
-        if not np.isfinite(std).all():
-            raise FloatingPointError("posterior std contains NaN/Inf; not saved")
-        std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
-        extra.append((f"std/{item.out_stem}.png", lambda p, m=std_map: nio.write_image(p, m * STD_PNG_SCALE, 16)))
-        extra.append((f"std/{item.out_stem}.npy",
-                      lambda p, s=std: nio.atomic_write_bytes(p, npy_bytes(s.astype(np.float32)))))
-        if save_samples:
-            for j in range(samples):
-                a = to_numpy(res.samples[j, i:i + 1])
-                extra.append((f"samples/{item.out_stem}_{j}.png",
-                              lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
-    if getattr(res, "lower", None) is not None:  # the calibrated interval, beside the restoration
-        for end, bound in (("lower", res.lower), ("upper", res.upper)):
-            extra.append((f"{item.out_stem}_{end}.png",
-                          lambda p, a=to_numpy(bound[i:i + 1]): nio.write_image(p, np.clip(a, 0, 1), 16)))
-    # write the extras first: the main image appearing last marks a complete set
-    for rel, write in extra:
-        write(out / rel)
-        outputs.append(rel)
-    nio.write_image(out / f"{item.out_stem}.png", image, bit_depth, alpha)
-    row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
-    return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
-            "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
-            "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-
-
-def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path) -> None:
-    """PSNR / SSIM of the row's output in ``out`` against the ground truth of ``item`` in ``gt_dir``
-    (same name, or same stem); a missing, unreadable or differently sized one is the row's error."""
-    if gt_dir is None:
-        return
-    try:
-        gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
-    except OSError as e:  # the folder became unreadable during the run
-        row["error"] = f"ground truth: cannot read {gt_dir} ({e.strerror or e})"
-        return
-    if gt_path is None:
-        row["error"] = f"no ground truth for {item.name} in {gt_dir}"
-        return
-    try:
-        gt, _ = nio.read_image(gt_path)
-        x, _ = nio.read_image(out / row["output"])
-    except (nio.ImageReadError, OSError) as e:
-        row["error"] = f"ground truth: {e}"
-        return
-    if gt.ndim == 3 and x.ndim == 2:
-        gt = gt.mean(-1)
-    if gt.shape != x.shape:
-        row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
-        return
-    row["psnr"], row["ssim"] = image_metrics(x, gt)
 
 
 def _load_calibration(args, task, spec: SamplerSpec, samples: int, bundle) -> Any:

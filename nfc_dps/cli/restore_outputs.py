@@ -1,0 +1,115 @@
+"""What one restored image leaves in the output folder: its input and job (:class:`Item`,
+:class:`Job`), its files (:func:`write_outputs`: the restoration, std map, samples and calibrated
+interval, the main image last) and its metrics against a ground truth (:func:`add_ground_truth_metrics`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import io as nio
+from .common import STD_PNG_SCALE, image_metrics, match_file, to_numpy
+from .outputs import npy_bytes
+
+
+@dataclass
+class Item:
+    """An input image: its index in the sorted list, path, name (relative, '/'-separated), output stem and seed."""
+
+    index: int
+    path: Path
+    name: str
+    out_stem: str
+    seed: int
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """An image to restore: its measurement y ((h, w[, C]) in [0, 1]), operator and manifest key.
+    Jobs of one ``group`` (measurement shape, operator file) can share a restore() call."""
+
+    item: Item
+    row: dict[str, Any]
+    key: str
+    y: np.ndarray
+    info: nio.ImageInfo
+    operator: Any
+    group: tuple
+
+
+
+def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: int | None, samples: int,
+                  save_samples: bool) -> dict[str, Any]:
+    """Write image ``i`` of the restore() result ``res`` of ``batch`` images into ``out`` (at
+    ``bit_depth``, None: the input's; std map when ``samples`` > 1, and each sample with
+    ``save_samples``), fill the job's row; its manifest entry."""
+    item, row, info = job.item, job.row, job.info
+    h, w = job.y.shape[:2]
+    image = to_numpy(res.image[i:i + 1])
+    if not np.isfinite(image).all():
+        raise FloatingPointError("restoration contains NaN/Inf; not saved")
+    bit_depth = bit_depth or info.output_bit_depth
+    same_size = image.shape[:2] == (h, w)
+    alpha = info.alpha if (info.has_alpha and same_size) else None
+    row["alpha"] = "" if not info.has_alpha else ("re-attached" if same_size else
+                                                  "dropped (output size differs from the input)")
+    outputs = [f"{item.out_stem}.png"]
+    extra: list[tuple[str, Callable[[Path], Any]]] = []
+    if res.std is not None:
+        std = to_numpy(res.std[i:i + 1])
+        if not np.isfinite(std).all():
+            raise FloatingPointError("posterior std contains NaN/Inf; not saved")
+        std_map = np.sqrt(np.mean(std**2, axis=-1)) if std.ndim == 3 else std
+        extra.append((f"std/{item.out_stem}.png", lambda p, m=std_map: nio.write_image(p, m * STD_PNG_SCALE, 16)))
+        extra.append((f"std/{item.out_stem}.npy",
+                      lambda p, s=std: nio.atomic_write_bytes(p, npy_bytes(s.astype(np.float32)))))
+        if save_samples:
+            for j in range(samples):
+                a = to_numpy(res.samples[j, i:i + 1])
+                extra.append((f"samples/{item.out_stem}_{j}.png",
+                              lambda p, a=a: nio.write_image(p, a, bit_depth, alpha)))
+    if getattr(res, "lower", None) is not None:  # the calibrated interval, beside the restoration
+        for end, bound in (("lower", res.lower), ("upper", res.upper)):
+            extra.append((f"{item.out_stem}_{end}.png",
+                          lambda p, a=to_numpy(bound[i:i + 1]): nio.write_image(p, np.clip(a, 0, 1), 16)))
+    # write the extras first: the main image appearing last marks a complete set
+    for rel, write in extra:
+        write(out / rel)
+        outputs.append(rel)
+    nio.write_image(out / f"{item.out_stem}.png", image, bit_depth, alpha)
+    row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
+    return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
+            "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
+            "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path) -> None:
+    """PSNR / SSIM of the row's output in ``out`` against the ground truth of ``item`` in ``gt_dir``
+    (same name, or same stem); a missing, unreadable or differently sized one is the row's error."""
+    if gt_dir is None:
+        return
+    try:
+        gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
+    except OSError as e:  # the folder became unreadable during the run
+        row["error"] = f"ground truth: cannot read {gt_dir} ({e.strerror or e})"
+        return
+    if gt_path is None:
+        row["error"] = f"no ground truth for {item.name} in {gt_dir}"
+        return
+    try:
+        gt, _ = nio.read_image(gt_path)
+        x, _ = nio.read_image(out / row["output"])
+    except (nio.ImageReadError, OSError) as e:
+        row["error"] = f"ground truth: {e}"
+        return
+    if gt.ndim == 3 and x.ndim == 2:
+        gt = gt.mean(-1)
+    if gt.shape != x.shape:
+        row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
+        return
+    row["psnr"], row["ssim"] = image_metrics(x, gt)
