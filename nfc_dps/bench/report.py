@@ -35,7 +35,7 @@ import numpy as np
 
 from .spec import DEFAULT_TASKS
 from .tables import group_rows, load_results, mean_std, numbers
-from .calibration import read_calibration_csv
+from .calibration_report import read_calibration_csv
 from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
