@@ -79,8 +79,8 @@ from ..priors.default import load_prior
 from ..conformal import DEFAULT_EPS, interval, fit_quantile, normalized_scores
 from .instruments import machine_description
 from ..io import atomic_write_text
-from .calibration_report import (calibration_markdown, conformal_markdown, raw_z, read_calibration_csv,
-                                 reliability_plot)
+from .calibration_report import (calibration_markdown, conformal_markdown, conformal_summary, coverage_summary,
+                                 mean_rows, raw_z, read_calibration_csv, reliability_plot)
 
 __all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "run_calibration",
            "calibration_markdown", "reliability_plot", "read_calibration_csv", "photo_tiles", "conformal_rows",
@@ -344,7 +344,7 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
                 v_xs = _run_chains(method, cfg, prior, op, v_y, sigma_y, k, v_seeds, device).double()
                 crows += conformal_rows(name, method, budget, [v_xs], [v_truth.double()], [xs], [truth.double()],
                                         coverage, clip=False)
-                log(f"calibration {name} {method} @{budget}: {_pm(rows)}; {_cm(crows)} "
+                log(f"calibration {name} {method} @{budget}: {coverage_summary(rows)}; {conformal_summary(crows)} "
                     f"({time.perf_counter() - t0:.1f}s)")
     for name, prior, splits in _embedded_problems(embedded, prior_path, seed, device, Path(out) / "local",
                                                   embedded_size, validation_images, test_images):
@@ -366,13 +366,13 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
                         parts.append(calibration_rows(name, method, embedded_budget, xs, truth.double()))
             if not parts:
                 continue
-            rows += _mean_rows(parts)
-            msg = f"calibration {name} {method} @{embedded_budget}: {_pm(rows)}"
+            rows += mean_rows(parts)
+            msg = f"calibration {name} {method} @{embedded_budget}: {coverage_summary(rows)}"
             if "validation" in splits:
                 v_truths = [t.double() for t in splits["validation"][1]]
                 crows += conformal_rows(name, method, embedded_budget, chains["validation"], v_truths,
                                         chains["test"], [t.double() for t in truths], coverage, clip=True)
-                msg += f"; {_cm(crows)}"
+                msg += f"; {conformal_summary(crows)}"
             log(f"{msg} ({time.perf_counter() - t0:.1f}s)")
     header = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

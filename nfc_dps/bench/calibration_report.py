@@ -28,12 +28,12 @@ def read_calibration_csv(path: Path) -> list[dict[str, Any]]:
                 for r in csv.DictReader(f)]
 
 
-def _mean_rows(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def mean_rows(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Row-wise mean of ``observed`` over equally laid out row lists (one per image)."""
     return [{**rs[0], "observed": float(np.mean([r["observed"] for r in rs]))} for rs in zip(*parts)]
 
 
-def _pm(rows: list[dict[str, Any]]) -> str:
+def coverage_summary(rows: list[dict[str, Any]]) -> str:
     """'cov 61/89 % (K=16)' of the last (setting, method) in ``rows``."""
     last = rows[-1]
     at = {r["width"]: r["observed"] for r in rows if r["setting"] == last["setting"] and r["method"] == last["method"]
@@ -41,7 +41,7 @@ def _pm(rows: list[dict[str, Any]]) -> str:
     return f"coverage {100 * at[1.0]:.0f}/{100 * at[2.0]:.0f} % at ±1/±2 std (K={last['k']})"
 
 
-def _cm(crows: list[dict[str, Any]]) -> str:
+def conformal_summary(crows: list[dict[str, Any]]) -> str:
     """'calibrated 90 %: raw 71 -> 89 % (K=16)' of the last (setting, method) in ``crows``."""
     r = crows[-1]
     return (f"{100 * r['nominal']:.0f} % interval on test: {100 * r['raw_coverage']:.0f} % before, "
