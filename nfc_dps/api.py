@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .io import INTEGER_SCALES
 from .operators.base import LinearOperator, noise_sigma_problem
@@ -278,43 +279,8 @@ def restore(
     size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
     is unmeasured, filled by the prior) and cropped back.
     """
-    if not isinstance(operator, LinearOperator):
-        raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
-                        f"got {type(operator).__name__}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-    num_samples = int(num_samples)
-    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer))
-                                  or max_batch < 1):
-        raise ValueError(f"max_batch must be an int >= 1 or None, got {max_batch!r}")
-    try:
-        sigma = float(sigma_y)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"sigma_y must be a number ([0, 1] pixel units), got {type(sigma_y).__name__}") from e
-    why = noise_sigma_problem(sigma)
-    if why:
-        raise ValueError(f"sigma_y {why}")
-    sigma_y = sigma
-    batch, back = as_batch(y)
-    if batch.numel() == 0:
-        raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)}); pass at least one "
-                         f"image of at least one pixel")
-    if operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
-        if not torch.isfinite(batch).all():
-            raise ValueError("measurement contains NaN or Inf")
-    else:
-        _check_range(batch, sigma_y)
-    b, c = batch.shape[:2]
-    seeds = _seed_list(seed, b)
-    input_device = batch.device
-    if prior is None or isinstance(prior, (str, os.PathLike)):  # a prior folder: loaded here
-        prior = load_prior(prior, device=input_device)
-    elif not (isinstance(prior, Prior) or (hasattr(prior, "denoise") and hasattr(prior, "channels"))):
-        raise TypeError(f"prior must be a nfc_dps Prior (e.g. nfc_dps.load_prior(folder)), a prior folder's path or "
-                        f"None (the embedded default), got {type(prior).__name__}")
-    device = prior_device(prior)  # numpy input is on the CPU; the results return to the input's device
-    if device is not None:
-        batch = batch.to(device)
+    batch, back, sigma_y, seeds, num_samples = _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch)
+    prior, batch, input_device = _checked_prior(prior, batch)
     m = get_method(method)
     hook: dict[str, Any] = {}
     if timer is not None:
@@ -322,7 +288,6 @@ def restore(
             raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
         hook["timer"] = timer
     if overrides:  # the types of config files and --set: num_levels=2.5 is refused naming the key
-        get_method(method)
         overrides = _validate_overrides(method, preset if config is None else None, overrides,
                                         {k: f"restore({k}=...)" for k in overrides})
     cfg = get_config(method, preset, **overrides) if config is None else override_config(method, config, **overrides)
@@ -333,73 +298,12 @@ def restore(
         calibration = load_calibration(calibration)
         calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
                           noise_sigma=sigma_y, factor=operator.downsampling_factor)
-
-    pc = prior.channels
-    # an operator that maps channel to channel gives images of the measurement's channels; one with
-    # fixed shapes (FunctionOperator) may measure any number of channels of a pc-channel image
-    gray = c != pc and operator.image_shape(batch.shape)[1] != pc
-    if gray:
-        if c == 1:
-            # pc copies of one noisy channel carry its information once: as independent channels
-            # each has noise sigma_y * sqrt(pc), which keeps the likelihood of their mean exact
-            batch = batch.expand(-1, pc, -1, -1)
-            sigma_y = sigma_y * math.sqrt(pc)
-        else:
-            raise ValueError(f"measurement has {c} channels but the prior models {pc}")
-    image_shape = tuple(operator.image_shape(batch.shape))
-    h, w = image_shape[-2:]
-    mult = prior.size_multiple
-    if h % mult or w % mult:  # restore on a padded canvas; the border is filled by the prior
-        operator = CroppedOperator(operator, (h, w), (padded_size(h, mult), padded_size(w, mult)))
-        image_shape = tuple(operator.image_shape(batch.shape))
-    chains = b * num_samples
-    chunk = chains if max_batch is None else min(int(max_batch), chains)
-    starts = range(0, chains, chunk)
-
-    counted = counting(prior)
-    bar = None
-    total = cfg.steps
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total * len(starts) if total else None, desc=method, unit="step", leave=False)
-
-    parts, nfe = [], None
-    stats = _SampleStats(b, num_samples) if num_samples > 1 else None
+    problem = _Problem.set_up(operator, batch, sigma_y, prior)
+    b = batch.shape[0]
     t0 = time.perf_counter()
-    try:
-        for lo in starts:
-            hi = min(lo + chunk, chains)
-
-            def step_callback(info: dict[str, Any], span: tuple[int, int] = (lo, hi)) -> None:
-                if bar is not None:
-                    bar.update(1)
-                if callback is not None:
-                    callback({**info, "chains": span})
-
-            before = counted.nfe
-            # chain i restores image i // num_samples: index the measurement, never copy it K times
-            y_part = batch[torch.arange(lo, hi, device=batch.device) // num_samples]
-            gens = chain_generators(seeds, num_samples, lo, hi, device=batch.device)
-            x = m.sample(counted, operator, y_part, sigma_y, (hi - lo, *image_shape[1:]), cfg, gens, step_callback,
-                         **hook)
-            nfe = counted.nfe - before if nfe is None else nfe
-            if gray:
-                x = x.mean(1, keepdim=True)
-            if not torch.isfinite(x).all():
-                raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
-            x = x[..., :h, :w].to(input_device)
-            if stats is not None:
-                stats.add(x, lo)
-            if stats is None or keep_samples:
-                parts.append(x.clamp(0, 1))
-            del x
-    finally:
-        if bar is not None:
-            bar.close()
+    samples, stats, nfe = _run_chains(m, method, cfg, prior, problem, seeds, num_samples, max_batch, keep_samples,
+                                      input_device, callback, progress, hook)
     seconds = time.perf_counter() - t0
-    samples = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
-    del parts
     if stats is None:
         return Restoration(back(samples), None, None, nfe, seconds, cfg)
     mean, std = stats.mean.float().clamp(0, 1), stats.std().float()
@@ -412,3 +316,132 @@ def restore(
     if calibration is not None:
         lower, upper = (back(t) for t in calibration.interval(mean, std))
     return Restoration(back(mean), back(std), stacked, nfe, seconds, cfg, lower, upper)
+
+
+def _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch):
+    """restore()'s checks of its inputs: (batch (B, C, h, w) float32, the function that returns a
+    result in y's kind, sigma_y as a float, one seed per image, num_samples as an int)."""
+    if not isinstance(operator, LinearOperator):
+        raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
+                        f"got {type(operator).__name__}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer))
+                                  or max_batch < 1):
+        raise ValueError(f"max_batch must be an int >= 1 or None, got {max_batch!r}")
+    try:
+        sigma = float(sigma_y)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"sigma_y must be a number ([0, 1] pixel units), got {type(sigma_y).__name__}") from e
+    why = noise_sigma_problem(sigma)
+    if why:
+        raise ValueError(f"sigma_y {why}")
+    batch, back = as_batch(y)
+    if batch.numel() == 0:
+        raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)}); pass at least one "
+                         f"image of at least one pixel")
+    if operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
+        if not torch.isfinite(batch).all():
+            raise ValueError("measurement contains NaN or Inf")
+    else:
+        _check_range(batch, sigma)
+    return batch, back, sigma, _seed_list(seed, batch.shape[0]), int(num_samples)
+
+
+def _checked_prior(prior, batch):
+    """(the prior, loaded when given as a folder or None; the batch on the prior's device; the
+    device results return to)."""
+    input_device = batch.device
+    if prior is None or isinstance(prior, (str, os.PathLike)):  # a prior folder: loaded here
+        prior = load_prior(prior, device=input_device)
+    elif not (isinstance(prior, Prior) or (hasattr(prior, "denoise") and hasattr(prior, "channels"))):
+        raise TypeError(f"prior must be a nfc_dps Prior (e.g. nfc_dps.load_prior(folder)), a prior folder's path or "
+                        f"None (the embedded default), got {type(prior).__name__}")
+    device = prior_device(prior)  # numpy input is on the CPU; the results return to the input's device
+    return prior, (batch.to(device) if device is not None else batch), input_device
+
+
+@dataclass
+class _Problem:
+    """What every chain restores: the measurement (gray ones replicated to the prior's channels,
+    with their noise std scaled), the operator (on a padded canvas where the image size is not a
+    multiple of the prior's), the image shape on it and the (h, w) cropped back."""
+
+    batch: Tensor
+    operator: LinearOperator
+    sigma_y: float
+    image_shape: tuple[int, ...]
+    hw: tuple[int, int]
+    gray: bool
+
+    @classmethod
+    def set_up(cls, operator: LinearOperator, batch: Tensor, sigma_y: float, prior: Any) -> "_Problem":
+        c, pc = batch.shape[1], prior.channels
+        # an operator that maps channel to channel gives images of the measurement's channels; one with
+        # fixed shapes (FunctionOperator) may measure any number of channels of a pc-channel image
+        gray = c != pc and operator.image_shape(batch.shape)[1] != pc
+        if gray:
+            if c == 1:
+                # pc copies of one noisy channel carry its information once: as independent channels
+                # each has noise sigma_y * sqrt(pc), which keeps the likelihood of their mean exact
+                batch = batch.expand(-1, pc, -1, -1)
+                sigma_y = sigma_y * math.sqrt(pc)
+            else:
+                raise ValueError(f"measurement has {c} channels but the prior models {pc}")
+        image_shape = tuple(operator.image_shape(batch.shape))
+        h, w = image_shape[-2:]
+        mult = prior.size_multiple
+        if h % mult or w % mult:  # restore on a padded canvas; the border is filled by the prior
+            operator = CroppedOperator(operator, (h, w), (padded_size(h, mult), padded_size(w, mult)))
+            image_shape = tuple(operator.image_shape(batch.shape))
+        return cls(batch, operator, sigma_y, image_shape, (h, w), gray)
+
+
+def _run_chains(m, method, cfg, prior, problem: _Problem, seeds, num_samples, max_batch, keep_samples, input_device,
+                callback, progress, hook):
+    """Run the B * num_samples chains, ``max_batch`` at a time: (the samples clipped to [0, 1]
+    (B * K, C, H, W) on the input's device, or None when only statistics are kept; their running
+    statistics (None for one sample); network calls per chain)."""
+    b = problem.batch.shape[0]
+    chains = b * num_samples
+    chunk = chains if max_batch is None else min(int(max_batch), chains)
+    starts = range(0, chains, chunk)
+    h, w = problem.hw
+    counted = counting(prior)
+    bar = None
+    if progress:
+        bar = tqdm(total=cfg.steps * len(starts) if cfg.steps else None, desc=method, unit="step", leave=False)
+    parts, nfe = [], None
+    stats = _SampleStats(b, num_samples) if num_samples > 1 else None
+    try:
+        for lo in starts:
+            hi = min(lo + chunk, chains)
+
+            def step_callback(info: dict[str, Any], span: tuple[int, int] = (lo, hi)) -> None:
+                if bar is not None:
+                    bar.update(1)
+                if callback is not None:
+                    callback({**info, "chains": span})
+
+            before = counted.nfe
+            # chain i restores image i // num_samples: index the measurement, never copy it K times
+            y_part = problem.batch[torch.arange(lo, hi, device=problem.batch.device) // num_samples]
+            gens = chain_generators(seeds, num_samples, lo, hi, device=problem.batch.device)
+            x = m.sample(counted, problem.operator, y_part, problem.sigma_y, (hi - lo, *problem.image_shape[1:]), cfg,
+                         gens, step_callback, **hook)
+            nfe = counted.nfe - before if nfe is None else nfe
+            if problem.gray:
+                x = x.mean(1, keepdim=True)
+            if not torch.isfinite(x).all():
+                raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
+            x = x[..., :h, :w].to(input_device)
+            if stats is not None:
+                stats.add(x, lo)
+            if stats is None or keep_samples:
+                parts.append(x.clamp(0, 1))
+            del x
+    finally:
+        if bar is not None:
+            bar.close()
+    samples = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
+    return samples, stats, nfe
