@@ -10,6 +10,7 @@
 """
 
 from .data import TrainingError
-from .loop import TrainConfig, TrainResult, train_prior
+from .config import TrainConfig, TrainResult
+from .loop import train_prior
 
 __all__ = ["TrainConfig", "TrainResult", "TrainingError", "train_prior"]

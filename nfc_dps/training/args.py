@@ -8,7 +8,7 @@ from pathlib import Path
 from ..priors.archs import ARCHS
 from .data import DEFAULT_SCALES
 from .leaves import SYNTHETIC
-from .loop import TrainConfig
+from .config import TrainConfig
 
 EXAMPLES = """examples:
   nfc-dps train-prior --workdir runs/ct --images scans/ --channels 1 --minutes 60 --export priors/ct
