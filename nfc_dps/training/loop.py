@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from .. import io as nio
@@ -160,235 +161,295 @@ def _check_folders(cfg: TrainConfig) -> None:
 
 def _train_locked(cfg: TrainConfig, workdir: Path, log: Callable[[str], None], warn: Callable[[str], None]) -> TrainResult:
     """:func:`train_prior` once the work folder is locked."""
-    device = torch.device(cfg.device)
-    state_path = workdir / STATE_NAME
-    state = read_state(state_path, device) if state_path.exists() else None
-    saved = state["config"] if state else None
-    cfg = replace(cfg, seed=_resume_seed(cfg, state, workdir, warn) if state is not None
-                  else (0 if cfg.seed is None else cfg.seed))
-    init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
-    cfg = resolve_network(cfg, saved, init)
-    if saved is not None:  # the network's keys first: before minutes of data loading
-        net_keys = ("arch", "widths", "layers", "crop")
-        check_fingerprint(workdir, {k: saved.get(k) for k in net_keys},
-                          {k: list(v) if k == "widths" else v for k, v in asdict(cfg).items() if k in net_keys})
-    exclude = [workdir] + ([Path(cfg.export)] if cfg.export else [])
-    previous_split = state.get("split") if state else None
-    data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, warn, previous_split) if cfg.images
-            else load_builtin(cfg.channels))
-    leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
-    trained_with = (saved or {}).get("data", {}).get("synthetic", DEFAULT_SYNTHETIC)
-    synthetic = cfg.synthetic or trained_with
-    if saved is not None and synthetic != trained_with:
-        raise TrainingError(f"--workdir {workdir} was trained with --synthetic {trained_with}, this run asks for "
-                            f"{synthetic}; leave --synthetic out (or give {trained_with}) to resume, or use another --workdir")
-    if cfg.synthetic and cfg.synthetic != DEFAULT_SYNTHETIC and leaves_frac == 0:
-        warn(f"--synthetic {cfg.synthetic} has no effect: no procedural crops (--dead-leaves 0); "
-             f"give --dead-leaves F to mix them in")
-    cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac, synthetic=synthetic)
-    fp = fingerprint(cfg.arch, cfg.widths, cfg.layers, cfg.channels, cfg.crop, data.source, leaves_frac, cfg.scales,
-                     cfg.holdout if cfg.images else None, synthetic)
-    if saved is not None:
-        check_fingerprint(workdir, saved, fp)
-    levels = 2 ** (len(cfg.widths) - 1)
-    if cfg.crop % levels:
-        raise TrainingError(f"--crop {cfg.crop} must be a multiple of {levels} for {len(cfg.widths)} resolution levels")
+    return _Run(cfg, workdir, log, warn).train()
 
-    precision = _precision(cfg.precision, device)
-    channels_last = device.type == "cuda" or size_independent(cfg.arch)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    torch.manual_seed(cfg.seed)
-    net = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=fmt)
-    ema = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=fmt)
-    ema.requires_grad_(False)
-    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, fused=device.type == "cuda")
-    gen = torch.Generator(device=device)
-    step, seconds0, crops0 = 0, 0.0, 0
-    if state is not None:
-        net.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        opt.load_state_dict(state["opt"])
-        step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
-        if state["rng"] is not None and state.get("rng_device", device.type) == device.type:
-            gen.set_state(state["rng"].cpu())
+
+class _Run:
+    """One training run in a locked work folder: its settings (resolved against the folder's
+    state), data, networks, optimiser and random stream; :meth:`train` steps until the budget or
+    a signal, logging, saving and exporting as it goes."""
+
+    def __init__(self, cfg: TrainConfig, workdir: Path, log: Callable[[str], None],
+                 warn: Callable[[str], None]) -> None:
+        self.workdir, self.log, self.warn = workdir, log, warn
+        self.device = torch.device(cfg.device)
+        self.state_path = workdir / STATE_NAME
+        state = read_state(self.state_path, self.device) if self.state_path.exists() else None
+        self._settle(cfg, state)
+        self._networks(state)
+        del state
+        self._pool_and_records()
+        self.saved, self.exported, self.saving = self.step, -1, False
+        self.loss: float | None = None
+        self.heldout: dict | None = None
+        self.power_law: list = []
+        self.stop_signal: str | None = None
+
+    # -- set-up
+
+    def _settle(self, cfg: TrainConfig, state: dict | None) -> None:
+        """The run's settings: the folder's seed and network, the data, the procedural generator;
+        every mismatch with the folder's state a TrainingError before the data loads."""
+        workdir, saved = self.workdir, (state["config"] if state else None)
+        cfg = replace(cfg, seed=_resume_seed(cfg, state, workdir, self.warn) if state is not None
+                      else (0 if cfg.seed is None else cfg.seed))
+        init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
+        cfg = resolve_network(cfg, saved, init)
+        if saved is not None:  # the network's keys first: before minutes of data loading
+            net_keys = ("arch", "widths", "layers", "crop")
+            check_fingerprint(workdir, {k: saved.get(k) for k in net_keys},
+                              {k: list(v) if k == "widths" else v for k, v in asdict(cfg).items() if k in net_keys})
+        exclude = [workdir] + ([Path(cfg.export)] if cfg.export else [])
+        previous_split = state.get("split") if state else None
+        data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, self.warn, previous_split)
+                if cfg.images else load_builtin(cfg.channels))
+        leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
+        trained_with = (saved or {}).get("data", {}).get("synthetic", DEFAULT_SYNTHETIC)
+        synthetic = cfg.synthetic or trained_with
+        if saved is not None and synthetic != trained_with:
+            raise TrainingError(f"--workdir {workdir} was trained with --synthetic {trained_with}, this run asks for "
+                                f"{synthetic}; leave --synthetic out (or give {trained_with}) to resume, or use another "
+                                f"--workdir")
+        if cfg.synthetic and cfg.synthetic != DEFAULT_SYNTHETIC and leaves_frac == 0:
+            self.warn(f"--synthetic {cfg.synthetic} has no effect: no procedural crops (--dead-leaves 0); "
+                      f"give --dead-leaves F to mix them in")
+        cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac, synthetic=synthetic)
+        fp = fingerprint(cfg.arch, cfg.widths, cfg.layers, cfg.channels, cfg.crop, data.source, leaves_frac, cfg.scales,
+                         cfg.holdout if cfg.images else None, synthetic)
+        if saved is not None:
+            check_fingerprint(workdir, saved, fp)
+        levels = 2 ** (len(cfg.widths) - 1)
+        if cfg.crop % levels:
+            raise TrainingError(f"--crop {cfg.crop} must be a multiple of {levels} for {len(cfg.widths)} resolution levels")
+        self.cfg, self.data, self.fp = cfg, data, fp
+
+    def _networks(self, state: dict | None) -> None:
+        """The network, its EMA, Adam and the random stream: the state's, else fresh (or warm-started)."""
+        cfg, device = self.cfg, self.device
+        self.precision = _precision(cfg.precision, device)
+        self.channels_last = device.type == "cuda" or size_independent(cfg.arch)
+        self.fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        torch.manual_seed(cfg.seed)
+        net = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=self.fmt)
+        ema = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=self.fmt)
+        ema.requires_grad_(False)
+        opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+        gen = torch.Generator(device=device)
+        step, seconds0, crops0 = 0, 0.0, 0
+        if state is not None:
+            net.load_state_dict(state["model"])
+            ema.load_state_dict(state["ema"])
+            opt.load_state_dict(state["opt"])
+            step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
+            if state["rng"] is not None and state.get("rng_device", device.type) == device.type:
+                gen.set_state(state["rng"].cpu())
+            else:
+                if state["rng"] is not None:
+                    self.warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
+                              f"the crop stream is reseeded from (seed, step), so the run will not equal one on a "
+                              f"single device")
+                gen.manual_seed(cfg.seed * 1_000_003 + step)
+            if isinstance(state.get("torch_rng"), torch.Tensor):
+                torch.set_rng_state(state["torch_rng"].cpu())
+            self.log(f"resumed from {self.state_path} at step {step}"
+                     + (" (a state of the earlier train_prior.py)" if state.get("legacy") else ""))
         else:
-            if state["rng"] is not None:
-                warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
-                     f"the crop stream is reseeded from (seed, step), so the run will not equal one on a single device")
-            gen.manual_seed(cfg.seed * 1_000_003 + step)
-        if isinstance(state.get("torch_rng"), torch.Tensor):
-            torch.set_rng_state(state["torch_rng"].cpu())
-        log(f"resumed from {state_path} at step {step}" + (" (a state of the earlier train_prior.py)" if state.get("legacy") else ""))
-    else:
-        gen.manual_seed(cfg.seed)
-        if cfg.init_from:
-            load_init_weights(net, cfg.init_from, cfg.arch)
-            log(f"warm start from {cfg.init_from}")
-        ema.load_state_dict(net.state_dict())
-    del state
-    start_step = step
-    for g in opt.param_groups:
-        g["lr"] = cfg.lr
-    n_params = sum(p.numel() for p in net.parameters())
+            gen.manual_seed(cfg.seed)
+            if cfg.init_from:
+                load_init_weights(net, cfg.init_from, cfg.arch)
+                self.log(f"warm start from {cfg.init_from}")
+            ema.load_state_dict(net.state_dict())
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr
+        self.net, self.ema, self.opt, self.gen = net, ema, opt, gen
+        self.step, self.start_step, self.seconds0, self.crops0 = step, step, seconds0, crops0
+        self.n_params = sum(p.numel() for p in net.parameters())
+        self.denoiser = EDMDenoiser(_UNetCall(net, self.precision, self.channels_last), channels=cfg.channels,
+                                    sigma_data=SIGMA_DATA)
+        self.net_params, self.ema_params = list(net.parameters()), list(ema.parameters())
 
-    pool = multiscale([im for _, im in data.train], cfg.scales, cfg.crop)
-    sampler = CropSampler(pool, cfg.crop, device, DeadLeaves(cfg.seed, cfg.channels, kind=synthetic), leaves_frac)
-    sampler.sync_leaves(step)
-    log(f"data: {data.source}: {len(data.train)} training image(s) ({len(pool)} with scales), "
-        f"{len(data.heldout)} held out, {len(data.skipped)} skipped; procedural {synthetic} {leaves_frac:g}; "
-        f"network {cfg.arch} {list(cfg.widths)} x{cfg.layers}, {n_params:,} parameters, {cfg.channels} channel(s), "
-        f"crop {cfg.crop}, batch {cfg.batch}, {device} {precision}")
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-    split = {"train": [n for n, _ in data.train], "heldout": [n for n, _ in data.heldout]}
-    nio.write_json(workdir / CONFIG_JSON, {"config": fp, "settings": settings, "precision": precision,
-                                           "parameters": n_params, "train_images": split["train"],
-                                           "heldout_images": split["heldout"],
-                                           "skipped": [{"file": f, "reason": r} for f, r in data.skipped]})
-    for name in (LOSS_CSV, HELDOUT_CSV):
-        _keep_rows(workdir / name, step)
+    def _pool_and_records(self) -> None:
+        """The crop sampler over the training images and the procedural ones; train_config.json;
+        the logs cut back to the resumed step."""
+        cfg, data = self.cfg, self.data
+        pool = multiscale([im for _, im in data.train], cfg.scales, cfg.crop)
+        self.sampler = CropSampler(pool, cfg.crop, self.device, DeadLeaves(cfg.seed, cfg.channels, kind=cfg.synthetic),
+                                   cfg.dead_leaves)
+        self.sampler.sync_leaves(self.step)
+        self.log(f"data: {data.source}: {len(data.train)} training image(s) ({len(pool)} with scales), "
+                 f"{len(data.heldout)} held out, {len(data.skipped)} skipped; procedural {cfg.synthetic} "
+                 f"{cfg.dead_leaves:g}; network {cfg.arch} {list(cfg.widths)} x{cfg.layers}, {self.n_params:,} "
+                 f"parameters, {cfg.channels} channel(s), crop {cfg.crop}, batch {cfg.batch}, {self.device} "
+                 f"{self.precision}")
+        self.settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        self.split = {"train": [n for n, _ in data.train], "heldout": [n for n, _ in data.heldout]}
+        nio.write_json(self.workdir / CONFIG_JSON, {
+            "config": self.fp, "settings": self.settings, "precision": self.precision, "parameters": self.n_params,
+            "train_images": self.split["train"], "heldout_images": self.split["heldout"],
+            "skipped": [{"file": f, "reason": r} for f, r in data.skipped]})
+        for name in (LOSS_CSV, HELDOUT_CSV):
+            _keep_rows(self.workdir / name, self.step)
 
-    denoiser = EDMDenoiser(_UNetCall(net, precision, channels_last), channels=cfg.channels, sigma_data=SIGMA_DATA)
-    net_params, ema_params = list(net.parameters()), list(ema.parameters())
-    power_law: list = []
-    clock = time.process_time if cfg.clock == "cpu" else time.time
-    t_start, t_wall = clock(), time.time()
-    last = {"saved": step, "exported": -1, "loss": None, "heldout": None, "saving": False}
-    run_sum = torch.zeros((), device=device)
-    run_n, t_log, crops_log = 0, time.time(), 0
+    # -- saving
 
-    def save() -> None:
-        last["saving"] = True
-        write_state(state_path, {
-            "model": net.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
-            "rng": gen.get_state(), "rng_device": device.type, "torch_rng": torch.get_rng_state(),
-            "args": settings, "config": fp, "split": split,
-            "seconds": seconds0 + time.time() - t_wall, "crops": crops0 + (step - start_step) * cfg.batch})
-        last["saved"] = step
-        rows = read_loss_csv(workdir / LOSS_CSV) if (workdir / LOSS_CSV).is_file() else []
+    def save(self) -> None:
+        """state.pt (atomically), the loss plot, and the export when there is one."""
+        self.saving = True
+        write_state(self.state_path, {
+            "model": self.net.state_dict(), "ema": self.ema.state_dict(), "opt": self.opt.state_dict(),
+            "step": self.step, "rng": self.gen.get_state(), "rng_device": self.device.type,
+            "torch_rng": torch.get_rng_state(), "args": self.settings, "config": self.fp, "split": self.split,
+            "seconds": self.seconds0 + time.time() - self.t_wall,
+            "crops": self.crops0 + (self.step - self.start_step) * self.cfg.batch})
+        self.saved = self.step
+        rows = read_loss_csv(self.workdir / LOSS_CSV) if (self.workdir / LOSS_CSV).is_file() else []
         if rows:
-            render_loss_png(rows, workdir / LOSS_PNG, f"EDM training loss ({workdir}, {rows[-1]['step']} steps)")
-        if cfg.export:
-            do_export()
-        last["saving"] = False
+            render_loss_png(rows, self.workdir / LOSS_PNG, f"EDM training loss ({self.workdir}, {rows[-1]['step']} steps)")
+        if self.cfg.export:
+            self.export()
+        self.saving = False
 
-    def do_export() -> None:
-        if not power_law:
-            power_law.extend(images_power_law([im for _, im in data.train]))
+    def export(self) -> None:
+        """The EMA weights as a prior folder, and their held-out denoising PSNR."""
+        cfg, data, step = self.cfg, self.data, self.step
+        if not self.power_law:
+            self.power_law.extend(images_power_law([im for _, im in data.train]))
         info = {"step": step, "data": data.source, "train_images": len(data.train),
-                "heldout_images": [n for n, _ in data.heldout], "config": fp, "settings": settings}
-        export_prior(ema, cfg.export, cfg.arch, cfg.crop, tuple(power_law), info)
-        last["exported"] = step
-        if data.heldout:
-            res = evaluate_heldout(load_prior(cfg.export, device=device), data.heldout, cfg.eval_sigmas, cfg.eval_crop)
-            last["heldout"] = res
-            nio.write_json(Path(cfg.export) / INFO_NAME, {**info, "heldout_psnr": res})
-            _append(workdir / HELDOUT_CSV, ["step"] + [f"psnr_{s:g}" for s in cfg.eval_sigmas] + ["images", "crop"],
-                    [step] + [f"{res['mean'][s]:.3f}" for s in cfg.eval_sigmas] + [res["images"], res["crop"]])
-            log(f"step {step}: exported {cfg.export}; held-out PSNR ({res['images']} image(s), crop {cfg.eval_crop}): "
-                + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
-        else:
-            log(f"step {step}: exported {cfg.export} (no held-out images: no PSNR)")
+                "heldout_images": [n for n, _ in data.heldout], "config": self.fp, "settings": self.settings}
+        export_prior(self.ema, cfg.export, cfg.arch, cfg.crop, tuple(self.power_law), info)
+        self.exported = step
+        if not data.heldout:
+            self.log(f"step {step}: exported {cfg.export} (no held-out images: no PSNR)")
+            return
+        res = evaluate_heldout(load_prior(cfg.export, device=self.device), data.heldout, cfg.eval_sigmas, cfg.eval_crop)
+        self.heldout = res
+        nio.write_json(Path(cfg.export) / INFO_NAME, {**info, "heldout_psnr": res})
+        _append(self.workdir / HELDOUT_CSV, ["step"] + [f"psnr_{s:g}" for s in cfg.eval_sigmas] + ["images", "crop"],
+                [step] + [f"{res['mean'][s]:.3f}" for s in cfg.eval_sigmas] + [res["images"], res["crop"]])
+        self.log(f"step {step}: exported {cfg.export}; held-out PSNR ({res['images']} image(s), crop {cfg.eval_crop}): "
+                 + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
 
-    def budget_left() -> bool:
-        return (stop["signal"] is None and (cfg.steps is None or step < cfg.steps)
-                and (cfg.minutes is None or clock() - t_start < cfg.minutes * 60))
-
-    def export_is_current() -> bool:
+    def export_is_current(self) -> bool:
         """Whether cfg.export already holds this work folder's weights of this step."""
         try:
-            info = json.loads((Path(cfg.export) / INFO_NAME).read_text())
+            info = json.loads((Path(self.cfg.export) / INFO_NAME).read_text())
         except (OSError, ValueError):
             return False
-        return (isinstance(info, dict) and info.get("step") == step and info.get("config") == fp
-                and info.get("settings", {}).get("workdir") == settings["workdir"])
+        return (isinstance(info, dict) and info.get("step") == self.step and info.get("config") == self.fp
+                and info.get("settings", {}).get("workdir") == self.settings["workdir"])
 
-    # SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
-    # one included), then save and stop: a state saved in the middle of a step (its random draws
-    # made, Adam stepped, the step not counted) would resume into another run than the
-    # uninterrupted one. A second signal stops at once, keeping the last save. The handler only
-    # sets a flag and writes one line straight to stderr (no logging inside a signal handler).
-    stop: dict = {"signal": None}
+    # -- the loop
 
-    def on_signal(signum: int, frame: object) -> None:
+    def budget_left(self) -> bool:
+        cfg = self.cfg
+        return (self.stop_signal is None and (cfg.steps is None or self.step < cfg.steps)
+                and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60))
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        """SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
+        one included), then save and stop: a state saved in the middle of a step (its random draws
+        made, Adam stepped, the step not counted) would resume into another run than the
+        uninterrupted one. A second signal stops at once, keeping the last save. The handler only
+        sets a flag and writes one line straight to stderr (no logging inside a signal handler)."""
         name = signal.Signals(signum).name
-        if stop["signal"] is not None:
+        if self.stop_signal is not None:
             raise KeyboardInterrupt(name)
-        stop["signal"] = name
+        self.stop_signal = name
         os.write(2, f"\n{name}: stopping after this step (send it again to stop at once)\n".encode())
 
-    in_step = False
-    old_handlers: dict = {}
-    bar = tqdm(total=cfg.steps, initial=step, unit="step", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
-    try:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old_handlers[sig] = signal.signal(sig, on_signal)
-        if cfg.steps is not None and step >= cfg.steps:
-            log(f"the work folder is at step {step} >= --steps {cfg.steps}: nothing to train")
-        while budget_left():
-            in_step = True
-            if cfg.warmup or cfg.cooldown:
-                for g in opt.param_groups:
-                    g["lr"] = learning_rate(cfg, step)
-            x0 = sampler.batch(cfg.batch, gen).contiguous(memory_format=fmt)
-            sigma = (torch.randn(cfg.batch, generator=gen, device=device) * cfg.p_std + cfg.p_mean).exp()
-            noise = torch.randn(x0.shape, generator=gen, device=device).contiguous(memory_format=fmt)
-            noisy = x0 + sigma.view(-1, 1, 1, 1) * noise
-            weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
-            err = (denoiser.denoise(noisy, sigma) - x0).square().mean(dim=(1, 2, 3))
-            loss = (weight * err).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net_params, 1.0)
-            opt.step()
-            with torch.no_grad():
-                torch._foreach_lerp_(ema_params, net_params, 1.0 - cfg.ema)
-            step += 1
-            run_sum += loss.detach()
-            run_n += 1
-            crops_log += cfg.batch
-            bar.update(1)
-            sampler.sync_leaves(step)
-            in_step = False
-            if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not budget_left():
-                mean = float(run_sum) / run_n
-                if not math.isfinite(mean):
-                    raise TrainingError(f"the loss is {mean} at step {step}; the state saved at step {last['saved']} "
-                                        f"is kept: lower --lr and resume")
-                now = time.time()
-                rate = crops_log / max(now - t_log, 1e-9)
-                _append(workdir / LOSS_CSV, LOSS_FIELDS, [step, f"{mean:.5f}", f"{seconds0 + now - t_wall:.1f}", f"{rate:.1f}"])
-                bar.set_postfix(loss=f"{mean:.4f}", crops_s=f"{rate:.0f}")
-                last["loss"] = mean
-                run_sum.zero_()
-                run_n, t_log, crops_log = 0, now, 0
-            if step % cfg.save_every == 0:
-                save()
-                t_log = time.time()  # crops/s counts training, not saving and evaluating
-        if step > last["saved"]:  # the last save and export, still under the signal handlers
-            save()
-        elif cfg.export and last["exported"] != step and not export_is_current():
-            do_export()
-        if stop["signal"] is not None:
-            raise KeyboardInterrupt(stop["signal"])
-    except KeyboardInterrupt:
-        if in_step:  # stopped inside a step: its half-made changes are not saved
-            log(f"interrupted during step {step + 1}: the state of step {last['saved']} in {state_path} is kept")
-        elif last["saving"]:  # a second signal during a save: stop at once (the state file is written atomically)
-            log(f"interrupted during a save: {state_path} holds step {last['saved']}")
-        else:
-            if step > last["saved"]:
-                save()
-            log(f"interrupted: saved step {step} to {state_path}")
-        raise
-    finally:
-        bar.close()
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-    if state_path.is_file():
-        log(f"step {step}: state in {state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
-    else:  # --steps 0 on a new work folder
-        log(f"step {step}: nothing trained, no state written to {workdir}"
-            + (f"; prior of the initial weights in {cfg.export}" if cfg.export else ""))
-    return TrainResult(step, last["loss"], time.time() - t_wall, n_params, last["heldout"], workdir,
-                       Path(cfg.export) if cfg.export else None, data.skipped)
+    def one_step(self) -> Tensor:
+        """One EDM step on a batch of crops; the (detached) loss."""
+        cfg = self.cfg
+        if cfg.warmup or cfg.cooldown:
+            for g in self.opt.param_groups:
+                g["lr"] = learning_rate(cfg, self.step)
+        x0 = self.sampler.batch(cfg.batch, self.gen).contiguous(memory_format=self.fmt)
+        sigma = (torch.randn(cfg.batch, generator=self.gen, device=self.device) * cfg.p_std + cfg.p_mean).exp()
+        noise = torch.randn(x0.shape, generator=self.gen, device=self.device).contiguous(memory_format=self.fmt)
+        noisy = x0 + sigma.view(-1, 1, 1, 1) * noise
+        weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
+        err = (self.denoiser.denoise(noisy, sigma) - x0).square().mean(dim=(1, 2, 3))
+        loss = (weight * err).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net_params, 1.0)
+        self.opt.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(self.ema_params, self.net_params, 1.0 - cfg.ema)
+        self.step += 1
+        self.sampler.sync_leaves(self.step)
+        return loss.detach()
+
+    def train(self) -> TrainResult:
+        """Step until the budget or a signal; the last save and export; the run's result."""
+        cfg, workdir = self.cfg, self.workdir
+        self.clock = time.process_time if cfg.clock == "cpu" else time.time
+        self.t_start, self.t_wall = self.clock(), time.time()
+        run_sum = torch.zeros((), device=self.device)
+        run_n, t_log, crops_log = 0, time.time(), 0
+        in_step = False
+        old_handlers: dict = {}
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not cfg.progress, file=sys.stderr,
+                   dynamic_ncols=True)
+        try:
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    old_handlers[sig] = signal.signal(sig, self.on_signal)
+            if cfg.steps is not None and self.step >= cfg.steps:
+                self.log(f"the work folder is at step {self.step} >= --steps {cfg.steps}: nothing to train")
+            while self.budget_left():
+                in_step = True
+                run_sum += self.one_step()
+                run_n += 1
+                crops_log += cfg.batch
+                bar.update(1)
+                in_step = False
+                step = self.step
+                if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not self.budget_left():
+                    mean = float(run_sum) / run_n
+                    if not math.isfinite(mean):
+                        raise TrainingError(f"the loss is {mean} at step {step}; the state saved at step {self.saved} "
+                                            f"is kept: lower --lr and resume")
+                    now = time.time()
+                    rate = crops_log / max(now - t_log, 1e-9)
+                    _append(workdir / LOSS_CSV, LOSS_FIELDS,
+                            [step, f"{mean:.5f}", f"{self.seconds0 + now - self.t_wall:.1f}", f"{rate:.1f}"])
+                    bar.set_postfix(loss=f"{mean:.4f}", crops_s=f"{rate:.0f}")
+                    self.loss = mean
+                    run_sum.zero_()
+                    run_n, t_log, crops_log = 0, now, 0
+                if step % cfg.save_every == 0:
+                    self.save()
+                    t_log = time.time()  # crops/s counts training, not saving and evaluating
+            if self.step > self.saved:  # the last save and export, still under the signal handlers
+                self.save()
+            elif cfg.export and self.exported != self.step and not self.export_is_current():
+                self.export()
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt(self.stop_signal)
+        except KeyboardInterrupt:
+            if in_step:  # stopped inside a step: its half-made changes are not saved
+                self.log(f"interrupted during step {self.step + 1}: the state of step {self.saved} in "
+                         f"{self.state_path} is kept")
+            elif self.saving:  # a second signal during a save: stop at once (the state file is written atomically)
+                self.log(f"interrupted during a save: {self.state_path} holds step {self.saved}")
+            else:
+                if self.step > self.saved:
+                    self.save()
+                self.log(f"interrupted: saved step {self.step} to {self.state_path}")
+            raise
+        finally:
+            bar.close()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+        return self._result()
+
+    def _result(self) -> TrainResult:
+        cfg = self.cfg
+        if self.state_path.is_file():
+            self.log(f"step {self.step}: state in {self.state_path}" + (f", prior in {cfg.export}" if cfg.export else ""))
+        else:  # --steps 0 on a new work folder
+            self.log(f"step {self.step}: nothing trained, no state written to {self.workdir}"
+                     + (f"; prior of the initial weights in {cfg.export}" if cfg.export else ""))
+        return TrainResult(self.step, self.loss, time.time() - self.t_wall, self.n_params, self.heldout, self.workdir,
+                           Path(cfg.export) if cfg.export else None, self.data.skipped)
