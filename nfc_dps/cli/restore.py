@@ -106,66 +106,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_restore(args) -> int:
     """Run ``restore``: resolve the task, sampler and folders (UsageError before any work), then the loop."""
     log = Log(args.quiet)
-    configs = list(args.config or [])
-    inp = Path(args.input) if args.input else None
-    if inp is not None and inp.is_dir() and (inp / SIMULATION_JSON).is_file():
-        # the output folder of `nfc-dps simulate`: its record first, its measurements as input
-        configs.insert(0, inp / SIMULATION_JSON)
-        inp = None
-    bundle = load_config(configs)
-    sim = bundle.simulation
-    if sim is not None and bundle.task is not None and isinstance(sim.get("task"), dict):
-        recorded = parse_task(sim["task"], f"{bundle.simulation_dir / SIMULATION_JSON} (task)", bundle.simulation_dir)
-        simulated = (sim.get("simulated_task") or {}).get("task")
-        requested = args.task or bundle.task.task
-        if requested == simulated and requested != recorded.task:  # e.g. deblur_motion -> its kernel files
-            log.info(f"using the operator recorded by the simulation ({recorded.task}, files in "
-                     f"{bundle.simulation_dir}) for task {requested!r}")
-            bundle.task = recorded
-            args.task = None
-            dropped = [p for p in args.param or [] if p.partition("=")[0].strip() not in TASKS[recorded.task].params]
-            if dropped:  # parameters of the simulated operator, which the recorded files now fix
-                log.info(f"ignoring {', '.join('--param ' + p for p in dropped)}: the simulation's "
-                         f"{recorded.task} files define the operator")
-                args.param = [p for p in args.param if p not in dropped]
+    bundle, inp = _configs(args, log)
     task = resolve_task(args, bundle)
-    gt_dir = Path(args.gt) if args.gt else None
-    if inp is None and sim is not None:
-        inp = bundle.simulation_dir / sim.get("measurements", "measurements")
-        if gt_dir is None and sim.get("ground_truth"):
-            gt_dir = bundle.simulation_dir / sim["ground_truth"]
-    if inp is None:
-        raise UsageError("--input is required (a measurement image or a folder of them)")
-    if not inp.exists():
-        raise UsageError(f"--input {inp}: no such file or folder")
-    if inp.is_dir():
-        check_readable_folder("--input", inp)
-    if gt_dir is not None:
-        check_readable_folder("--gt", gt_dir)
-
-    task = with_operator_files(task, kernel=args.kernel, mask=args.mask)
-    if task.task in RANDOM_TASKS:
-        flag = RANDOM_TASKS[task.task]
-        raise UsageError(f"task {task.task!r} draws its {'mask' if flag == '--mask' else 'kernel'} at random; "
-                         f"restoring needs the one the measurements were taken with: pass {flag} FILE|DIR, "
-                         f"or --config <simulate output>/{SIMULATION_JSON}")
-    reads = TASKS[task.task].reads
-    if reads and task.params.get(f"{reads}_path") and not Path(task.params[f"{reads}_path"]).exists():
-        raise UsageError(f"{task.source}: {reads}_path {task.params[f'{reads}_path']}: no such file or folder")
-    check_operator_file(task, getattr(args, reads) if reads else None)
-    for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
-    if args.max_batch is None:
-        args.max_batch = max(DEFAULT_MAX_BATCH, args.batch_size)
-    spec = resolve_sampler(args, bundle)
-    seed = args.seed if args.seed is not None else (bundle.seed or 0)
-    samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
-    if seed < 0 or samples < 1:
-        raise UsageError(f"--seed must be >= 0 and --samples >= 1, got {seed}, {samples}")
-    if samples > 1 and spec.build().is_deterministic:
-        raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
-                         f"would be the same); for posterior samples and a std map add --preset fast")
+    inp, gt_dir = _input_folders(args, bundle, inp)
+    task = _task_with_operator_files(args, task)
+    spec, seed, samples = _sampler(args, bundle)
     args.calibration_loaded = _load_calibration(args, task, spec, samples, bundle)
     device = parse_device(args.device)
     set_threads(args.threads)
@@ -190,49 +135,8 @@ def cmd_restore(args) -> int:
             except OutputError as e:
                 raise UsageError(f"{e}; free space and rerun the same command") from e
         dist.barrier()  # every rank reads the complete manifest
-        images, others = read_inputs("--input", inp)
-        if inp.is_dir():
-            nested = nio.images_in_subfolders(inp, [out, *([gt_dir] if gt_dir else []), *operator_folders.values()]) \
-                if dist.rank == 0 else 0
-            if nested:
-                log.error(f"warning: {nested} image(s) in subfolders of {inp} are not restored (restore reads the "
-                          f"folder's top level; pass a subfolder as --input to restore its images)")
-        if not images and not others:
-            raise UsageError(f"--input {inp}: no files to restore")
-        names = input_names(images, inp)
-        # rank 0 names the outputs (from the manifest and the outputs on disk, which other ranks
-        # may already be writing) and every rank uses its names; --overwrite too: no orphans
-        named, error = None, None
-        if dist.rank == 0:
-            try:
-                named = output_stems(images, names, recorded_stems(out))
-            except UsageError as e:
-                error = str(e)
-        named, error = dist.broadcast((named, error))
-        if error is not None:
-            raise UsageError(error)
-        stems = named
-        if args.calibration_loaded is not None:  # <a>_lower.png of input a would overwrite input a_lower's output
-            clash = sorted(set(stems) & {f"{s}_{end}" for s in stems for end in ("lower", "upper")})
-            if clash:
-                raise UsageError(f"--calibration writes <name>_lower.png / <name>_upper.png, which would overwrite the "
-                                 f"restoration of {', '.join(clash[:3])}; restore those inputs into another folder")
-        prior = open_prior(args.prior, device, args.precision)
-        if first is not None:
-            check_prior_fits(prior, first[0].name, first[1])
-        if args.calibration_loaded is not None:
-            try:
-                args.calibration_loaded.check(spec.method, spec.build(), samples, prior_fingerprint(prior))
-            except CalibrationError as e:
-                raise UsageError(str(e)) from e
-        in_use = prior_key(args.prior)["path"]
-        recorded = bundle.recorded_prior
-        # the embedded default installed elsewhere (another checkout or machine) is the same prior
-        same = recorded is not None and (recorded[0] == in_use or (
-            args.prior is None and Path(recorded[0]).parts[-2:] in (("assets", "default_prior"), ("_assets", "default_prior"))))
-        if recorded is not None and not same:
-            log.error(f"warning: {bundle.recorded_prior[1]} was written with the prior {bundle.recorded_prior[0]}; "
-                      f"this run uses {in_use} (pass --prior {bundle.recorded_prior[0]} to restore with that one)")
+        images, others, names, stems = _inputs_and_names(args, inp, out, [gt_dir, *operator_folders.values()], dist, log)
+        prior = _checked_prior(args, device, first, spec, samples, bundle, log)
         cfg = spec.build()
         record = resolved_config(task, spec, seed, samples, prior=prior_key(args.prior)["path"],
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
@@ -250,6 +154,139 @@ def cmd_restore(args) -> int:
         run = RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir, dist,
                          [it.name for it in mine], own_outputs={f"{it.out_stem}.png" for it in items})
         return run.run(mine, others if dist.rank == 0 else [], total=len(items))
+
+
+def _configs(args, log: Log) -> tuple[Any, Path | None]:
+    """The merged --config files (a simulate output folder given as --input puts its record first
+    and its measurements as the input: (bundle, None)), and --input. A task that was simulated
+    from files it drew (deblur_motion) is restored with the operator files the simulation recorded."""
+    configs = list(args.config or [])
+    inp = Path(args.input) if args.input else None
+    if inp is not None and inp.is_dir() and (inp / SIMULATION_JSON).is_file():
+        configs.insert(0, inp / SIMULATION_JSON)
+        inp = None
+    bundle = load_config(configs)
+    sim = bundle.simulation
+    if sim is not None and bundle.task is not None and isinstance(sim.get("task"), dict):
+        recorded = parse_task(sim["task"], f"{bundle.simulation_dir / SIMULATION_JSON} (task)", bundle.simulation_dir)
+        simulated = (sim.get("simulated_task") or {}).get("task")
+        requested = args.task or bundle.task.task
+        if requested == simulated and requested != recorded.task:  # e.g. deblur_motion -> its kernel files
+            log.info(f"using the operator recorded by the simulation ({recorded.task}, files in "
+                     f"{bundle.simulation_dir}) for task {requested!r}")
+            bundle.task = recorded
+            args.task = None
+            dropped = [p for p in args.param or [] if p.partition("=")[0].strip() not in TASKS[recorded.task].params]
+            if dropped:  # parameters of the simulated operator, which the recorded files now fix
+                log.info(f"ignoring {', '.join('--param ' + p for p in dropped)}: the simulation's "
+                         f"{recorded.task} files define the operator")
+                args.param = [p for p in args.param if p not in dropped]
+    return bundle, inp
+
+
+def _input_folders(args, bundle, inp: Path | None) -> tuple[Path, Path | None]:
+    """(--input, --gt): a simulation's measurements and ground truth unless given; both readable."""
+    sim = bundle.simulation
+    gt_dir = Path(args.gt) if args.gt else None
+    if inp is None and sim is not None:
+        inp = bundle.simulation_dir / sim.get("measurements", "measurements")
+        if gt_dir is None and sim.get("ground_truth"):
+            gt_dir = bundle.simulation_dir / sim["ground_truth"]
+    if inp is None:
+        raise UsageError("--input is required (a measurement image or a folder of them)")
+    if not inp.exists():
+        raise UsageError(f"--input {inp}: no such file or folder")
+    if inp.is_dir():
+        check_readable_folder("--input", inp)
+    if gt_dir is not None:
+        check_readable_folder("--gt", gt_dir)
+    return inp, gt_dir
+
+
+def _task_with_operator_files(args, task):
+    """The task with --mask / --kernel; a task that draws its operator at random refused (restoring
+    needs the one the measurements were taken with); its mask or kernel file checked."""
+    task = with_operator_files(task, kernel=args.kernel, mask=args.mask)
+    if task.task in RANDOM_TASKS:
+        flag = RANDOM_TASKS[task.task]
+        raise UsageError(f"task {task.task!r} draws its {'mask' if flag == '--mask' else 'kernel'} at random; "
+                         f"restoring needs the one the measurements were taken with: pass {flag} FILE|DIR, "
+                         f"or --config <simulate output>/{SIMULATION_JSON}")
+    reads = TASKS[task.task].reads
+    if reads and task.params.get(f"{reads}_path") and not Path(task.params[f"{reads}_path"]).exists():
+        raise UsageError(f"{task.source}: {reads}_path {task.params[f'{reads}_path']}: no such file or folder")
+    check_operator_file(task, getattr(args, reads) if reads else None)
+    return task
+
+
+def _sampler(args, bundle) -> tuple[SamplerSpec, int, int]:
+    """(the sampler, the base seed, K) of the configs and flags, checked; --max-batch's default."""
+    for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.max_batch is None:
+        args.max_batch = max(DEFAULT_MAX_BATCH, args.batch_size)
+    spec = resolve_sampler(args, bundle)
+    seed = args.seed if args.seed is not None else (bundle.seed or 0)
+    samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
+    if seed < 0 or samples < 1:
+        raise UsageError(f"--seed must be >= 0 and --samples >= 1, got {seed}, {samples}")
+    if samples > 1 and spec.build().is_deterministic:
+        raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
+                         f"would be the same); for posterior samples and a std map add --preset fast")
+    return spec, seed, samples
+
+
+def _inputs_and_names(args, inp: Path, out: Path, also_read: list, dist: Dist, log: Log):
+    """(images, unusable entries, names, output stems) of --input, under the run's lock: rank 0
+    names the outputs (from the manifest and the outputs on disk, which other ranks may already be
+    writing) and every rank uses its names; --overwrite too: no orphans."""
+    images, others = read_inputs("--input", inp)
+    if inp.is_dir():
+        nested = nio.images_in_subfolders(inp, [out, *[f for f in also_read if f]]) if dist.rank == 0 else 0
+        if nested:
+            log.error(f"warning: {nested} image(s) in subfolders of {inp} are not restored (restore reads the "
+                      f"folder's top level; pass a subfolder as --input to restore its images)")
+    if not images and not others:
+        raise UsageError(f"--input {inp}: no files to restore")
+    names = input_names(images, inp)
+    named, error = None, None
+    if dist.rank == 0:
+        try:
+            named = output_stems(images, names, recorded_stems(out))
+        except UsageError as e:
+            error = str(e)
+    stems, error = dist.broadcast((named, error))
+    if error is not None:
+        raise UsageError(error)
+    if args.calibration_loaded is not None:  # <a>_lower.png of input a would overwrite input a_lower's output
+        clash = sorted(set(stems) & {f"{s}_{end}" for s in stems for end in ("lower", "upper")})
+        if clash:
+            raise UsageError(f"--calibration writes <name>_lower.png / <name>_upper.png, which would overwrite the "
+                             f"restoration of {', '.join(clash[:3])}; restore those inputs into another folder")
+    return images, others, names, stems
+
+
+def _checked_prior(args, device, first, spec: SamplerSpec, samples: int, bundle, log: Log) -> Any:
+    """The prior of --prior, checked against the first image and the calibration; a warning when
+    the config names another prior than the one in use."""
+    prior = open_prior(args.prior, device, args.precision)
+    if first is not None:
+        check_prior_fits(prior, first[0].name, first[1])
+    if args.calibration_loaded is not None:
+        try:
+            args.calibration_loaded.check(spec.method, spec.build(), samples, prior_fingerprint(prior))
+        except CalibrationError as e:
+            raise UsageError(str(e)) from e
+    in_use = prior_key(args.prior)["path"]
+    recorded = bundle.recorded_prior
+    # the embedded default installed elsewhere (another checkout or machine) is the same prior
+    same = recorded is not None and (recorded[0] == in_use or (
+        args.prior is None and Path(recorded[0]).parts[-2:] in (("assets", "default_prior"), ("_assets", "default_prior"))))
+    if recorded is not None and not same:
+        log.error(f"warning: {recorded[1]} was written with the prior {recorded[0]}; "
+                  f"this run uses {in_use} (pass --prior {recorded[0]} to restore with that one)")
+    return prior
 
 
 class RestoreRun:
