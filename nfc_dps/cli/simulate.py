@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
 from ..run_record import package_versions
@@ -105,8 +108,6 @@ def _mark_incomplete(out: Path, previous: list[dict[str, Any]], settings: dict[s
 
 def cmd_simulate(args) -> int:
     """Run ``simulate``; exit status 1 when some image failed."""
-    import torch
-
     log = Log(args.quiet)
     bundle = load_config(args.config or [])
     task = resolve_task(args, bundle)
@@ -124,7 +125,6 @@ def cmd_simulate(args) -> int:
                                  if task.params.get(key) and Path(task.params[key]).exists()]
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     source = OperatorSource(task)
-    factor = source.factor()
     with folder_lock(out):
         nio.remove_stale_temp_files(out)
         names = input_names(images, inp)
@@ -141,47 +141,9 @@ def cmd_simulate(args) -> int:
         if previous and images:
             _mark_incomplete(out, previous, settings)
         records = []
-        from tqdm.auto import tqdm
-
-        any_kernel = any_mask = False
         for i, path in enumerate(tqdm(images, desc="simulate", unit="img", disable=args.quiet)):
-            stem = stems[i]
             try:
-                x, info = nio.read_image(path)
-                h, w = x.shape[:2]
-                ch, cw = h - h % factor, w - w % factor
-                crop = None
-                if (ch, cw) != (h, w):
-                    top, left = (h - ch) // 2, (w - cw) // 2
-                    x = x[top:top + ch, left:left + cw]
-                    crop = [top, left, ch, cw]
-                if min(ch, cw) < 1:
-                    raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
-                op_seed = image_seed(seed, names[i])
-                op, _ = source.build(path.name, (ch, cw), seed=op_seed)
-                for note in input_notes(info, (ch, cw), op):
-                    log.error(f"note {path.name}: {note}")
-                nseed = noise_seed(op_seed)
-                y = op.measure(as_batch(x)[0], task.noise_sigma, torch.Generator().manual_seed(nseed))
-                rec = {"index": i, "name": path.name, "measurement": f"measurements/{stem}.png",
-                       "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
-                       "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
-                nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
-                nio.write_image(out / rec["measurement"], to_numpy(y), args.bit_depth)
-                kernel = op.blur_kernel()
-                if kernel is not None:
-                    k = kernel.detach().cpu().double().numpy()
-                    nio.atomic_write_bytes(out / f"kernels/{stem}.npy", npy_bytes(k))
-                    nio.write_image(out / f"kernels/{stem}.png", k / k.max(), 16)  # a picture; the .npy is exact
-                    rec["kernel"] = f"kernels/{stem}.npy"
-                    any_kernel = True
-                mask = op.pixel_mask()
-                if mask is not None:
-                    m = mask.detach().cpu().numpy()
-                    nio.write_image(out / f"masks/{stem}.png", m, 8)
-                    rec["mask"] = f"masks/{stem}.png"
-                    any_mask = True
-                records.append(rec)
+                records.append(_simulate_one(i, path, names[i], stems[i], source, task, seed, out, args.bit_depth, log))
             except Exception as e:  # noqa: BLE001 - report, continue with the others
                 failures.append({"name": path.name, "error": failure_reason(e)})
                 log.error(f"FAILED {path.name}: {failures[-1]['error']}")
@@ -191,40 +153,91 @@ def cmd_simulate(args) -> int:
         if previous and same:  # images not simulated now, or failing now (a read error keeps the good old files)
             redone = set(names) - {f["name"] for f in failures}
             kept = [r for r in previous if r["name"] not in redone and all((out / f).is_file() for f in _files_of(r))]
-            any_kernel = any_kernel or any("kernel" in r for r in kept)
-            any_mask = any_mask or any("mask" in r for r in kept)
-        sim = {
-            "kind": KIND_SIMULATION,
-            "task": _restore_task_for(task, any_kernel, any_mask),
-            "simulated_task": task.as_dict(),
-            "simulation_seed": seed,
-            "operator_seed": "nfc_dps.cli.common.image_seed(simulation_seed, name): the base seed and the image's "
-                             "path relative to the input folder, never its position",
-            "noise_seed": "nfc_dps.cli.common.noise_seed(operator_seed): SeedSequence([s, 0x5EED]) -> torch.Generator seed",
-            "measurements": "measurements", "ground_truth": "ground_truth",
-            "units": f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}); measurements are "
-                     f"clipped to [0, 1] and stored as {args.bit_depth}-bit PNG",
-            "images": records + kept,
-            "bit_depth": args.bit_depth,
-            "command": "simulate", "inputs": str(inp.resolve()),
-            "versions": package_versions(),
-        }
-        if failures:
-            sim["note"] = {"failures": failures}
+        sim = _simulation_record(task, seed, args.bit_depth, inp, records + kept, failures)
         try:
             nio.write_json(out / SIMULATION_JSON, sim)
         except OSError as e:
             raise UsageError(cannot_write(e)) from e
-        written = {f for rec in records + kept for f in _files_of(rec)}
-        stale = [f for rec in previous for f in _files_of(rec) if f not in written and (out / f).is_file()
-                 and out in (out / f).resolve().parents]  # only files inside the folder
-        for f in stale:
-            (out / f).unlink()
-        if stale:
-            log.error(f"note: removed {len(stale)} file(s) that an earlier simulation wrote into {out} and this one "
-                      f"does not keep (it ran with other settings: task, noise, seed or bit depth; or its record "
-                      f"of them was incomplete)")
+        _remove_stale(out, previous, records + kept, log)
     log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}]"
              + (f", kept the {len(kept)} of an earlier run with the same settings" if kept else "") + f" -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")
     return EXIT_FAILED if failures else EXIT_OK
+
+
+def _simulate_one(index: int, path: Path, name: str, stem: str, source: OperatorSource, task: TaskConfig, seed: int,
+                  out: Path, bit_depth: int, log: Log) -> dict[str, Any]:
+    """Simulate one clean image (centre-cropped to a multiple of the SR factor): write its truth,
+    measurement and kernel or mask; its record."""
+    factor = source.factor()
+    x, info = nio.read_image(path)
+    h, w = x.shape[:2]
+    ch, cw = h - h % factor, w - w % factor
+    crop = None
+    if (ch, cw) != (h, w):
+        top, left = (h - ch) // 2, (w - cw) // 2
+        x = x[top:top + ch, left:left + cw]
+        crop = [top, left, ch, cw]
+    if min(ch, cw) < 1:
+        raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
+    op_seed = image_seed(seed, name)
+    op, _ = source.build(path.name, (ch, cw), seed=op_seed)
+    for note in input_notes(info, (ch, cw), op):
+        log.error(f"note {path.name}: {note}")
+    nseed = noise_seed(op_seed)
+    y = op.measure(as_batch(x)[0], task.noise_sigma, torch.Generator().manual_seed(nseed))
+    rec = {"index": index, "name": path.name, "measurement": f"measurements/{stem}.png",
+           "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
+           "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
+    nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
+    nio.write_image(out / rec["measurement"], to_numpy(y), bit_depth)
+    kernel = op.blur_kernel()
+    if kernel is not None:
+        k = kernel.detach().cpu().double().numpy()
+        nio.atomic_write_bytes(out / f"kernels/{stem}.npy", npy_bytes(k))
+        nio.write_image(out / f"kernels/{stem}.png", k / k.max(), 16)  # a picture; the .npy is exact
+        rec["kernel"] = f"kernels/{stem}.npy"
+    mask = op.pixel_mask()
+    if mask is not None:
+        nio.write_image(out / f"masks/{stem}.png", mask.detach().cpu().numpy(), 8)
+        rec["mask"] = f"masks/{stem}.png"
+    return rec
+
+
+def _simulation_record(task: TaskConfig, seed: int, bit_depth: int, inp: Path, images: list[dict[str, Any]],
+                       failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """simulation.json: the task that restores the images exactly (from their kernel or mask files),
+    the simulated task, seeds, units, every image's record and the failures."""
+    sim = {
+        "kind": KIND_SIMULATION,
+        "task": _restore_task_for(task, any("kernel" in r for r in images), any("mask" in r for r in images)),
+        "simulated_task": task.as_dict(),
+        "simulation_seed": seed,
+        "operator_seed": "nfc_dps.cli.common.image_seed(simulation_seed, name): the base seed and the image's "
+                         "path relative to the input folder, never its position",
+        "noise_seed": "nfc_dps.cli.common.noise_seed(operator_seed): SeedSequence([s, 0x5EED]) -> torch.Generator seed",
+        "measurements": "measurements", "ground_truth": "ground_truth",
+        "units": f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}); measurements are "
+                 f"clipped to [0, 1] and stored as {bit_depth}-bit PNG",
+        "images": images,
+        "bit_depth": bit_depth,
+        "command": "simulate", "inputs": str(inp.resolve()),
+        "versions": package_versions(),
+    }
+    if failures:
+        sim["note"] = {"failures": failures}
+    return sim
+
+
+def _remove_stale(out: Path, previous: list[dict[str, Any]], images: list[dict[str, Any]], log: Log) -> None:
+    """Remove what an earlier simulation wrote for images this one's record does not keep (files
+    inside the folder only), and say so."""
+    written = {f for rec in images for f in _files_of(rec)}
+    stale = [f for rec in previous for f in _files_of(rec) if f not in written and (out / f).is_file()
+             and out in (out / f).resolve().parents]
+    for f in stale:
+        (out / f).unlink()
+    if stale:
+        log.error(f"note: removed {len(stale)} file(s) that an earlier simulation wrote into {out} and this one "
+                  f"does not keep (it ran with other settings: task, noise, seed or bit depth; or its record "
+                  f"of them was incomplete)")
