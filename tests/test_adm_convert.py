@@ -13,13 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from adm_reference import ADMUNet, randomize_  # noqa: E402
 
 from nfc_dps.priors import EpsilonDenoiser, load_diffusers_prior  # noqa: E402
-from nfc_dps.priors.adm import (  # noqa: E402
-    ADM_PRESETS,
-    adm_unet_config,
-    convert_adm_checkpoint,
-    convert_adm_state_dict,
-    resolve_adm_preset,
-)
+from nfc_dps.priors.adm import ADM_PRESETS, adm_unet_config, resolve_adm_preset  # noqa: E402
+from nfc_dps.priors.adm_convert import convert_adm_checkpoint, convert_adm_state_dict  # noqa: E402
 
 # Tiny ADMs: every block kind (attention at level 0 / inner levels / none, 1 and 2 res blocks,
 # legacy and new qkv order, with and without learned sigma) at 32x32.

@@ -1,5 +1,5 @@
 """``nfc-dps convert-adm``: an ADM (guided-diffusion) checkpoint -> a diffusers prior folder
-(:mod:`nfc_dps.priors.adm` does the conversion)."""
+(:mod:`nfc_dps.priors.adm_convert` does the conversion)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_convert_adm(args) -> int:
     """Run ``convert-adm``; exit status 1 when the conversion fails."""
     try:
-        from ..priors import adm
+        from ..priors import adm, adm_convert
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("nfc_dps"):
             raise UsageError("ADM checkpoint conversion is not available in this installation "
@@ -40,8 +40,8 @@ def cmd_convert_adm(args) -> int:
         raise UsageError(f"checkpoint {ckpt}: no such file")
     log = Log(args.quiet)
     try:
-        out = adm.convert_adm_checkpoint(ckpt, args.out_dir, args.preset, overwrite=args.overwrite,
-                                         trust_pickle=args.trust_pickle)
+        out = adm_convert.convert_adm_checkpoint(ckpt, args.out_dir, args.preset, overwrite=args.overwrite,
+                                                 trust_pickle=args.trust_pickle)
     except (FileExistsError, NotADirectoryError) as e:
         raise UsageError(str(e)) from e
     except (ValueError, KeyError, RuntimeError, OSError) as e:

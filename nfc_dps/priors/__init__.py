@@ -1,6 +1,7 @@
 """Priors: denoisers D(x, sigma) -> x0_hat on [-1, 1] data."""
 
-from .adm import ADM_PRESETS, adm_unet_config, convert_adm_checkpoint, convert_adm_state_dict
+from .adm import ADM_PRESETS, adm_unet_config
+from .adm_convert import convert_adm_checkpoint, convert_adm_state_dict
 from .base import EDMDenoiser, EpsilonDenoiser, Prior, PriorWrapper, TiledPrior
 from .denoiser import DenoiserPrior
 from .diffusers_prior import load_diffusers_prior
