@@ -54,9 +54,7 @@ width, K = all chains).
 
 from __future__ import annotations
 
-import csv
 import datetime
-import io
 import json
 import math
 import time
@@ -78,7 +76,7 @@ from .measurements import _center_crop_zoom, measurement
 from ..priors.default import load_prior
 from ..conformal import DEFAULT_EPS, interval, fit_quantile, normalized_scores
 from .instruments import machine_description
-from ..io import atomic_write_text
+from ..io import atomic_write_text, write_csv
 from .calibration_report import (calibration_markdown, conformal_markdown, conformal_summary, coverage_summary,
                                  mean_rows, raw_z, read_calibration_csv, reliability_plot)
 
@@ -386,18 +384,9 @@ def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budge
         "wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     }
     out = Path(out)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({c: (f"{r[c]:.4f}" if isinstance(r[c], float) and c != "width" else r[c]) for c in COLUMNS})
-    atomic_write_text(out / "calibration.csv", buf.getvalue())
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CONFORMAL_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in crows:
-        w.writerow({c: (f"{r[c]:.4f}" if isinstance(r[c], float) and c != "nominal" else r[c]) for c in CONFORMAL_COLUMNS})
-    atomic_write_text(out / "conformal.csv", buf.getvalue())
+    # floats with 4 decimals (write_csv), the exact width and nominal coverage as they were set
+    write_csv(out / "calibration.csv", [{**r, "width": str(r["width"])} for r in rows], COLUMNS)
+    write_csv(out / "conformal.csv", [{**r, "nominal": str(r["nominal"])} for r in crows], CONFORMAL_COLUMNS)
     atomic_write_text(out / "summary.md", calibration_markdown(rows, header) + conformal_markdown(crows))
     atomic_write_text(out / "config.json", json.dumps({"settings": list(settings), "header": header}, indent=1))
     plotted = reliability_plot(rows, out / "reliability.png")
