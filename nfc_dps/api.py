@@ -162,12 +162,7 @@ def image_generators(seeds: Sequence[int], num_samples: int, device: torch.devic
 
     Order: image-major, i.e. index b * num_samples + j.
     """
-    gens = []
-    for s in seeds:
-        for j in range(num_samples):
-            state = np.random.SeedSequence([int(s), j]).generate_state(1, dtype=np.uint64)[0]
-            gens.append(torch.Generator(device=device).manual_seed(int(state)))
-    return gens
+    return chain_generators(seeds, num_samples, 0, len(seeds) * num_samples, device)
 
 
 def chain_generators(seeds: Sequence[int], num_samples: int, lo: int, hi: int,

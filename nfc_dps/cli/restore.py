@@ -91,7 +91,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "calibrated interval <name>_lower.png / <name>_upper.png (docs/uncertainty.md)")
     r.add_argument("--batch-size", type=int, default=1, metavar="B",
                    help="restore up to B images of the same size (and operator) per sampler call: faster on a GPU; "
-                        "each image keeps its own seed, so the results are those of B = 1 (default 1)")
+                        "each image keeps its own seed, so the results are those of B = 1, up to float rounding in "
+                        "float32 (docs/scale.md) (default 1)")
     r.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help=f"at most N sampler chains (images x samples) at once: bounds memory with --samples K "
                         f"(default {DEFAULT_MAX_BATCH}, or B if larger). Results with --batch-size and --max-batch "

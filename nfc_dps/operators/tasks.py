@@ -26,10 +26,6 @@ from .superres import SuperResolution
 
 __all__ = ["Task", "TASKS", "build_operator", "check_task_params", "task_reading"]
 
-#: what a task may draw at random or read from a file
-OPERATOR_FILES = ("mask", "kernel")
-
-
 @dataclass(frozen=True)
 class Task:
     """A restoration task.

@@ -105,8 +105,8 @@ class NFCConfig(StepConfig):
     SR, denoising: A^+ y is a whole image to fit), except a blur that does not wrap (reflect or
     valid boundary: its A^+ y is an early-stopped solve); else the prior's declared law, or the
     measurement's when it declares none. The fit is to the unregularised A^+ y, so on a blur it
-    also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat (docs/benchmarks.md
-    compares the sources).
+    also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat (docs/notes/presets.md,
+    "Spectrum", compares the sources).
     final_step: at the last level, "sample" returns a draw from p(x0 | x, y) (DAPS), "mean" its
     mean E[x0 | x, y] (the usual final denoising step; no sigma_min-sized noise in the output).
     inner_temperature: t scales the inner step's noise so that it targets the same mean with t^2

@@ -22,8 +22,8 @@ NFC_PRESETS: dict[str, NFCConfig] = {
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
         detail=DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05),
     ),
-    # 100 NFE as 50 levels x 2 Euler steps (chosen against 20 x 5 and 100 x 1 on the local protocol,
-    # docs/benchmarks.md).
+    # 100 NFE as 50 levels x 2 Euler steps (chosen against 20 x 5 and 100 x 1 on the local protocol;
+    # the probe is in git history).
     "fast": NFCConfig(
         num_levels=50, ode_steps=2, inner="exact", prior_covariance="spectral",
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
@@ -32,7 +32,7 @@ NFC_PRESETS: dict[str, NFCConfig] = {
 }
 # "fast" with conditional-mean inner steps (with ``spectrum: auto`` they use a power law fitted to
 # A^+ y on blur, SR and denoising), re-noising matched to the data step's error, which adds
-# only the noise the mean lacks, and DPIR's geometric self-ensemble (docs/benchmarks.md compares
+# only the noise the mean lacks, and DPIR's geometric self-ensemble (docs/notes/presets.md compares
 # each with "fast")
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, renoise="matched", self_ensemble=True)
 # the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
@@ -40,8 +40,7 @@ NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, r
 # for the shipped prior), 16 levels from sigma_max
 # "auto" (DPIR's 49/255 in [0, 1] units; for inpainting 0.1 in model units, nfc.top_sigma) down
 # to half the measurement noise or sigma_min 0.02, whichever is larger, with DPIR's periodical
-# geometric self-ensemble (docs/benchmarks.md:
-# the 256-px tier)
+# geometric self-ensemble (docs/notes/presets.md; its results: docs/benchmarks.md, the 256-px tier)
 NFC_PRESETS["deterministic"] = NFCConfig(
     num_levels=16, ode_steps=1, sigma_max="auto", sigma_min=0.02, noise_floor=0.5, inner="exact",
     prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.26, start="wiener", renoise="none",

@@ -57,7 +57,7 @@ SIGMA_DATA = 0.5
 def _precision(name: str, device: torch.device) -> str:
     """``auto``: bfloat16 autocast on a CUDA GPU that multiplies bfloat16 in hardware, else float32
     (a CPU keeps float32 under ``auto``: bfloat16 is faster only where the CPU has it natively,
-    docs/prior.md "Throughput on CPU", and its effect per step against float32 is not measured;
+    scripts/train_throughput.py measures it, and its effect per step against float32 is not measured;
     ``--precision bfloat16`` asks for it)."""
     if name != "auto":
         return name
