@@ -13,9 +13,10 @@ import numpy as np
 
 from .. import io as nio
 from ..config import load_config
-from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, image_seed, input_names, noise_seed, open_prior, read_inputs,
+from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, input_names, open_prior, read_inputs,
                      parse_device, prior_key, set_threads)
 from .flags import common_flags, precision_flag, task_flags
+from .simulate import simulated_measurement
 from .preflight import check_method_takes_operator, check_prior_fits, first_image
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
 from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores, prior_fingerprint, sampler_fields
@@ -109,7 +110,6 @@ def cmd_calibrate(args) -> int:
         check_prior_fits(prior, first[0].name, first[1])
     max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
     source = OperatorSource(task)
-    factor = source.factor()
     names = input_names(images, folder)
     log.info(f"calibrating {spec.method}/{spec.resolved_preset} K={args.samples} on {len(images)} image(s) of "
              f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
@@ -121,19 +121,12 @@ def cmd_calibrate(args) -> int:
             x, _ = nio.read_image(path)
         except (nio.ImageReadError, OSError) as e:
             raise UsageError(f"calibration image {path}: {e}") from e
-        h, w = x.shape[:2]
-        ch, cw = h - h % factor, w - w % factor  # as simulate: centre crop to a multiple of the SR factor
-        if min(ch, cw) < 1:
-            raise UsageError(f"calibration image {path}: {h}x{w} is smaller than the SR factor {factor}")
-        top, left = (h - ch) // 2, (w - cw) // 2
-        x = x[top:top + ch, left:left + cw]
-        op_seed = image_seed(seed, name)
-        try:
-            op, _ = source.build(path.name, (ch, cw), seed=op_seed)
+        try:  # the measurement simulate takes of it
+            x, _, op, y, _, _ = simulated_measurement(x, path.name, name, source, task.noise_sigma, seed)
         except ValueError as e:
             raise UsageError(f"calibration image {path}: {e}") from e
         truth = as_batch(x)[0]
-        y = op.measure(truth, task.noise_sigma, torch.Generator().manual_seed(noise_seed(op_seed))).clamp(0, 1)
+        y = y.clamp(0, 1)
         try:
             res = restore(y.to(device), op.to(device), prior=prior, method=spec.method, sigma_y=task.noise_sigma,
                           seed=stable_seed(seed, "calibrate", name), num_samples=args.samples, progress=False,

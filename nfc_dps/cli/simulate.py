@@ -167,25 +167,11 @@ def cmd_simulate(args) -> int:
 
 def _simulate_one(index: int, path: Path, name: str, stem: str, source: OperatorSource, task: TaskConfig, seed: int,
                   out: Path, bit_depth: int, log: Log) -> dict[str, Any]:
-    """Simulate one clean image (centre-cropped to a multiple of the SR factor): write its truth,
-    measurement and kernel or mask; its record."""
-    factor = source.factor()
+    """Simulate one clean image: write its truth, measurement and kernel or mask; its record."""
     x, info = nio.read_image(path)
-    h, w = x.shape[:2]
-    ch, cw = h - h % factor, w - w % factor
-    crop = None
-    if (ch, cw) != (h, w):
-        top, left = (h - ch) // 2, (w - cw) // 2
-        x = x[top:top + ch, left:left + cw]
-        crop = [top, left, ch, cw]
-    if min(ch, cw) < 1:
-        raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
-    op_seed = image_seed(seed, name)
-    op, _ = source.build(path.name, (ch, cw), seed=op_seed)
-    for note in input_notes(info, (ch, cw), op):
+    x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_sigma, seed)
+    for note in input_notes(info, x.shape[:2], op):
         log.error(f"note {path.name}: {note}")
-    nseed = noise_seed(op_seed)
-    y = op.measure(as_batch(x)[0], task.noise_sigma, torch.Generator().manual_seed(nseed))
     rec = {"index": index, "name": path.name, "measurement": f"measurements/{stem}.png",
            "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
            "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
@@ -202,6 +188,28 @@ def _simulate_one(index: int, path: Path, name: str, stem: str, source: Operator
         nio.write_image(out / f"masks/{stem}.png", mask.detach().cpu().numpy(), 8)
         rec["mask"] = f"masks/{stem}.png"
     return rec
+
+
+def simulated_measurement(x: Any, file_name: str, name: str, source: OperatorSource, noise_sigma: float, seed: int):
+    """The measurement ``simulate`` takes of clean image ``x`` ((h, w[, C]) in [0, 1]; ``name``: its
+    path relative to the input folder, ``file_name`` its file name): (x centre-cropped to a multiple
+    of the SR factor, the crop [top, left, h, w] or None, the operator, y (1, C, h', w'), operator
+    seed, noise seed). ValueError for an image smaller than the factor or an operator that fails."""
+    factor = source.factor()
+    h, w = x.shape[:2]
+    ch, cw = h - h % factor, w - w % factor
+    if min(ch, cw) < 1:
+        raise ValueError(f"image {h}x{w} is smaller than the SR factor {factor}")
+    crop = None
+    if (ch, cw) != (h, w):
+        top, left = (h - ch) // 2, (w - cw) // 2
+        x = x[top:top + ch, left:left + cw]
+        crop = [top, left, ch, cw]
+    op_seed = image_seed(seed, name)
+    op, _ = source.build(file_name, (ch, cw), seed=op_seed)
+    nseed = noise_seed(op_seed)
+    y = op.measure(as_batch(x)[0], noise_sigma, torch.Generator().manual_seed(nseed))
+    return x, crop, op, y, op_seed, nseed
 
 
 def _simulation_record(task: TaskConfig, seed: int, bit_depth: int, inp: Path, images: list[dict[str, Any]],
