@@ -65,8 +65,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_calibrate(args) -> int:
     """Run ``calibrate``: every check before the prior loads, then simulate, restore, score, fit, write."""
-    import torch
-
     log = Log(args.quiet)
     bundle = load_config(list(args.config or []))
     task = resolve_task(args, bundle)
