@@ -14,7 +14,6 @@ Units: images and measurements in [0, 1] (uint8 / uint16 input is divided by 255
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time
@@ -221,7 +220,6 @@ def restore(
     progress: bool = True,
     config: Any | None = None,
     max_batch: int | None = None,
-    timer: Callable[[str], Any] | None = None,
     calibration: Any | None = None,
     keep_samples: bool = True,
     **overrides: Any,
@@ -229,82 +227,81 @@ def restore(
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
 
     Args:
-        y: measurement in [0, 1]: tensor (B, C, h, w) or (C, h, w), or numpy (h, w[, C]).
-            Float data is used as it is and must lie in [0, 1] up to the noise (at most
-            ``6 * sigma_y + 0.05`` outside, else ValueError naming the range found; any finite
-            values for an operator of family "other", such as a ``FunctionOperator``); uint8 is
-            divided by 255 and uint16 by 65535; other integer or bool dtypes are a TypeError.
-            Any float dtype is computed in float32; results are float32.
+        y: measurement in [0, 1]: tensor (B, C, h, w) or (C, h, w), or numpy (h, w[, C]). Floats
+            must lie in [0, 1] up to the noise (at most ``6 * sigma_y + 0.05`` outside, else
+            ValueError; any finite values for an operator of family "other"); uint8 is divided by
+            255 and uint16 by 65535; other integer or bool dtypes are a TypeError. Computed in float32.
         operator: the forward operator (see :mod:`nfc_dps.operators`).
-        prior: a :class:`~nfc_dps.priors.base.Prior`, a prior folder's path (str or Path: loaded
-            with :func:`~nfc_dps.priors.default.load_prior`), or None: the embedded default prior.
+        prior: a :class:`~nfc_dps.priors.base.Prior`, a prior folder's path (loaded with
+            :func:`~nfc_dps.priors.default.load_prior`), or None: the embedded default prior.
         method: "nfc", "daps", "dps", "diffpir", "ddnm", "ddrm" or "dpir".
         preset: a named preset of the method; None = its default: for NFC "deterministic" (the
             best estimate per network call: 16 NFE, no random draw), for the others "fast".
-            Posterior samples with a calibrated ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
+            Posterior samples with a ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
         sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1].
-        seed: an int (image b uses seed + b) or one int per image (Python or numpy ints, 0-d numpy
-            integer arrays included, >= 0).
-            Chain j of image b draws its noise from its own generator, seeded by (seed_b, j): the
-            results do not depend on the batch size, on the other images of the batch or on
-            ``max_batch`` (in float32 up to the float rounding of batched network layers; in
-            bfloat16 on a CPU the same bits: docs/scale.md, "Batches and precision").
+        seed: an int (image b uses seed + b) or one int >= 0 per image. Chain j of image b draws from
+            its own generator, seeded by (seed_b, j): results do not depend on the batch or on
+            ``max_batch`` (in float32 up to the rounding of batched layers: docs/scale.md).
         num_samples: posterior samples per image; >1 returns their mean and per-pixel std.
-        callback: called after every sampler step with a dict of intermediates (model units),
-            once per chunk of chains (see ``max_batch``); ``info["chains"]`` is the chunk's
-            (start, stop) range in image-major order (b * num_samples + j).
+        callback: called after every sampler step with a dict of intermediates (model units), once
+            per chunk of chains; ``info["chains"]`` is the chunk's (start, stop) range in
+            image-major order (b * num_samples + j).
         progress: show a tqdm bar over the sampler's steps.
         config: a full sampler config of ``method`` (replaces ``preset``); ``**overrides`` replace
             its fields either way.
-        max_batch: at most this many chains (images x samples) per sampler call, which bounds
-            memory; None runs all B * num_samples chains at once.
-        timer: a profiling hook for samplers that offer one (nfc, daps: ``timer(phase)`` returns a
-            context manager entered around each of their building blocks); ValueError for others.
+        max_batch: at most this many chains (images x samples) per sampler call (bounds memory);
+            None runs all B * num_samples chains at once.
         calibration: a :class:`~nfc_dps.conformal.Calibration` or the path of the JSON file
-            ``nfc-dps calibrate`` wrote: adds the calibrated interval (``lower``, ``upper``). It must
-            have been fitted for this method, sampler config, ``num_samples`` (K >= 2), prior
-            (weights), noise level and operator family (SR: factor); else
-            :class:`~nfc_dps.conformal.CalibrationError` (a ValueError) naming what differs.
-        keep_samples: return the K samples (``samples``, memory K times the images'); False
-            returns ``samples=None`` and keeps only the running mean and variance of the chains
-            (Welford's update, chunk by chunk of ``max_batch``), so memory does not grow with
-            ``num_samples``; the chains' generators are made chunk by chunk either way.
+            ``nfc-dps calibrate`` wrote: adds the calibrated interval (``lower``, ``upper``); it must
+            have been fitted for this method, config, ``num_samples`` (K >= 2), prior, noise level
+            and operator family, else :class:`~nfc_dps.conformal.CalibrationError`.
+        keep_samples: return the K samples; False keeps only their running mean and variance
+            (``samples=None``), so memory does not grow with ``num_samples``.
     Gray measurements with an RGB prior are replicated to RGB, with noise std sigma_y * sqrt(3)
-    per copy (three copies of one noisy channel carry its information once), and averaged back. Images whose
-    size is not a multiple of ``prior.size_multiple`` are restored on a padded canvas (the border
-    is unmeasured, filled by the prior) and cropped back.
+    per copy, and averaged back. Images whose size is not a multiple of ``prior.size_multiple``
+    are restored on a padded canvas (the border is unmeasured, filled by the prior) and cropped.
+    Profiling: samplers mark their building blocks with ``torch.profiler.record_function``.
     """
     batch, back, sigma_y, seeds, num_samples = _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch)
     prior, batch, input_device = _checked_prior(prior, batch)
-    m = get_method(method)
-    hook: dict[str, Any] = {}
-    if timer is not None:
-        if "timer" not in inspect.signature(m.sample).parameters:
-            raise ValueError(f"method {method!r} offers no phase timer (nfc and daps do)")
-        hook["timer"] = timer
-    if overrides:  # the types of config files and --set: num_levels=2.5 is refused naming the key
-        overrides = _validate_overrides(method, preset if config is None else None, overrides,
-                                        {k: f"restore({k}=...)" for k in overrides})
-    cfg = get_config(method, preset, **overrides) if config is None else override_config(method, config, **overrides)
-    if num_samples > 1 and cfg.is_deterministic:
-        raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
-                         f"the same); for posterior samples and a std map use preset='fast'")
+    cfg = _resolved_config(method, preset, config, overrides, num_samples)
     if calibration is not None:
         calibration = load_calibration(calibration)
         calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
                           noise_sigma=sigma_y, factor=operator.downsampling_factor)
     problem = _Problem.set_up(operator, batch, sigma_y, prior)
-    b = batch.shape[0]
     t0 = time.perf_counter()
-    samples, stats, nfe = _run_chains(m, method, cfg, prior, problem, seeds, num_samples, max_batch, keep_samples,
-                                      input_device, callback, progress, hook)
+    samples, stats, nfe = _run_chains(get_method(method), method, cfg, prior, problem, seeds, num_samples, max_batch,
+                                      keep_samples, input_device, callback, progress)
     seconds = time.perf_counter() - t0
+    return _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
+
+
+def _resolved_config(method: str, preset: str | None, config: Any | None, overrides: dict[str, Any],
+                     num_samples: int) -> Any:
+    """The sampler config of a run: ``config`` or the named preset, with ``overrides`` checked as
+    config files and --set are (num_levels=2.5 is refused naming the key); a deterministic config
+    with num_samples > 1 is a ValueError."""
+    m = get_method(method)
+    if overrides:  # checked against the fields of the preset (or of a preset of config's class)
+        named = preset if config is None else next((p for p, c in m.presets.items() if type(c) is type(config)), None)
+        overrides = _validate_overrides(method, named, overrides, {k: f"restore({k}=...)" for k in overrides})
+    cfg = get_config(method, preset, **overrides) if config is None else override_config(method, config, **overrides)
+    if num_samples > 1 and cfg.is_deterministic:
+        raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "
+                         f"the same); for posterior samples and a std map use preset='fast'")
+    return cfg
+
+
+def _assembled(samples: Tensor | None, stats: "_SampleStats | None", nfe: int, seconds: float, cfg: Any,
+               back: Callable[[Tensor], Any], num_samples: int, calibration: Any | None) -> Restoration:
+    """The :class:`Restoration` of :func:`_run_chains`' results, in the input's container type."""
     if stats is None:
         return Restoration(back(samples), None, None, nfe, seconds, cfg)
     mean, std = stats.mean.float().clamp(0, 1), stats.std().float()
     stacked = None
     if samples is not None:
-        samples = samples.reshape(b, num_samples, *samples.shape[1:])
+        samples = samples.reshape(-1, num_samples, *samples.shape[1:])
         per_sample = [back(samples[:, j]) for j in range(num_samples)]
         stacked = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
     lower = upper = None
@@ -393,7 +390,7 @@ class _Problem:
 
 
 def _run_chains(m, method, cfg, prior, problem: _Problem, seeds, num_samples, max_batch, keep_samples, input_device,
-                callback, progress, hook):
+                callback, progress):
     """Run the B * num_samples chains, ``max_batch`` at a time: (the samples clipped to [0, 1]
     (B * K, C, H, W) on the input's device, or None when only statistics are kept; their running
     statistics (None for one sample); network calls per chain)."""
@@ -423,7 +420,7 @@ def _run_chains(m, method, cfg, prior, problem: _Problem, seeds, num_samples, ma
             y_part = problem.batch[torch.arange(lo, hi, device=problem.batch.device) // num_samples]
             gens = chain_generators(seeds, num_samples, lo, hi, device=problem.batch.device)
             x = m.sample(counted, problem.operator, y_part, problem.sigma_y, (hi - lo, *problem.image_shape[1:]), cfg,
-                         gens, step_callback, **hook)
+                         gens, step_callback)
             nfe = counted.nfe - before if nfe is None else nfe
             if problem.gray:
                 x = x.mean(1, keepdim=True)

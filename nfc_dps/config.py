@@ -306,17 +306,19 @@ def _validate_overrides(method: str, preset: str, overrides: Mapping[str, Any],
                     raise ConfigError(f"{where}: unknown key {k!r} in {key!r}; allowed: {', '.join(sub)}")
                 nested[k] = _coerce(v, sub[k], f"{where}: key '{key}.{k}'")
             out[key] = nested
-        elif _takes_number_or_name(method, key):
+        elif _takes_number_or_name(method, preset, key):
             out[key] = value if isinstance(value, str) and not _is_number(value) else _coerce(value, 0.0, f"{where}: key {key!r}")
         else:
             out[key] = _coerce(value, current, f"{where}: key {key!r}")
     return out
 
 
-def _takes_number_or_name(method: str, key: str) -> bool:
-    """Whether the config field is typed ``float | str`` (a number or a rule's name, e.g. NFC's
-    ``sigma_max: auto``); the config class validates the name."""
-    hint = typing.get_type_hints(_method(method, "sampler config").config_class).get(key)
+def _takes_number_or_name(method: str, preset: str | None, key: str) -> bool:
+    """Whether the preset's config field is typed ``float | str`` (a number or a rule's name, e.g.
+    NFC's ``sigma_max: auto``); the config class validates the name."""
+    m = _method(method, "sampler config")
+    preset = m.default_preset if preset is None else preset
+    hint = typing.get_type_hints(type(m.presets[preset]) if preset in m.presets else m.config_class).get(key)
     return set(typing.get_args(hint)) == {float, str}
 
 

@@ -119,6 +119,12 @@ def smoothstep(t: float) -> float:
     return t * t * (3 - 2 * t)
 
 
+#: width of the band's low-pass edge (a raised cosine), fraction of the corner frequency
+BAND_TRANSITION = 0.1
+#: level progress at which the Haar commitment starts unlocking the detail bands
+UNLOCK_BEGIN = 0.5
+
+
 @dataclass(frozen=True)
 class BandSchedule:
     """Frequency-limited likelihood of NFC (arXiv 2602.00176, module 1).
@@ -126,21 +132,18 @@ class BandSchedule:
     The residual's weight per frequency is W_k = (1 - lambda_k) + lambda_k * M_k, M_k a soft
     low-pass with cutoff c_k (fraction of the corner frequency of the measurement grid):
 
-    * ``cutoff="linear"``: c_k = cutoff_start + (cutoff_end - cutoff_start) * u_k (the paper's 0.4 -> 1.0);
-    * ``cutoff="spectral"``: c_k solves S(c) = kappa * sigma_k^2 for the power law S fitted to
+    * ``cutoff="linear"``: c_k = cutoff_start + (1 - cutoff_start) * u_k (the paper's 0.4 -> 1.0);
+    * ``cutoff="spectral"``: c_k solves S(c) = sigma_k^2 for the power law S fitted to
       the measurement (clamped to [cutoff_start, 1]): the frequency where the image spectrum
       meets the current diffusion noise (for a stationary Gaussian prior the denoiser is the Wiener gain S/(S + sigma^2), a low-pass with cutoff S(c) = sigma^2);
-    * lambda_k = cosine decay from ``blend_start`` to 0; the last ``full_band_levels`` levels
-      are all-pass (lambda = 0, c = 1) so the target returns to the true posterior.
+    * lambda_k = cosine decay from ``blend_start`` to 0; the last level is all-pass (lambda = 0,
+      c = 1) so the target returns to the true posterior.
+    M_k's edge is a raised cosine ``BAND_TRANSITION`` wide (fraction of the corner frequency).
     """
 
     cutoff: str = "linear"
     cutoff_start: float = 0.4
-    cutoff_end: float = 1.0
     blend_start: float = 0.35
-    kappa: float = 1.0
-    transition: float = 0.1
-    full_band_levels: int = 1
 
     def __post_init__(self) -> None:
         if self.cutoff not in ("linear", "spectral"):
@@ -153,20 +156,20 @@ class BandSchedule:
         return self.blend_start > 0
 
     def blend(self, k: int, n: int) -> float:
-        if k >= n - self.full_band_levels:
+        if k >= n - 1:
             return 0.0
         return cosine_decay(level_progress(k, n), self.blend_start, 0.0)
 
     def linear_cutoff(self, k: int, n: int) -> float:
-        if k >= n - self.full_band_levels:
+        if k >= n - 1:
             return 1.0
         u = level_progress(k, n)
-        return self.cutoff_start + (self.cutoff_end - self.cutoff_start) * u
+        return self.cutoff_start + (1.0 - self.cutoff_start) * u
 
     def spectral_cutoff(self, crossing: Tensor, k: int, n: int) -> Tensor:
-        """Per-image cutoff (B,) from the radius where S meets kappa * sigma_k^2 (see
-        ``samplers.common.spectral_crossing``), clamped to [cutoff_start, 1]; 1 at the last levels."""
-        if k >= n - self.full_band_levels:
+        """Per-image cutoff (B,) from the radius where S meets sigma_k^2 (see
+        ``samplers.gaussian_step.spectral_crossing``), clamped to [cutoff_start, 1]; 1 at the last level."""
+        if k >= n - 1:
             return torch.ones_like(crossing)
         return crossing.clamp(self.cutoff_start, 1.0)
 
@@ -176,40 +179,37 @@ class DetailSchedule:
     """Haar-domain commitment of NFC (arXiv 2602.00176, module 2).
 
     The refined x0 and the predictor's x0_hat are fused in a ``levels``-level orthonormal Haar
-    domain: the LL band takes the refinement with ``low_weight`` (1.0), every detail band with
+    domain: the LL band takes the refinement (weight 1), every detail band
     w_k = detail_weight + (1 - detail_weight) * unlock_k, where unlock_k rises from
-    ``unlock_start`` to 1 by a smoothstep that begins at progress ``unlock_begin`` (the paper's
+    ``unlock_start`` to 1 by a smoothstep that begins at progress ``UNLOCK_BEGIN`` (the paper's
     "d_s": unlocking early costs dB). Every weight is exactly 1 at the last level.
     """
 
     levels: int = 1
-    low_weight: float = 1.0
     detail_weight: float = 0.2
     unlock_start: float = 0.05
-    unlock_begin: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 <= self.levels <= 8:
             raise ValueError(f"levels must be in [0, 8], got {self.levels}")
-        for name in ("low_weight", "detail_weight", "unlock_start", "unlock_begin"):
+        for name in ("detail_weight", "unlock_start"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
 
     @property
     def active(self) -> bool:
-        return self.levels > 0 and (self.low_weight < 1 or self.detail_weight < 1)
+        return self.levels > 0 and self.detail_weight < 1
 
     def unlock(self, k: int, n: int) -> float:
-        u = level_progress(k, n)
-        ramp = 1.0 if self.unlock_begin >= 1 and u >= 1 else smoothstep((u - self.unlock_begin) / max(1e-12, 1 - self.unlock_begin))
+        ramp = smoothstep((level_progress(k, n) - UNLOCK_BEGIN) / (1 - UNLOCK_BEGIN))
         return self.unlock_start + (1 - self.unlock_start) * ramp
 
     def weights(self, k: int, n: int) -> tuple[float, float]:
-        """(low_weight_k, detail_weight_k); both exactly 1.0 at the last level."""
+        """(low_weight_k, detail_weight_k): (1, w_k); both exactly 1.0 at the last level."""
         if k >= n - 1:
             return 1.0, 1.0
-        return self.low_weight, self.detail_weight + (1 - self.detail_weight) * self.unlock(k, n)
+        return 1.0, self.detail_weight + (1 - self.detail_weight) * self.unlock(k, n)
 
 
 def as_dict(schedule) -> dict:

@@ -118,12 +118,12 @@ def test_a_changed_preset_or_prior_is_refused_in_an_existing_folder(tiny_prior, 
                           "--image-names", "camera")) == 0  # a classical column: nothing to compare
     assert json.loads(cfg_path.read_text())["configs"] == saved["configs"]  # earlier columns are kept
     original = cfg_path.read_text()
-    saved["configs"]["nfc@2"]["rho"] = 123.0  # as if the preset had changed since the rows were written
+    saved["configs"]["nfc@2"]["sigma_min"] = 123.0  # as if the preset had changed since the rows were written
     cfg_path.write_text(json.dumps(saved))
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "nfc@2 config rho: 123.0 ->" in err and "another --out" in err
+    assert "nfc@2 config sigma_min: 123.0 ->" in err and "another --out" in err
     cfg_path.write_text(original)
     other = tmp_path / "other_prior"
     shutil.copytree(tiny_prior, other)
@@ -147,9 +147,9 @@ def test_columns_without_rows_are_not_compared(tiny_prior, tmp_path):
     out = tmp_path / "run"
     args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc", "--image-names", "camera")
     out.mkdir()
-    (out / "config.json").write_text(json.dumps({"configs": {"nfc@2": {"rho": 123.0}}}))
+    (out / "config.json").write_text(json.dumps({"configs": {"nfc@2": {"sigma_min": 123.0}}}))
     assert main(args) == 0
-    assert json.loads((out / "config.json").read_text())["configs"]["nfc@2"]["rho"] != 123.0
+    assert json.loads((out / "config.json").read_text())["configs"]["nfc@2"]["sigma_min"] != 123.0
 
 
 def test_measurements_generated_once_and_reused(tmp_path):
@@ -207,7 +207,7 @@ def test_method_entries_name_their_preset_and_deterministic_rows_come_once(tiny_
     out = tmp_path / "m"
     assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc,nfc:deterministic,dpir",
                                 "--samples", "2", "--image-names", "coffee", "--no-images",
-                                "--set", "nfc:deterministic.detail.levels=1")) == 0
+                                "--set", "nfc:deterministic.prior_weight=0.3")) == 0
     rows = read_rows(out / "results.csv")
     assert [(r["method"], r["estimator"]) for r in rows] == [
         ("nfc", "sample"), ("nfc", "mean2"), ("nfc:deterministic", "deterministic"), ("dpir", "deterministic")]
@@ -250,52 +250,45 @@ def test_profile_reports_ratio(tiny_prior, tmp_path):
                        "--threads", "1", "--device", "cpu"]) == 0
     res = json.loads((out / "profile.json").read_text())
     assert list(res["methods"]) == ["nfc", "nfc:deterministic", "dpir"]  # every network column, by its label
-    assert res["methods"]["nfc:deterministic"]["config"]["start"] != "noise" and res["methods"]["dpir"]["nfe"] == 4
+    assert res["methods"]["nfc:deterministic"]["config"]["prior_weight"] > 0 and res["methods"]["dpir"]["nfe"] == 4
+    assert "inner (exact)" in res["methods"]["nfc:deterministic"]["phases_s"]
     r = res["methods"]["nfc"]
     assert r["nfe"] == 4 and r["ratio"] > 0 and "network" in r["phases_s"] and "inner (exact)" in r["phases_s"]
     assert "total / network" in (out / "profile.md").read_text() and r["overhead_ratio"] >= 1.0
 
 
-def test_profile_phases_come_from_the_samplers_timer_hook():
-    """The profile's breakdown comes from sample_nfc's ``timer`` hook: every phase the sampler
-    reports has a column, NFC and DAPS together report all of them, timing a run changes no bit
-    of its output, and a sampler without the hook is a clear error."""
-    import contextlib
-
+def test_profile_phases_come_from_the_samplers_record_function_ranges():
+    """The profile's breakdown comes from the samplers' ``record_function("nfc.<phase>")`` ranges:
+    every phase has a column, NFC and DAPS together mark all of them, and profiling a run changes
+    no bit of its output."""
     from nfc_dps.api import restore
-    from nfc_dps.bench.profiling import PHASE_LABELS, offers_timer
+    from nfc_dps.bench.profiling import PHASE_LABELS, profiled_phases
     from nfc_dps.operators import BlurOperator, gaussian_kernel
     from nfc_dps.priors import GaussianSpectralPrior
     from nfc_dps.samplers import get_config, nfc
 
-    assert set(PHASE_LABELS) == set(nfc.PHASES)
-    assert offers_timer("nfc") and offers_timer("daps") and not offers_timer("dps")
+    assert set(PHASE_LABELS) == {f"nfc.{p}" for p in nfc.PHASES}
     prior = GaussianSpectralPrior((16, 16), channels=1)
     op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
     x = ((prior.sample(1, torch.Generator().manual_seed(0), dtype=torch.float32) + 1) / 2).clamp(0, 1)
     y = op.measure(x, 0.025, torch.Generator().manual_seed(1))
-    seen: dict[str, list[str]] = {}
+    seen: dict[str, dict[str, float]] = {}
     for method, cfg in (("nfc", get_config("nfc", "fast", num_levels=3, ode_steps=1)),
-                        ("daps", get_config("daps", "fast", num_levels=2, ode_steps=1, langevin_steps=3))):
-        calls: list[str] = []
+                        ("daps", get_config("daps", "fast", num_levels=2, ode_steps=1, langevin_steps=3)),
+                        ("nfc:deterministic", get_config("nfc", num_levels=2))):
+        def run(cfg=cfg, method=method.split(":")[0]):
+            return restore(y, op, prior=prior, method=method, config=cfg, sigma_y=0.025, seed=3, progress=False)
 
-        @contextlib.contextmanager
-        def timer(phase: str, calls=calls):
-            calls.append(phase)
-            yield
-
-        plain = restore(y, op, prior=prior, method=method, config=cfg, sigma_y=0.025, seed=3, progress=False)
-        timed = restore(y, op, prior=prior, method=method, config=cfg, sigma_y=0.025, seed=3, progress=False,
-                        timer=timer)
-        assert torch.equal(plain.image, timed.image), method
-        seen[method] = calls
-    assert set(seen["nfc"]) == {"spectrum", "renoise", "predictor", "band", "inner_exact", "haar"}
-    assert seen["nfc"].count("predictor") == 3 and seen["nfc"].count("inner_exact") == 3
-    assert set(seen["daps"]) == {"renoise", "predictor", "band", "inner_langevin"}
-    assert set(seen["nfc"]) | set(seen["daps"]) == set(nfc.PHASES)
-    with pytest.raises(ValueError, match="offers no phase timer"):
-        restore(y, op, prior=prior, method="dps", preset="fast", sigma_y=0.025, progress=False,
-                timer=lambda phase: contextlib.nullcontext(), num_steps=2)
+        plain = run()
+        profiled, phases = profiled_phases(run)
+        assert torch.equal(plain.image, profiled.image), method
+        assert all(t >= 0 for t in phases.values())
+        seen[method] = phases
+    labels = {k: PHASE_LABELS[f"nfc.{k}"] for k in nfc.PHASES}
+    assert set(seen["nfc"]) == {labels[k] for k in ("spectrum", "renoise", "predictor", "band", "inner_exact", "haar")}
+    assert set(seen["daps"]) == {labels[k] for k in ("renoise", "predictor", "band", "inner_langevin")}
+    assert set(seen["nfc:deterministic"]) == {labels[k] for k in ("spectrum", "predictor", "inner_exact")}
+    assert set(seen["nfc"]) | set(seen["daps"]) == set(PHASE_LABELS.values())
 
 
 def test_prior_identity_lists_files_and_hashes_their_contents_only_on_request(tmp_path):

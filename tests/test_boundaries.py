@@ -18,7 +18,7 @@ from nfc_dps.operators.blur import fast_fft_size
 from nfc_dps.operators.kernels import gaussian_kernel, motion_kernel
 from nfc_dps.priors.base import Prior
 from nfc_dps.samplers.common import initial_estimate, to_image_units, to_model_units
-from nfc_dps.samplers.nfc import _spectrum
+from nfc_dps.samplers.nfc import spectrum_for
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -126,7 +126,7 @@ def test_wiener_start_on_a_reflect_blur_is_no_worse_than_the_adjoint(kernel):
     y = op.A(truth) + 0.025 * torch.randn(truth.shape, generator=torch.Generator().manual_seed(0))
     shape = tuple(truth.shape)
     prob = to_model_units(op, y, 0.025, shape)
-    spectrum = _spectrum("auto", _PowerLawPrior(), op, prob.y, shape, True)
+    spectrum = spectrum_for("auto", _PowerLawPrior(), op, prob.y, shape, True)
     wiener = to_image_units(initial_estimate(op, prob.y, prob.sigma, shape, "wiener", spectrum)).clamp(0, 1)
     adjoint = to_image_units(initial_estimate(op, prob.y, prob.sigma, shape, "adjoint")).clamp(0, 1)
     assert float(psnr(wiener, truth)) >= float(psnr(adjoint, truth)) + 0.5

@@ -55,7 +55,7 @@ def test_every_shipped_config_resolves(path):
     else:
         cfg = bundle.sampler.build()
         assert bundle.sampler.method in METHODS
-        assert isinstance(cfg, METHODS[bundle.sampler.method].config_class)
+        assert isinstance(cfg, METHODS[bundle.sampler.method].config_classes)
         assert cfg == METHODS[bundle.sampler.method].presets[bundle.sampler.preset]
 
 
@@ -85,12 +85,13 @@ def test_task_config_defaults_and_path_resolution(tmp_path):
     ("task: {task: denoise}\nseed: [1, 2]\n", ["seed", "expected an integer, got [1, 2]"]),
     ("method: nfc\nnum_levels: [2, 3]\n", ["num_levels", "expected an integer, got [2, 3]"]),
     ("task: denoise\nnoise_sigma: 0.1\nnoise_sigma: 0.2\n", ["duplicate key", "noise_sigma"]),
-    ("method: nfc\nnum_level: 3\n", ["num_level", "num_levels", "ode_steps"]),
-    ("method: nfc\nband: {cutof_start: 0.3}\n", ["cutof_start", "band", "cutoff_start"]),
-    ("method: nfc\nband: 3\n", ["band", "mapping"]),
+    ("method: nfc\nnum_level: 3\n", ["num_level", "num_levels", "prior_weight"]),
+    ("method: nfc\npreset: fast\nband: {cutof_start: 0.3}\n", ["cutof_start", "band", "cutoff_start"]),
+    ("method: nfc\npreset: fast\nband: 3\n", ["band", "mapping"]),
+    ("method: nfc\nband: {blend_start: 0.3}\n", ["band", "prior_weight"]),  # not a field of the default preset
     ("method: nfcc\n", ["nfcc", "nfc", "daps"]),
     ("method: nfc\npreset: slow\n", ["slow", "fast", "paper"]),
-    ("method: nfc\ninner: magic\n", ["inner", "magic"]),
+    ("method: nfc\npreset: fast\ninner: magic\n", ["inner", "magic"]),
     ("method: nfc\nnum_levels: 2.5\n", ["num_levels", "integer"]),
     ("task: denoise\nmethod: nfc\n", ["sampler", "method"]),
     ("foo: 1\n", ["cannot tell", "foo", "task", "method"]),
@@ -124,9 +125,13 @@ def test_nested_override_merges_onto_preset(tmp_path):
 
 
 def test_number_or_auto_field_takes_both(tmp_path):
-    """NFC's sigma_max is a number or "auto": either replaces either, and anything else names the key."""
-    auto = _write(tmp_path, "a.yaml", "method: nfc\npreset: fast\nsigma_max: auto\n")
+    """The continuation's sigma_max is a number or "auto": either replaces either, and anything else
+    names the key; the posterior sampler's is a number."""
+    auto = _write(tmp_path, "a.yaml", "method: nfc\npreset: deterministic\nsigma_max: auto\n")
     assert load_config([auto]).sampler.build().sigma_max == "auto"
+    fast = _write(tmp_path, "f.yaml", "method: nfc\npreset: fast\nsigma_max: auto\n")
+    with pytest.raises(ConfigError, match="sigma_max.*expected a number, got 'auto'"):
+        load_config([fast]).sampler.build()
     number = _write(tmp_path, "n.yaml", "method: nfc\npreset: deterministic\nsigma_max: 0.3\n")
     assert load_config([number]).sampler.build().sigma_max == 0.3
     for bad, shown in (("[1, 2]", r"\[1, 2\]"), ("high", "'high'")):
@@ -136,8 +141,8 @@ def test_number_or_auto_field_takes_both(tmp_path):
 
 
 def test_later_files_and_flags_win(tmp_path):
-    a = _write(tmp_path, "a.yaml", "method: nfc\nnum_levels: 3\nband: {cutoff_start: 0.5}\n")
-    b = _write(tmp_path, "b.yaml", "preset: paper\nband: {transition: 0.2}\n")
+    a = _write(tmp_path, "a.yaml", "method: nfc\npreset: fast\nnum_levels: 3\nband: {cutoff_start: 0.5}\n")
+    b = _write(tmp_path, "b.yaml", "preset: paper\nband: {blend_start: 0.2}\n")
     t1 = _write(tmp_path, "t1.yaml", "task: deblur_gaussian\nkernel_size: 9\n")
     t2 = _write(tmp_path, "t2.yaml", "task: deblur_gaussian\nkernel_size: 7\n")
     bundle = load_config([a, t1, b, t2])
@@ -146,14 +151,14 @@ def test_later_files_and_flags_win(tmp_path):
     spec.set("num_levels", 4, "--steps")
     cfg = spec.build()
     assert spec.preset == "paper" and cfg.num_levels == 4 and cfg.inner == "langevin"
-    assert cfg.band.cutoff_start == 0.5 and cfg.band.transition == 0.2
-    spec.set("band.kappa", "x", "--set")
-    with pytest.raises(ConfigError, match="--set.*band.kappa"):
+    assert cfg.band.cutoff_start == 0.5 and cfg.band.blend_start == 0.2
+    spec.set("band.cutoff_start", "x", "--set")
+    with pytest.raises(ConfigError, match="--set.*band.cutoff_start"):
         spec.build()
 
 
 def test_switching_method_drops_other_method_overrides(tmp_path):
-    a = _write(tmp_path, "a.yaml", "method: nfc\nband: {cutoff_start: 0.5}\n")
+    a = _write(tmp_path, "a.yaml", "method: nfc\npreset: fast\nband: {cutoff_start: 0.5}\n")
     b = _write(tmp_path, "b.yaml", "method: daps\nnum_levels: 3\n")
     spec = load_config([a, b]).sampler
     assert spec.method == "daps" and spec.build().num_levels == 3 and "band" not in spec.overrides

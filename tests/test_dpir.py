@@ -12,6 +12,7 @@ from nfc_dps.samplers import METHODS, get_config
 from nfc_dps.samplers.common import initial_estimate
 from nfc_dps.samplers.dpir import DPIR_SIGMA_MAX, DPIRConfig, dpir_sigmas, sample_dpir
 from nfc_dps.samplers.nfc import NFCConfig, sample_nfc
+from nfc_dps.samplers.nfc_continuation import ContinuationConfig, sample_nfc_continuation
 
 from test_samplers import SIGMA_Y, SIZE, oracle_problem
 from test_samplers import _psnr_model as psnr_model
@@ -97,28 +98,30 @@ def test_deterministic_nfc_is_deterministic_and_batch_invariant():
     prior, op, H, x, y_m = oracle_problem(3, seed=1)
     y = ((y_m + 1) / 2).float()
     cfg = get_config("nfc")  # the default preset
-    assert cfg == get_config("nfc", "deterministic") and cfg.is_deterministic and cfg.nfe == 16
-    full = sample_nfc(prior, op, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(i) for i in range(3)])
-    other_seeds = sample_nfc(prior, op, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(99 + i) for i in range(3)])
+    assert cfg == get_config("nfc", "deterministic") == ContinuationConfig() and cfg.is_deterministic and cfg.nfe == 16
+    run = sample_nfc_continuation
+    full = run(prior, op, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(i) for i in range(3)])
+    other_seeds = run(prior, op, y, 0.025, y.shape, cfg, [torch.Generator().manual_seed(99 + i) for i in range(3)])
     assert torch.equal(full, other_seeds)
-    alone = torch.cat([sample_nfc(prior, op, y[i:i + 1], 0.025, (1, *y.shape[1:]), cfg, None) for i in range(3)])
+    alone = torch.cat([run(prior, op, y[i:i + 1], 0.025, (1, *y.shape[1:]), cfg, None) for i in range(3)])
     assert torch.allclose(full, alone, atol=1e-6, rtol=0)
 
 
-def test_renoise_none_feeds_the_data_step_to_the_next_level():
-    """renoise "none": the next level starts from x0 itself; the first x is the start estimate."""
+def test_the_continuation_feeds_the_data_step_to_the_next_level():
+    """No re-noising: the next level denoises the data step's output itself, which is the prox of
+    y around x0_hat with r_k^2 = sigma_k^2 / lam."""
     prior, op, H, x, y_m = oracle_problem(1, seed=1)
     y = ((y_m + 1) / 2).float()
     cfg = get_config("nfc", "deterministic", num_levels=5)
     seen = []
-    out = sample_nfc(prior, op, y, 0.025, y.shape, cfg, None, callback=seen.append)
-    assert all(torch.equal(info["x"], info["x0"]) for info in seen)
-    assert torch.allclose(out, (seen[-1]["x0"] + 1) / 2)
+    out = sample_nfc_continuation(prior, op, y, 0.025, y.shape, cfg, None, callback=seen.append)
+    assert torch.allclose(out, (seen[-1]["x"] + 1) / 2)
+    y_model = 2 * y - 1
+    for info in seen:
+        want = op.prox(y_model, info["x0_hat"], 0.05, info["sigma"] / cfg.prior_weight**0.5)
+        torch.testing.assert_close(info["x"], want, rtol=1e-5, atol=1e-6)
     sigmas = [info["sigma"] for info in seen]
     assert sigmas[0] == pytest.approx(2 * 49 / 255) and sigmas[-1] == pytest.approx(0.025)  # noise floor: sigma_y / 2
-    fresh = sample_nfc(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, renoise="fresh"),
-                       [torch.Generator().manual_seed(0)])
-    assert not torch.allclose(fresh, out)
 
 
 def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
@@ -127,11 +130,11 @@ def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
     (the conditional mean's error under the isotropic prior sigma_0^2), computed here from H."""
     prior, op, H, x, y_m = oracle_problem(1, seed=1)
     y = ((y_m + 1) / 2).float()
-    cfg = get_config("nfc", "deterministic", num_levels=50, sigma_max=1.0, prior_weight=1.0)
+    cfg = NFCConfig(num_levels=50, ode_steps=1, sigma_max=1.0, sigma_min=0.025, inner="exact", inner_temperature=0.0)
     runs = {}
     for mode in ("fresh", "matched"):
         seen = []
-        sample_nfc(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, renoise=mode),
+        sample_nfc(prior, op, y, 0.025, y.shape, dataclasses.replace(cfg, renoise=mode).as_daps(),
                    [torch.Generator().manual_seed(0)], callback=seen.append)
         runs[mode] = seen
     s0, s1 = runs["fresh"][0]["sigma"], runs["fresh"][1]["sigma"]
@@ -140,7 +143,7 @@ def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
     fresh, matched = (runs[m][0]["x"] - runs[m][0]["x0"] for m in ("fresh", "matched"))
     assert torch.equal(runs["fresh"][0]["x0"], runs["matched"][0]["x0"])
     torch.testing.assert_close(matched, fresh * math.sqrt(s1**2 - e2) / s1, rtol=1e-4, atol=1e-6)
-    assert not get_config("nfc", renoise="matched").is_deterministic
+    assert not get_config("nfc", "fast", renoise="matched").is_deterministic
 
 
 def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
@@ -206,12 +209,12 @@ def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_pr
     from nfc_dps.bench.spec import DEFAULT_TASKS, task_specs
     from nfc_dps.operators import build_operator
     from nfc_dps.samplers.gaussian_step import conditional_error_variance
-    from nfc_dps.samplers.nfc import level_sigmas
+    from nfc_dps.samplers.nfc_continuation import continuation_sigmas, top_sigma
 
     cfg, size, sigma_y = get_config("nfc"), 64, 0.05  # sigma_y in model units (0.025 in [0, 1])
     for name, task in task_specs("local", size, "circular").items():
         op = build_operator(task.name, size, 0, **task.params)
-        sigmas = level_sigmas(cfg, op, sigma_y, prior_sigma_max=80.0)
+        sigmas = continuation_sigmas(cfg, top_sigma(cfg.sigma_max, op, sigma_y), sigma_y)
         gram = op.gram_eigenvalues(size, size)
         ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0, False))
                     / sigmas[k + 1] ** 2 for k in range(cfg.num_levels - 1))
@@ -236,7 +239,7 @@ def test_conditional_error_variance_is_the_trace_of_the_conditional_covariance(t
 def test_auto_range_starts_inpainting_lower():
     """sigma_max "auto": DPIR's 49/255 ([0, 1] units) for blur and SR, 0.1 (model units) for
     inpainting; a number is used as it is."""
-    from nfc_dps.samplers.nfc import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_INPAINT, top_sigma
+    from nfc_dps.samplers.nfc_continuation import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_INPAINT, top_sigma
 
     assert AUTO_SIGMA_MAX == pytest.approx(2 * 49 / 255) and AUTO_SIGMA_MAX_INPAINT == pytest.approx(0.1)
     box, blur = Inpainting(box_mask(SIZE, SIZE, SIZE // 2, 2)), BlurOperator(gaussian_kernel(9, 1.5))
@@ -259,16 +262,42 @@ def test_deterministic_nfc_near_the_oracle_mmse():
     """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound (below it:
     its steps are isotropic where the exact covariance is spectral)."""
     prior, op, H, x, y_m = oracle_problem(30, seed=1)
-    out = sample_nfc(prior, op, (y_m + 1) / 2, 0.025, x.shape, get_config("nfc")) * 2 - 1
+    out = sample_nfc_continuation(prior, op, (y_m + 1) / 2, 0.025, x.shape, get_config("nfc")) * 2 - 1
     assert psnr_model(out, x) >= 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y)) - 1.0
 
 
-@pytest.mark.parametrize("bad", [dict(start="zeros"), dict(renoise="ddim"), dict(prior_weight=0.0),
-                                 dict(noise_floor=float("nan")), dict(sigma_max="high"), dict(sigma_max=0.0),
-                                 dict(sigma_max=float("inf")), dict(sigma_max=True)])
-def test_nfc_rejects_bad_continuation_settings(bad):
+@pytest.mark.parametrize("bad", [dict(prior_weight=0.0), dict(noise_floor=float("nan")), dict(sigma_max="high"),
+                                 dict(sigma_max=0.0), dict(sigma_max=float("inf")), dict(sigma_max=True),
+                                 dict(sigma_min=-1.0), dict(num_levels=0), dict(self_ensemble=1)])
+def test_the_continuation_rejects_bad_settings(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ContinuationConfig(**bad)
+
+
+@pytest.mark.parametrize("bad", [dict(renoise="none"), dict(sigma_max="auto"), dict(sigma_max=0.0),
+                                 dict(sigma_max=float("inf")), dict(ode_sigma_min=-1.0), dict(spectrum="y")])
+def test_the_posterior_sampler_rejects_bad_settings(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         NFCConfig(**bad)
+
+
+def test_nfc_presets_of_either_regime_take_their_own_fields():
+    """``nfc``'s deterministic preset is the continuation's config, the others the posterior
+    sampler's; an override that is not a field of the preset's config is an error, and the method
+    runs either."""
+    assert isinstance(get_config("nfc", "deterministic", prior_weight=0.3), ContinuationConfig)
+    assert get_config("nfc", "fast", inner_temperature=0.5).inner_temperature == 0.5
+    with pytest.raises(ValueError, match="unknown nfc config keys \\['band'\\]"):
+        get_config("nfc", "deterministic", band={"blend_start": 0.2})
+    with pytest.raises(ValueError, match="unknown nfc config keys \\['prior_weight'\\]"):
+        get_config("nfc", "fast", prior_weight=0.3)
+    prior, op, H, x, y_m = oracle_problem(1, seed=1)
+    y = ((y_m + 1) / 2).float()
+    det = METHODS["nfc"].sample(prior, op, y, 0.025, y.shape, get_config("nfc", num_levels=3))
+    assert torch.equal(det, sample_nfc_continuation(prior, op, y, 0.025, y.shape, get_config("nfc", num_levels=3)))
+    fast = get_config("nfc", "fast", num_levels=3, ode_steps=1)
+    post = METHODS["nfc"].sample(prior, op, y, 0.025, y.shape, fast, [torch.Generator().manual_seed(0)])
+    assert torch.equal(post, sample_nfc(prior, op, y, 0.025, y.shape, fast, [torch.Generator().manual_seed(0)]))
 
 
 def test_default_presets():

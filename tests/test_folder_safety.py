@@ -230,13 +230,13 @@ def _unet_prior(folder: Path, channels: int = 3, nan: bool = False) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("case", ["rho=0", "sigma_min=-1", "ddrm with SR", "gray prior, RGB images", "NaN prior"])
+@pytest.mark.parametrize("case", ["prior_weight=0", "sigma_min=-1", "ddrm with SR", "gray prior, RGB images", "NaN prior"])
 def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, monkeypatch, capsys, case):
     from nfc_dps.cli import restore
 
     make_images(tmp_path / "in", 2)
     prior, extra = prior_dir, []
-    if case in ("rho=0", "sigma_min=-1"):
+    if case in ("prior_weight=0", "sigma_min=-1"):
         extra = ["--task", "denoise", "--set", case]
     elif case == "ddrm with SR":
         extra = ["--task", "sr_bicubic", "--method", "ddrm"]
@@ -248,7 +248,7 @@ def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, 
     err = capsys.readouterr().err
     assert code == 2, err
     assert "FAILED" not in err and "Traceback" not in err and err.count("error:") == 1, err
-    needle = {"rho=0": "rho must be a finite number > 0", "sigma_min=-1": "sigma_min must be a finite number >= 0",
+    needle = {"prior_weight=0": "prior_weight must be finite and > 0", "sigma_min=-1": "sigma_min must be a finite number >= 0",
               "ddrm with SR": "--method ddrm: DDRM needs a diagonalisable operator",
               "gray prior, RGB images": "the prior models 1-channel images but im0.png has 3 channel(s)",
               "NaN prior": "the prior returns NaN/Inf"}[case]

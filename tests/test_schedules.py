@@ -47,7 +47,7 @@ def test_spectral_cutoff_widens_as_sigma_falls():
 
 
 def test_detail_schedule_reaches_one_at_last_level():
-    d = DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05, unlock_begin=0.5)
+    d = DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05)
     n = 50
     w = [d.weights(k, n) for k in range(n)]
     assert w[-1] == (1.0, 1.0)

@@ -88,14 +88,14 @@ class RampPrior(Prior):
 def test_the_deterministic_presets_stay_deterministic_and_batch_invariant_with_it():
     from nfc_dps.operators import BlurOperator, gaussian_kernel
     from nfc_dps.samplers.dpir import sample_dpir
-    from nfc_dps.samplers.nfc import sample_nfc
+    from nfc_dps.samplers.nfc_continuation import sample_nfc_continuation
 
     op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
     g = torch.Generator().manual_seed(3)
     x = torch.rand(3, 1, 16, 16, generator=g)
     y = op.A(x) + 0.025 * torch.randn(x.shape, generator=g)
     prior = RampPrior()
-    for sample, cfg in ((sample_nfc, get_config("nfc", "deterministic")), (sample_dpir, get_config("dpir"))):
+    for sample, cfg in ((sample_nfc_continuation, get_config("nfc", "deterministic")), (sample_dpir, get_config("dpir"))):
         full = sample(prior, op, y, 0.025, y.shape, cfg)
         assert torch.equal(full, sample(prior, op, y, 0.025, y.shape, cfg))
         alone = torch.cat([sample(prior, op, y[i:i + 1], 0.025, (1, 1, 16, 16), cfg) for i in range(3)])

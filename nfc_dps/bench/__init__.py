@@ -30,6 +30,6 @@ Modules:
 - ``plots``: grid.png, psnr_vs_nfe.png, bars.png;
 - ``runner``: the grid's run, one (task, image) job, torchrun sharding (``nfc_dps.distributed``);
 - ``oracle``: the Gaussian-oracle protocol; ``mixture``: the Gaussian-mixture protocol;
-- ``profiling``: time per NFE against the bare network, phases from the NFC sampler's timer hook;
+- ``profiling``: time per NFE against the bare network, phases from the samplers' torch.profiler ranges;
 - ``cli``: the command line (``main``, ``build_parser``, ``run_from_args``).
 """

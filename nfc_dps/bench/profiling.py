@@ -1,19 +1,19 @@
 """The per-NFE profile (:func:`run_profile`): each diffusion method's time per network evaluation
-against the bare network forward, with a phase breakdown for NFC / DAPS taken through the
-sampler's ``timer`` hook (:data:`nfc_dps.samplers.nfc.PHASES`)."""
+against the bare network forward, with a phase breakdown read from ``torch.profiler``: the
+samplers mark their building blocks with ``record_function("nfc.<phase>")``
+(:data:`nfc_dps.samplers.nfc.PHASES`)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
 import json
 import time
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
 
 from ..io import atomic_write_text
 from .instruments import machine_description
@@ -21,14 +21,14 @@ from .measurements import load_images, measurement
 from ..distributed import Dist, init_distributed, resolve_device
 from .runner import load_bench_prior, prior_record
 from .spec import BenchSpec, method_runs, task_specs
-from ..samplers import get_method
 from ..priors.base import PriorWrapper
 from ..api import restore
 
 
-#: the profile's column of each phase the NFC sampler's ``timer`` hook reports (``PHASES``)
-PHASE_LABELS = {"predictor": "predictor", "inner_exact": "inner (exact)", "inner_langevin": "inner (langevin)",
-                "band": "band mask (FFT)", "haar": "haar fuse", "spectrum": "spectrum fit", "renoise": "re-noise"}
+#: the profile's column of each ``record_function`` range the samplers mark (``nfc.<phase>``)
+PHASE_LABELS = {"nfc.predictor": "predictor", "nfc.inner_exact": "inner (exact)",
+                "nfc.inner_langevin": "inner (langevin)", "nfc.band": "band mask (FFT)", "nfc.haar": "haar fuse",
+                "nfc.spectrum": "spectrum fit", "nfc.renoise": "re-noise"}
 
 
 def _sync(device: torch.device) -> None:
@@ -37,27 +37,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def phase_timer(device: torch.device, totals: dict[str, float]) -> Callable[[str], ContextManager[None]]:
-    """A sampler ``timer`` (see :func:`nfc_dps.samplers.nfc.sample_nfc`) adding the wall time in
-    seconds of each phase, CUDA-synchronised at both ends, to ``totals[PHASE_LABELS[phase]]``."""
-
-    @contextlib.contextmanager
-    def timer(phase: str) -> Iterator[None]:
-        label = PHASE_LABELS[phase]
-        _sync(device)
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            _sync(device)
-            totals[label] = totals.get(label, 0.0) + time.perf_counter() - t0
-
-    return timer
-
-
-def offers_timer(method: str) -> bool:
-    """Whether the sampler of ``method`` takes a ``timer`` (the phase breakdown: NFC and DAPS)."""
-    return "timer" in inspect.signature(get_method(method).sample).parameters
+def profiled_phases(run: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+    """(``run()``'s result, seconds spent in each :data:`PHASE_LABELS` range, by label), from a
+    ``torch.profiler`` trace of the run (host time of each range, summed over its calls)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = run()
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.key in PHASE_LABELS:
+            label = PHASE_LABELS[event.key]
+            totals[label] = totals.get(label, 0.0) + event.cpu_time_total / 1e6
+    return result, totals
 
 
 def _timed_prior(inner, device: torch.device, totals: dict[str, float]):
@@ -76,7 +66,8 @@ def _timed_prior(inner, device: torch.device, totals: dict[str, float]):
 
 def run_profile(spec: BenchSpec, log: Callable[[str], None] = print, reps: int = 5) -> dict[str, Any]:
     """Per-NFE cost of each diffusion method against the bare network forward (target <= 1.1x),
-    with a phase breakdown for NFC/DAPS. Writes profile.md and profile.json (rank 0 only)."""
+    with a phase breakdown for NFC/DAPS. Writes profile.md and profile.json (rank 0 only). Each
+    method runs once, under ``torch.profiler`` (CPU activity: its per-operator cost is in the times)."""
     d = init_distributed(spec.device)
     device = resolve_device(spec.device, d)
     try:
@@ -132,11 +123,10 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
         totals: dict[str, float] = {}
         timed = _timed_prior(prior, device, totals)
         try:
-            timer = phase_timer(device, totals) if offers_timer(run.method) else None
             sync()
             t0 = time.perf_counter()
-            res = restore(y, op, prior=timed, method=run.method, config=cfg, sigma_y=spec.sigma_y, seed=0,
-                          progress=False, timer=timer)
+            res, phases = profiled_phases(lambda: restore(y, op, prior=timed, method=run.method, config=cfg,
+                                                          sigma_y=spec.sigma_y, seed=0, progress=False))
             sync()
             total = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001
@@ -144,8 +134,8 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
             log(f"{m}: FAILED {e}")
             continue
         per = total / max(1, res.nfe)
-        phases = dict(totals)
-        net = phases.get("network", 0.0)
+        net = totals.get("network", 0.0)
+        phases = {"network": net, **phases}
         if "predictor" in phases:
             phases["predictor (non-network)"] = phases.pop("predictor") - net
         phases["other"] = total - sum(v for v in phases.values())
@@ -181,7 +171,8 @@ def profile_markdown(result: dict[str, Any]) -> str:
             continue
         L.append(f"| {m} | {r['nfe']} | {r['total_s']:.2f} | {r['per_nfe_s'] * 1000:.1f} | "
                  f"{r['network_per_call_s'] * 1000:.1f} | **{r['overhead_ratio']:.3f}x** | {r['ratio']:.2f}x |")
-    L += ["", "Breakdown (seconds, whole run; the network is timed inside the predictor; for DPS 'other' is mostly "
+    L += ["", "Breakdown (seconds, whole run under torch.profiler; a phase is the host time of its "
+          "`record_function` range; the network is timed inside the predictor; for DPS 'other' is mostly "
           "the backward pass through the network):", "",
           "| method | " + " | ".join(["network", "predictor (non-network)", "inner (exact)", "inner (langevin)",
                                       "band mask (FFT)", "haar fuse", "spectrum fit", "re-noise", "other"]) + " |",

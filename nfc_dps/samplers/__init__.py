@@ -1,7 +1,8 @@
 """Posterior samplers. Each is ``sample(prior, operator, y, sigma_y, image_shape, config,
 generators, callback) -> x`` with y, x in [0, 1] units and sigma_y in [0, 1] pixel units.
 
-One module per method (nfc: NFC and DAPS, dps, diffpir, ddnm, ddrm, dpir); ``common`` holds the
+One module per method (nfc: NFC's posterior sampler and DAPS, nfc_continuation: NFC's default
+deterministic continuation, dps, diffpir, ddnm, ddrm, dpir); ``common`` holds the
 shared pieces, ``gaussian_step`` NFC's Gaussian-conditional data step, ``presets`` NFC's and
 DAPS's named configs. A method is registered in :data:`METHODS` below.
 """
@@ -19,13 +20,15 @@ from .diffpir import DiffPIRConfig, sample_diffpir
 from .dpir import DPIRConfig, sample_dpir
 from .dps import DPSConfig, sample_dps
 from .nfc import NFCConfig, sample_daps, sample_nfc
+from .nfc_continuation import ContinuationConfig, sample_nfc_continuation
 from .presets import DAPS_PRESETS, NFC_PRESETS
 
 
 @dataclass(frozen=True)
 class Method:
     """A sampler, its config class, its named presets and the one used when none is named;
-    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error)."""
+    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error).
+    A preset may be of another config class (NFC's deterministic continuation): ``sample`` takes each."""
 
     sample: Callable[..., Any]
     config_class: type
@@ -35,9 +38,21 @@ class Method:
     #: why the method cannot restore an operator (None: it can); checked before a run starts
     operator_problem: Callable[[Any], str | None] = lambda operator: None
 
+    @property
+    def config_classes(self) -> tuple[type, ...]:
+        """``config_class`` and the classes of the presets: the configs ``sample`` takes."""
+        return tuple(dict.fromkeys([self.config_class, *(type(p) for p in self.presets.values())]))
+
+
+def sample_nfc_method(prior, operator, y, sigma_y, image_shape, config, generators=None, callback=None):
+    """Method ``nfc``: the deterministic continuation for a :class:`ContinuationConfig`, else the
+    posterior sampler :func:`sample_nfc`."""
+    sample = sample_nfc_continuation if isinstance(config, ContinuationConfig) else sample_nfc
+    return sample(prior, operator, y, sigma_y, image_shape, config, generators, callback)
+
 
 METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
+    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
     # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
     "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"})),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
@@ -76,9 +91,10 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
     from dataclasses import fields, is_dataclass, replace
 
     m = get_method(method)
-    if not isinstance(config, m.config_class):
-        raise TypeError(f"a {method} config must be a {m.config_class.__name__}, got {type(config).__name__}")
-    allowed = {f.name for f in fields(m.config_class)}
+    if not isinstance(config, m.config_classes):
+        names = " or ".join(c.__name__ for c in m.config_classes)
+        raise TypeError(f"a {method} config must be a {names}, got {type(config).__name__}")
+    allowed = {f.name for f in fields(config)}
     unknown = set(overrides) - allowed
     if unknown:
         raise ValueError(f"unknown {method} config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -101,5 +117,5 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
 
 
 __all__ = ["METHODS", "Method", "get_method", "get_config", "override_config", "CountingPrior", "counting",
-           "NFCConfig", "sample_nfc", "sample_daps", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
+           "NFCConfig", "sample_nfc", "sample_daps", "ContinuationConfig", "sample_nfc_continuation", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
            "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm", "DPIRConfig", "sample_dpir"]

@@ -2,54 +2,50 @@
 
 Algorithm (arXiv 2602.00176, on DAPS's skeleton), for levels sigma_0 > ... > sigma_{N-1}, sigma_N = 0:
 
-    x ~ N(0, sigma_0^2 I)                     (start "noise"; or x = an estimate from y, no noise)
+    x ~ N(0, sigma_0^2 I)
     for k = 0 .. N-1:
         x0_hat = PF-ODE(x, sigma_k -> sigma_ode_min, n Euler steps)            # n NFE
         x0     = inner(x0_hat, r_k, band W_k)                                  # operator calls only
-                 target ∝ exp(-||W_k (y - A x0)||^2 / 2 sigma_y^2) N(x0; x0_hat, C_k / lam)
-        x0     = HaarFuse(x0, x0_hat, w_L, w_H(k))                             # commit coarse first
-        x      = x0 + sigma_{k+1} * noise     (renoise "fresh"; "none": x = x0; "matched":
-                 noise of std sqrt(max(sigma_{k+1}^2 - e_k^2, 0)), e_k^2 the inner step's error)
+                 target ∝ exp(-||W_k (y - A x0)||^2 / 2 sigma_y^2) N(x0; x0_hat, C_k)
+        x0     = HaarFuse(x0, x0_hat, w_L = 1, w_H(k))                         # commit coarse first
+        x      = x0 + sigma_{k+1} * noise     (renoise "fresh"; "matched": noise of std
+                 sqrt(max(sigma_{k+1}^2 - e_k^2, 0)), e_k^2 the inner step's error)
     return x
 
 W_k = (1 - lambda_k) + lambda_k M_k, M_k a soft low-pass on the measurement grid whose cutoff
 widens with k (``BandSchedule``); C_k = sigma_k^2 I (``isotropic``, DAPS) or the Gaussian-prior
-posterior covariance S sigma_k^2 / (S + sigma_k^2) per frequency (``spectral``); lam the inner
-step's ``prior_weight`` (1 in the paper). The inner step is DAPS's Langevin dynamics or an exact
-Gaussian-conditional sample (perturb-and-solve).
-
-Two regimes. The paper's (start "noise", renoise "fresh", sigma from 100): a posterior sampler.
-The deterministic continuation (start from the measurement, renoise "none", conditional-mean
-inner steps, a short range below ~0.4 model units, lam near DPIR's 0.23): a plug-and-play estimate.
-The band and the Haar commitment can act there too; the ``deterministic`` preset leaves them off.
-With ``self_ensemble`` the network's call j sees its input under the (j mod 8)-th symmetry of the
-square (DPIR's periodical geometric self-ensemble; ``self_ensemble.py``).
-With ``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS.
+posterior covariance S sigma_k^2 / (S + sigma_k^2) per frequency (``spectral``). The inner step
+is DAPS's Langevin dynamics or an exact Gaussian-conditional sample (perturb-and-solve); it and
+the re-noising are chosen once, before the loop. With ``self_ensemble`` the network's call j
+sees its input under the (j mod 8)-th symmetry of the square (``self_ensemble.py``). With
+``band.blend_start = 0`` and ``detail.levels = 0`` this is exactly DAPS. NFC's default, the
+deterministic continuation, is :mod:`nfc_dps.samplers.nfc_continuation`.
+Profiling: the building blocks run inside ``torch.profiler.record_function("nfc.<phase>")``
+(:data:`PHASES`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ContextManager
+from typing import Callable
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
 from ..priors.base import Prior
-from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, BandSchedule, DetailSchedule, karras_sigmas
+from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas
 from .common import (
-    START_ESTIMATES,
     Callback,
+    ModelProblem,
     StepConfig,
     check_budget,
     check_flag,
     counting,
-    initial_estimate,
     pf_ode_predict,
     schedule_top,
     to_image_units,
@@ -71,134 +67,81 @@ INNER_SOLVERS = ("langevin", "exact")
 PRIOR_COVARIANCES = ("isotropic", "spectral")
 SPECTRUM_SOURCES = ("auto", "measurement", "prior")
 FINAL_STEPS = ("sample", "mean")
-STARTS = ("noise", *START_ESTIMATES)
-RENOISE = ("fresh", "none", "matched")
-#: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units), except for
-#: inpainting (``AUTO_SIGMA_MAX_INPAINT``): the observed pixels carry only the measurement noise and
-#: the Wiener start already holds the linear-MMSE fill of the holes, which deterministic steps from
-#: higher up replace by the prior's guess (docs/notes/presets.md, "Range for inpainting"); never
-#: below the measurement noise itself
-AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
-#: the building blocks :func:`sample_nfc` enters ``timer(phase)`` around (a profiling hook)
+RENOISE = ("fresh", "matched")
+#: EDM's grid exponent for the levels and the predictor's steps
+RHO = 7.0
+#: where the predictor's ODE stops by default, model units (DAPS: 0.01)
+ODE_SIGMA_MIN = 0.01
+#: Langevin step size at the first level, as a fraction of 1 / Lipschitz; it decays linearly to
+#: LANGEVIN_STEP * LANGEVIN_DECAY at the last level (DAPS's)
+LANGEVIN_STEP, LANGEVIN_DECAY = 0.5, 0.01
+#: cap on the conjugate-gradient iterations of the exact inner step where it has no closed form
+#: (spectral covariance with inpainting, SR, a reflect-boundary blur)
+CG_ITERATIONS = 20
+#: the ``torch.profiler.record_function`` ranges of NFC's building blocks ("nfc.<phase>")
 PHASES = ("spectrum", "predictor", "inner_exact", "inner_langevin", "band", "haar", "renoise")
-#: ``timer(phase)`` returns a context manager entered around each call of that building block
-PhaseTimer = Callable[[str], ContextManager[Any]]
+#: an inner step: (x0_hat, prior variance r_k^2 (float or per frequency), band W_k or None, k) -> x0
+InnerStep = Callable[[Tensor, "float | Tensor", "Tensor | None", int], Tensor]
 
 
 @dataclass(frozen=True)
 class NFCConfig(StepConfig):
-    """NFC / DAPS settings; every field is a YAML key (sigmas in [-1, 1] model units).
+    """NFC / DAPS posterior-sampler settings; every field is a YAML key (sigmas in [-1, 1] model units).
 
     num_levels: N annealing levels. ode_steps: n Euler steps of the predictor (NFE = N * n).
-    sigma_max / sigma_min: annealing range (clamped to the prior's range); rho: EDM grid exponent.
-    sigma_max may be "auto" (the deterministic preset): max(``AUTO_SIGMA_MAX_INPAINT``, sigma_y)
-    when the operator's family is "inpaint", else ``AUTO_SIGMA_MAX`` (see :func:`top_sigma`).
+    sigma_max / sigma_min: annealing range (sigma_max capped at the prior's range).
     ode_sigma_min: where the predictor's ODE stops (DAPS: 0.01).
-    inner: "langevin" (DAPS's, ``langevin_steps`` steps, step = ``langevin_step`` / Lipschitz,
-    decayed linearly to ``langevin_step * langevin_decay`` over the levels) or "exact".
+    inner: "langevin" (DAPS's, ``langevin_steps`` steps) or "exact" (a Gaussian-conditional draw).
     prior_covariance: "isotropic" (DAPS: sigma_k^2 I) or "spectral".
     spectrum: where S (for the spectral covariance and the spectral cutoff) comes from:
-    "measurement" (a power law fitted to A^+ y), "prior" (``prior.spectrum(h, w)``: the power
-    law the prior declares, or the Gaussian oracle's true spectrum) or "auto": the prior's exact
-    spectrum when it has one (the Gaussian oracle); else the measurement's when the inner step
-    is a conditional mean (``inner_temperature`` 0) and the operator observes every pixel (blur,
-    SR, denoising: A^+ y is a whole image to fit), except a blur that does not wrap (reflect or
-    valid boundary: its A^+ y is an early-stopped solve); else the prior's declared law, or the
-    measurement's when it declares none. The fit is to the unregularised A^+ y, so on a blur it
-    also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat (docs/notes/presets.md,
-    "Spectrum", compares the sources).
+    "measurement" (a power law fitted to A^+ y), "prior" (``prior.spectrum(h, w)``) or "auto"
+    (:func:`spectrum_for`; docs/notes/presets.md, "Spectrum", compares the sources).
     final_step: at the last level, "sample" returns a draw from p(x0 | x, y) (DAPS), "mean" its
-    mean E[x0 | x, y] (the usual final denoising step; no sigma_min-sized noise in the output).
-    inner_temperature: t scales the inner step's noise so that it targets the same mean with t^2
-    times the covariance: 1 = the posterior sampler of the paper (DAPS's inner step); 0 = the
-    conditional mean at every level (a deterministic data step, as DDNM and DiffPIR take; the
-    re-noising between levels still draws fresh noise). Values below 1 trade sample diversity
-    (and so a calibrated ``std`` map) for PSNR.
-    start: the first x: "noise" (sigma_max times white noise, the paper) or an estimate from the
-    measurement with no noise added ("pinv", "adjoint", "tikhonov", "wiener": see
-    ``initial_estimate``; "wiener" uses the spectrum chosen by ``spectrum``).
-    renoise: between levels, "fresh" (x_{k+1} = x0 + sigma_{k+1} eps, the paper), "none"
-    (x_{k+1} = x0: the next level denoises the data step's output as it is, as plug-and-play
-    methods do) or "matched": only the noise that the data step's output lacks, std
-    sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) with e_k^2 the inner step's expected squared error per
-    pixel under its own Gaussian model (``gaussian_step.conditional_error_variance``), so that the
-    next denoiser's input carries about the sigma_{k+1} it is told (the band weight and the Haar
-    fuse are not in that model). Needs the eigenvalues of A^T A: the operator's
-    ``approximate_gram_eigenvalues`` (exact where it declares them).
-    prior_weight: lam, the inner step's prior covariance is C_k / lam: below 1 the data step
-    trusts x0_hat less (DPIR's HQS weighting is lam = 0.23 on r_k = sigma_k).
-    noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in model units:
-    below the measurement noise a data step cannot tell detail from noise (DPIR: 1). 0 = off.
-    cg_iterations: cap on the conjugate-gradient iterations of the exact inner step where it has
-    no closed form (spectral covariance with inpainting, SR, reflect-boundary blur).
-    self_ensemble: DPIR's periodical geometric self-ensemble: network call j sees its input under
-    the (j mod 8)-th flip/quarter turn and its output is turned back (``SelfEnsemblePrior``); no
-    extra NFE. The deterministic and fast_psnr presets use it; the posterior samplers (fast, paper)
-    do not.
+    mean E[x0 | x, y] (no sigma_min-sized noise in the output).
+    inner_temperature: t scales the inner step's noise (same mean, t^2 times the covariance):
+    1 = the paper's posterior sampler; 0 = the conditional mean at every level. Below 1 the
+    ``std`` maps understate the posterior spread.
+    renoise: between levels, "fresh" (x_{k+1} = x0 + sigma_{k+1} eps, the paper) or "matched":
+    only the noise the inner step's output lacks, std sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) with
+    e_k^2 its expected squared error per pixel under its own Gaussian model (the band weight and
+    the Haar fuse are not in that model); needs the operator's ``approximate_gram_eigenvalues``.
+    self_ensemble: network call j sees its input under the (j mod 8)-th flip/quarter turn and its
+    output is turned back (``SelfEnsemblePrior``, DPIR's periodical geometric self-ensemble).
     band / detail: NFC's two modules (see ``BandSchedule`` and ``DetailSchedule``).
     """
 
     num_levels: int = 200
     ode_steps: int = 5
-    sigma_max: float | str = 100.0
+    sigma_max: float = 100.0
     sigma_min: float = 0.1
-    rho: float = 7.0
-    ode_sigma_min: float = 0.01
+    ode_sigma_min: float = ODE_SIGMA_MIN
     inner: str = "langevin"
     langevin_steps: int = 200
-    langevin_step: float = 0.5
-    langevin_decay: float = 0.01
     prior_covariance: str = "isotropic"
     spectrum: str = "auto"
     final_step: str = "mean"
     inner_temperature: float = 1.0
-    start: str = "noise"
     renoise: str = "fresh"
-    prior_weight: float = 1.0
-    noise_floor: float = 0.0
-    cg_iterations: int = 20
     self_ensemble: bool = False
     band: BandSchedule = field(default_factory=BandSchedule)
     detail: DetailSchedule = field(default_factory=DetailSchedule)
 
     def __post_init__(self) -> None:
-        number = isinstance(self.sigma_max, numbers.Real) and not isinstance(self.sigma_max, bool)
-        if self.sigma_max != "auto" and not (number and math.isfinite(self.sigma_max) and self.sigma_max > 0):
-            raise ValueError(f"sigma_max must be a finite number > 0 (model units) or 'auto', got {self.sigma_max!r}")
-        for name in ("sigma_min", "ode_sigma_min"):
+        for name, low in (("sigma_max", "> 0"), ("sigma_min", ">= 0"), ("ode_sigma_min", ">= 0")):
             value = getattr(self, name)
-            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0 (model units), got {value!r}")
-        if number and self.sigma_min >= self.sigma_max:
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            if not (number and (value > 0 if low == "> 0" else value >= 0)):
+                raise ValueError(f"{name} must be a finite number {low} (model units), got {value!r}")
+        if self.sigma_min >= self.sigma_max:
             raise ValueError(f"need sigma_min < sigma_max (model units), got {self.sigma_min}, {self.sigma_max}")
-        for name in ("rho", "langevin_step"):
-            value = getattr(self, name)
-            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if not (isinstance(self.langevin_decay, numbers.Real) and 0 < self.langevin_decay <= 1):
-            raise ValueError(f"langevin_decay must be in (0, 1], got {self.langevin_decay!r}")
+        for name, allowed in (("inner", INNER_SOLVERS), ("prior_covariance", PRIOR_COVARIANCES),
+                              ("spectrum", SPECTRUM_SOURCES), ("final_step", FINAL_STEPS), ("renoise", RENOISE)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.langevin_steps < 1:
             raise ValueError(f"langevin_steps must be >= 1, got {self.langevin_steps}")
-        if self.inner not in INNER_SOLVERS:
-            raise ValueError(f"inner must be one of {INNER_SOLVERS}, got {self.inner!r}")
-        if self.prior_covariance not in PRIOR_COVARIANCES:
-            raise ValueError(f"prior_covariance must be one of {PRIOR_COVARIANCES}, got {self.prior_covariance!r}")
-        if self.spectrum not in SPECTRUM_SOURCES:
-            raise ValueError(f"spectrum must be one of {SPECTRUM_SOURCES}, got {self.spectrum!r}")
-        if self.final_step not in FINAL_STEPS:
-            raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {self.final_step!r}")
-        if self.start not in STARTS:
-            raise ValueError(f"start must be one of {STARTS}, got {self.start!r}")
-        if self.renoise not in RENOISE:
-            raise ValueError(f"renoise must be one of {RENOISE}, got {self.renoise!r}")
-        if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
-            raise ValueError(f"prior_weight must be finite and > 0, got {self.prior_weight}")
-        if not (math.isfinite(self.noise_floor) and self.noise_floor >= 0):
-            raise ValueError(f"noise_floor must be finite and >= 0, got {self.noise_floor}")
         if not 0.0 <= self.inner_temperature <= 1.0:
             raise ValueError(f"inner_temperature must be in [0, 1], got {self.inner_temperature}")
-        if self.cg_iterations < 1:
-            raise ValueError(f"cg_iterations must be >= 1, got {self.cg_iterations}")
         check_flag("self_ensemble", self.self_ensemble)
         if self.num_levels < 1 or self.ode_steps < 1:
             raise ValueError(f"num_levels and ode_steps must be >= 1, got {self.num_levels}, {self.ode_steps}")
@@ -211,8 +154,7 @@ class NFCConfig(StepConfig):
     def nfe(self) -> int:
         """Network evaluations per chain as budgeted: levels x predictor steps. A level at or below
         ``ode_sigma_min`` takes one call instead of ``ode_steps`` (possible only when ``sigma_min``
-        or the noise floor is that low), so the counted NFE of a run (``RestoreResult.nfe``, what
-        the benchmark records) can be lower."""
+        is that low), so the counted NFE of a run (``RestoreResult.nfe``) can be lower."""
         return self.num_levels * self.ode_steps
 
     @property
@@ -227,32 +169,139 @@ class NFCConfig(StepConfig):
         steps = max(d for d in range(1, min(self.ode_steps, budget) + 1) if budget % d == 0)
         return replace(self, ode_steps=steps, num_levels=budget // steps)
 
-    @property
-    def is_deterministic(self) -> bool:
-        """No random draw anywhere (a start from y, no re-noising, mean inner steps): K samples are K copies."""
-        return self.start != "noise" and self.renoise == "none" and self.inner_temperature == 0
-
     def as_daps(self) -> "NFCConfig":
         """The same skeleton with NFC's modules off: DAPS."""
         return replace(self, band=replace(self.band, blend_start=0.0), detail=replace(self.detail, levels=0))
 
 
-def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) -> float:
-    """The first level in model units: ``sigma_max`` itself, or the "auto" rule for ``operator``
-    and the measurement noise ``sigma_y`` (model units)."""
-    if sigma_max != "auto":
-        return float(sigma_max)
-    return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
-
-
-def level_sigmas(cfg: NFCConfig, operator: LinearOperator, sigma_y: float, prior_sigma_max: float) -> list[float]:
+def level_sigmas(cfg: NFCConfig, top: float) -> list[float]:
     """The N + 1 levels sigma_0 > ... > sigma_{N-1} > sigma_N = 0 (model units): EDM's rho-schedule
-    from ``top_sigma`` (capped at the prior's sigma_max) down to max(sigma_min, noise_floor sigma_y).
-    Where that floor reaches the top (measurement noise above the first level, or a sigma_min above
-    the inpainting top of 0.1), all N levels sit at the top: N steps at one noise level."""
-    sigma_top = min(top_sigma(cfg.sigma_max, operator, sigma_y), prior_sigma_max)
-    sigma_low = min(sigma_top, max(cfg.sigma_min, cfg.noise_floor * sigma_y))
-    return karras_sigmas(cfg.num_levels, sigma_low, sigma_top, cfg.rho).tolist()
+    from ``top`` (sigma_max capped at the prior's range) down to sigma_min (``top`` where it is lower)."""
+    return karras_sigmas(cfg.num_levels, min(top, cfg.sigma_min), top, RHO).tolist()
+
+
+def sample_nfc(
+    prior: Prior,
+    operator: LinearOperator,
+    y: Tensor,
+    sigma_y: float,
+    image_shape: tuple[int, ...],
+    config: NFCConfig = NFCConfig(),
+    generators: Generators = None,
+    callback: Callback = None,
+) -> Tensor:
+    """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
+    image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    prior = counting(prior)
+    prob = to_model_units(operator, y, sigma_y, image_shape)
+    cfg, n = config, config.num_levels
+    sigmas = level_sigmas(cfg, schedule_top(prior, cfg.sigma_max))
+    spectrum = None
+    if cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral"):
+        with record_function("nfc.spectrum"):
+            spectrum = spectrum_for(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
+    step, last_step = inner_steps(cfg, operator, prob, generators)
+    band_at = band_schedule(cfg, operator, prob, spectrum)
+    renoise = renoise_step(cfg, operator, prob, generators)
+    with record_function("nfc.renoise"):
+        x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
+    denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
+    for k in range(n):
+        sigma = sigmas[k]
+        with record_function("nfc.predictor"):
+            x0_hat = pf_ode_predict(denoiser, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, RHO)
+        prior_var = sigma**2 if cfg.prior_covariance == "isotropic" else spectral_prior_variance(spectrum, sigma)
+        with record_function("nfc.band"):
+            band = band_at(k, sigma)
+        x0 = (last_step if k == n - 1 else step)(x0_hat, prior_var, band, k)
+        if cfg.detail.active:
+            with record_function("nfc.haar"):
+                x0 = haar_fuse(x0, x0_hat, *cfg.detail.weights(k, n), cfg.detail.levels)
+        x = x0
+        if k < n - 1:
+            with record_function("nfc.renoise"):
+                x = renoise(x0, sigmas[k + 1], prior_var)
+        if callback is not None:
+            callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
+    return to_image_units(x)
+
+
+def inner_steps(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
+                generators: Generators) -> tuple[InnerStep, InnerStep]:
+    """(the inner step of levels 0 .. N-2, the last level's): the configured ``inner`` for both,
+    except that the last one is the conditional mean with ``final_step="mean"``."""
+    coverage = None  # the CG preconditioner's view of the operator, which no level changes
+    if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
+        like = torch.zeros(prob.image_shape, dtype=prob.y.dtype, device=prob.y.device)
+        coverage = pixel_coverage(operator, like)
+
+    def exact(sample: bool) -> InnerStep:
+        def step(x0_hat: Tensor, prior_var: float | Tensor, band: Tensor | None, k: int) -> Tensor:
+            with record_function("nfc.inner_exact"):
+                return gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
+                                            sample=sample, cg_iters=CG_ITERATIONS,
+                                            temperature=cfg.inner_temperature, coverage=coverage)
+        return step
+
+    def langevin(x0_hat: Tensor, prior_var: float | Tensor, band: Tensor | None, k: int) -> Tensor:
+        step_fraction = LANGEVIN_STEP * (1 + (k / cfg.num_levels) * (LANGEVIN_DECAY - 1))
+        with record_function("nfc.inner_langevin"):
+            return langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps,
+                                   step_fraction, generators, cfg.inner_temperature)
+
+    step = exact(True) if cfg.inner == "exact" else langevin
+    return step, exact(False) if cfg.final_step == "mean" else step
+
+
+def band_schedule(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
+                  spectrum: Tensor | None) -> Callable[[int, float], Tensor | None]:
+    """(k, sigma_k) -> the band weight W_k (None: all-pass) of ``cfg.band``."""
+    band, n = cfg.band, cfg.num_levels
+    if not band.active:
+        return lambda k, sigma: None
+    # the band lives on the measurement grid: an image-grid radius r is r * s there (SR by s; the
+    # canvas width over y's would count a padded canvas's border too)
+    grid_ratio = float(operator.downsampling_factor or 1)
+
+    def weight(k: int, sigma: float) -> Tensor | None:
+        if band.cutoff == "spectral":
+            cutoff = band.spectral_cutoff(spectral_crossing(spectrum, sigma**2) * grid_ratio, k, n)
+        else:
+            cutoff = band.linear_cutoff(k, n)
+        return band_weight(band, k, n, prob.y.shape, cutoff, prob.y.device, prob.y.dtype)
+
+    return weight
+
+
+def renoise_step(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
+                 generators: Generators) -> Callable[[Tensor, float, "float | Tensor"], Tensor]:
+    """(x0, sigma_{k+1}, the level's prior variance) -> the next level's x (``cfg.renoise``)."""
+    def noise(x0: Tensor) -> Tensor:
+        return randn_per_image(x0.shape, generators, x0.dtype, x0.device)
+
+    if cfg.renoise == "fresh":
+        return lambda x0, sigma_next, prior_var: x0 + sigma_next * noise(x0)
+    missing_std = matched_noise_std(operator, prob, cfg.inner_temperature)
+
+    def matched(x0: Tensor, sigma_next: float, prior_var: float | Tensor) -> Tensor:
+        return x0 + missing_std(prior_var, sigma_next).to(x0.dtype).view(-1, 1, 1, 1) * noise(x0)
+
+    return matched
+
+
+def matched_noise_std(operator: LinearOperator, prob: ModelProblem,
+                      temperature: float) -> Callable[["float | Tensor", float], Tensor]:
+    """(prior variance, sigma_{k+1}) -> per-image std (B|1,) sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) of
+    the noise the inner step's output lacks, e_k^2 its expected squared error per pixel
+    (``gaussian_step.conditional_error_variance`` over the eigenvalues of A^T A)."""
+    gram, fft_ordered = gram_eigenvalues_for_matching(operator, *prob.image_shape[-2:])
+    gram = gram.to(device=prob.y.device, dtype=prob.y.dtype)
+
+    def std(prior_var: float | Tensor, sigma_next: float) -> Tensor:
+        err2 = conditional_error_variance(gram, prob.sigma, prior_var, temperature, fft_ordered)
+        return (sigma_next**2 - err2).clamp(min=0).sqrt()
+
+    return std
 
 
 def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int, ...], cutoff: Tensor | float,
@@ -264,7 +313,7 @@ def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int,
         return None
     h, w = measurement_shape[-2:]
     cuts = cutoff.tolist() if isinstance(cutoff, Tensor) else [cutoff]
-    mask = torch.stack([lowpass_mask(h, w, float(c), cfg.transition, device=device, dtype=dtype) for c in cuts])[:, None]
+    mask = torch.stack([lowpass_mask(h, w, float(c), BAND_TRANSITION, device=device, dtype=dtype) for c in cuts])[:, None]
     return (1 - lam) + lam * mask
 
 
@@ -294,106 +343,16 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     return x
 
 
-def sample_nfc(
-    prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
-    config: NFCConfig = NFCConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-    *,
-    timer: PhaseTimer | None = None,
-) -> Tensor:
-    """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
-    image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped).
-    timer: optional profiling hook, entered around each building block (:data:`PHASES`).
-    """
-    phase = timer or _untimed
-    prior = counting(prior)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    cfg = config
-    sigmas = level_sigmas(cfg, operator, prob.sigma, schedule_top(prior, top_sigma(cfg.sigma_max, operator, prob.sigma)))
-    n = cfg.num_levels
-    needs_spectrum = (cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral")
-                      or cfg.start == "wiener")
-    spectrum = None
-    if needs_spectrum:
-        with phase("spectrum"):
-            spectrum = _spectrum(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
-    # the band lives on the measurement grid: an image-grid radius r is r * s there (SR by s; the
-    # canvas width over y's would count a padded canvas's border too)
-    grid_ratio = float(operator.downsampling_factor or 1)
-    # the CG preconditioner's view of the operator, which no level changes
-    coverage = None
-    if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
-        coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
-
-    gram, fft_ordered = None, False
-    if cfg.renoise == "matched":
-        gram, fft_ordered = gram_eigenvalues_for_matching(operator, *image_shape[-2:])
-        gram = gram.to(device=y.device, dtype=y.dtype)
-    if cfg.start == "noise":
-        with phase("renoise"):
-            x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
-    else:
-        x = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start, spectrum)
-    denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
-    for k in range(n):
-        sigma, sigma_next = sigmas[k], sigmas[k + 1]
-        with phase("predictor"):
-            x0_hat = pf_ode_predict(denoiser, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, cfg.rho)
-        prior_var: float | Tensor = sigma**2
-        if cfg.prior_covariance == "spectral":
-            prior_var = spectral_prior_variance(spectrum, sigma)
-        if cfg.prior_weight != 1.0:
-            prior_var = prior_var / cfg.prior_weight
-        if cfg.band.cutoff == "spectral" and cfg.band.active:
-            cutoff = cfg.band.spectral_cutoff(spectral_crossing(spectrum, cfg.band.kappa * sigma**2) * grid_ratio, k, n)
-        else:
-            cutoff = cfg.band.linear_cutoff(k, n)
-        with phase("band"):
-            band = band_weight(cfg.band, k, n, prob.y.shape, cutoff, y.device, y.dtype)
-        last_mean = k == n - 1 and cfg.final_step == "mean"
-        if cfg.inner == "exact" or last_mean:
-            with phase("inner_exact"):
-                x0 = gaussian_conditional(operator, prob.y, x0_hat, prob.sigma, prior_var, generators, band,
-                                          sample=not last_mean, cg_iters=cfg.cg_iterations,
-                                          temperature=cfg.inner_temperature, coverage=coverage)
-        else:
-            step = cfg.langevin_step * (1 + (k / n) * (cfg.langevin_decay - 1))
-            with phase("inner_langevin"):
-                x0 = langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps, step,
-                                     generators, cfg.inner_temperature)
-        if cfg.detail.active:
-            w_low, w_high = cfg.detail.weights(k, n)
-            with phase("haar"):
-                x0 = haar_fuse(x0, x0_hat, w_low, w_high, cfg.detail.levels)
-        if sigma_next > 0 and cfg.renoise == "fresh":
-            with phase("renoise"):
-                x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
-        elif sigma_next > 0 and cfg.renoise == "matched":
-            with phase("renoise"):
-                err2 = conditional_error_variance(gram, prob.sigma, prior_var, cfg.inner_temperature, fft_ordered)
-                std = (sigma_next**2 - err2).clamp(min=0).sqrt().to(x0.dtype)
-                x = x0 + std.view(-1, 1, 1, 1) * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
-        else:
-            x = x0
-        if callback is not None:
-            callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
-    return to_image_units(x)
-
-
-def _untimed(phase: str) -> contextlib.nullcontext:
-    """The default ``timer``: times nothing."""
-    return contextlib.nullcontext()
-
-
-def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape,
-              mean_steps: bool) -> Tensor:
-    """(B|1, 1, H, W) power spectrum S for the spectral covariance and cutoff (rule of
-    ``NFCConfig.spectrum``; ``mean_steps``: the inner step is a conditional mean)."""
+def spectrum_for(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape,
+                 mean_steps: bool) -> Tensor:
+    """(B|1, 1, H, W) power spectrum S for the spectral covariance, the spectral cutoff and the
+    Wiener start, from ``source`` (``NFCConfig.spectrum``): "measurement" (a power law fitted to
+    A^+ y), "prior" (``prior.spectrum(h, w)``) or "auto": the prior's exact spectrum when it has
+    one (the Gaussian oracle); else the measurement's when the inner step is a conditional mean
+    (``mean_steps``) and the operator observes every pixel (blur, SR, denoising), except a blur
+    that does not wrap (its A^+ y is an early-stopped solve); else the prior's declared law, or
+    the measurement's when it declares none. The fit is to the unregularised A^+ y, so on a blur
+    it also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat."""
     if source == "auto" and mean_steps and not prior.spectrum_is_exact:
         like = torch.zeros((1, *image_shape[1:]), dtype=y_m.dtype, device=y_m.device)
         gain = pixel_gain(operator, like)
@@ -415,7 +374,6 @@ def _spectrum(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, 
 
 
 def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],
-                config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None, *,
-                timer: PhaseTimer | None = None) -> Tensor:
+                config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None) -> Tensor:
     """DAPS (Zhang et al. 2025): :func:`sample_nfc` with the band and the Haar commitment off."""
-    return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback, timer=timer)
+    return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback)

@@ -1,6 +1,6 @@
 """Named presets for NFC and DAPS. ``deterministic`` (NFC only, its default) is the plug-and-play
-continuation: a Wiener start, 16 levels from DPIR's first level down to max(0.02, sigma_y / 2)
-in model units, no re-noising, no random draw (16 NFE). ``paper`` reproduces the published settings (1000 NFE);
+continuation (``nfc_continuation.py``, its own config): a Wiener start, 16 levels from DPIR's
+first level down to max(0.02, sigma_y / 2) in model units, no re-noising, no random draw (16 NFE). ``paper`` reproduces the published settings (1000 NFE);
 ``fast`` is 100 NFE: NFC with the exact Gaussian-conditional inner step, DAPS with its own
 Langevin inner loop (as published). ``fast_psnr`` (NFC only) is ``fast`` with the conditional
 mean as the inner step (``inner_temperature=0``), ``renoise="matched"`` and the geometric
@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from ..schedules import BandSchedule, DetailSchedule
 from .nfc import NFCConfig
+from .nfc_continuation import ContinuationConfig
 
-NFC_PRESETS: dict[str, NFCConfig] = {
+NFC_PRESETS: dict[str, NFCConfig | ContinuationConfig] = {
     # arXiv 2602.00176 as published: N=200, n=5, T=200 Langevin steps, linear band 0.4 -> 1.0
     # blended by a cosine 0.35 -> 0, one-level Haar with w_L = 1, w_H = 0.2 unlocked 0.05 -> 1.
     "paper": NFCConfig(
@@ -35,17 +36,13 @@ NFC_PRESETS: dict[str, NFCConfig] = {
 # only the noise the mean lacks, and DPIR's geometric self-ensemble (docs/notes/presets.md compares
 # each with "fast")
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, renoise="matched", self_ensemble=True)
-# the deterministic continuation: start from the measurement's Wiener estimate, no re-noising,
-# conditional-mean inner steps weighted as DPIR's HQS with lam = 0.26 (DPIR's is 0.23; chosen
-# for the shipped prior), 16 levels from sigma_max
-# "auto" (DPIR's 49/255 in [0, 1] units; for inpainting 0.1 in model units, nfc.top_sigma) down
-# to half the measurement noise or sigma_min 0.02, whichever is larger, with DPIR's periodical
-# geometric self-ensemble (docs/notes/presets.md; its results: docs/benchmarks.md, the 256-px tier)
-NFC_PRESETS["deterministic"] = NFCConfig(
-    num_levels=16, ode_steps=1, sigma_max="auto", sigma_min=0.02, noise_floor=0.5, inner="exact",
-    prior_covariance="isotropic", inner_temperature=0.0, prior_weight=0.26, start="wiener", renoise="none",
-    self_ensemble=True, band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0),
-)
+# the deterministic continuation: its config's defaults (ContinuationConfig): a Wiener start, no
+# re-noising, conditional-mean data steps weighted as DPIR's HQS with lam = 0.26 (DPIR's is 0.23;
+# chosen for the shipped prior), 16 levels from sigma_max "auto" (DPIR's 49/255 in [0, 1] units;
+# for inpainting 0.1 in model units, nfc_continuation.top_sigma) down to half the measurement
+# noise or sigma_min 0.02, whichever is larger, with DPIR's periodical geometric self-ensemble
+# (docs/notes/presets.md; its results: docs/benchmarks.md, the 256-px tier)
+NFC_PRESETS["deterministic"] = ContinuationConfig()
 
 DAPS_PRESETS: dict[str, NFCConfig] = {
     # DAPS-1K (Zhang et al. 2025): 200 levels x 5 Euler steps, 100 Langevin steps per level.

@@ -1,0 +1,144 @@
+"""NFC's deterministic continuation: method ``nfc``'s default preset, a plug-and-play estimate.
+
+Algorithm, for levels sigma_0 > ... > sigma_{N-1} (model units) and the measurement's noise sigma_y:
+
+    x = Wiener(y)                                    # linear MMSE estimate under a power law S, no noise
+    for k = 0 .. N-1:
+        x0_hat = x + (sigma_ode - sigma_k) (x - D(x, sigma_k)) / sigma_k     # 1 Euler step of the PF-ODE, 1 NFE
+        x      = argmin ||y - A x||^2 / (2 sigma_y^2) + lam ||x - x0_hat||^2 / (2 sigma_k^2)   # operator.prox
+    return x
+
+The data step is the conditional mean of the Gaussian step with covariance sigma_k^2 / lam (DPIR's HQS
+weighting); nothing is re-noised between levels, so the run draws no random number. The levels
+are EDM's rho-grid from ``sigma_max`` (see :func:`top_sigma`) down to max(sigma_min, noise_floor
+sigma_y). With ``self_ensemble`` the denoiser's call k sees its input under the (k mod 8)-th
+symmetry of the square (DPIR's periodical geometric self-ensemble; ``self_ensemble.py``).
+Profiling: the building blocks run inside ``torch.profiler.record_function("nfc.<phase>")``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, replace
+
+from torch import Tensor
+from torch.profiler import record_function
+
+from ..operators.base import Generators, LinearOperator
+from ..priors.base import Prior
+from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
+from .common import Callback, check_budget, check_flag, counting, initial_estimate, pf_ode_predict, schedule_top
+from .common import to_image_units, to_model_units
+from .nfc import ODE_SIGMA_MIN, RHO, spectrum_for
+from .self_ensemble import SelfEnsemblePrior
+
+#: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units), except for
+#: inpainting (``AUTO_SIGMA_MAX_INPAINT``): the observed pixels carry only the measurement noise and
+#: the Wiener start already holds the linear-MMSE fill of the holes, which deterministic steps from
+#: higher up replace by the prior's guess (docs/notes/presets.md, "Range for inpainting"); never
+#: below the measurement noise itself
+AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
+
+
+@dataclass(frozen=True)
+class ContinuationConfig:
+    """The deterministic continuation's settings; every field is a YAML key (sigmas in [-1, 1]
+    model units). The defaults are the ``deterministic`` preset.
+
+    num_levels: N levels = network calls (NFE).
+    sigma_max: the first level, a number or "auto": max(``AUTO_SIGMA_MAX_INPAINT``, sigma_y) when
+        the operator's family is "inpaint", else ``AUTO_SIGMA_MAX`` (:func:`top_sigma`).
+    sigma_min / noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in
+        model units (below the measurement noise a data step cannot tell detail from noise).
+    prior_weight: lam, the data step's trust in x0_hat (DPIR's HQS weighting is lam = 0.23).
+    self_ensemble: DPIR's periodical geometric self-ensemble (``SelfEnsemblePrior``); no extra NFE.
+    """
+
+    num_levels: int = 16
+    sigma_max: float | str = "auto"
+    sigma_min: float = 0.02
+    noise_floor: float = 0.5
+    prior_weight: float = 0.26
+    self_ensemble: bool = True
+
+    def __post_init__(self) -> None:
+        number = isinstance(self.sigma_max, numbers.Real) and not isinstance(self.sigma_max, bool)
+        if self.sigma_max != "auto" and not (number and math.isfinite(self.sigma_max) and self.sigma_max > 0):
+            raise ValueError(f"sigma_max must be a finite number > 0 (model units) or 'auto', got {self.sigma_max!r}")
+        if not (isinstance(self.sigma_min, numbers.Real) and math.isfinite(self.sigma_min) and self.sigma_min >= 0):
+            raise ValueError(f"sigma_min must be a finite number >= 0 (model units), got {self.sigma_min!r}")
+        if number and self.sigma_min >= self.sigma_max:
+            raise ValueError(f"need sigma_min < sigma_max (model units), got {self.sigma_min}, {self.sigma_max}")
+        if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
+            raise ValueError(f"prior_weight must be finite and > 0, got {self.prior_weight}")
+        if not (math.isfinite(self.noise_floor) and self.noise_floor >= 0):
+            raise ValueError(f"noise_floor must be finite and >= 0, got {self.noise_floor}")
+        check_flag("self_ensemble", self.self_ensemble)
+        if isinstance(self.num_levels, bool) or not isinstance(self.num_levels, int) or self.num_levels < 1:
+            raise ValueError(f"num_levels must be an int >= 1, got {self.num_levels!r}")
+
+    @property
+    def nfe(self) -> int:
+        """Network evaluations per chain: one per level."""
+        return self.num_levels
+
+    @property
+    def steps(self) -> int:
+        """Levels per chain (the callback is called once per level)."""
+        return self.num_levels
+
+    @property
+    def is_deterministic(self) -> bool:
+        """No random draw anywhere: K samples are K copies."""
+        return True
+
+    def with_nfe(self, budget: int) -> "ContinuationConfig":
+        """This config with NFE = ``budget`` levels."""
+        return replace(self, num_levels=check_budget(budget))
+
+
+def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) -> float:
+    """The first level in model units: ``sigma_max`` itself, or the "auto" rule for ``operator``
+    and the measurement noise ``sigma_y`` (model units)."""
+    if sigma_max != "auto":
+        return float(sigma_max)
+    return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
+
+
+def continuation_sigmas(cfg: ContinuationConfig, top: float, sigma_y: float) -> list[float]:
+    """The N levels from ``top`` down to max(sigma_min, noise_floor sigma_y), then 0 (model units).
+    Where that floor reaches the top, all N levels sit at the top."""
+    low = min(top, max(cfg.sigma_min, cfg.noise_floor * sigma_y))
+    return karras_sigmas(cfg.num_levels, low, top, RHO).tolist()
+
+
+def sample_nfc_continuation(
+    prior: Prior,
+    operator: LinearOperator,
+    y: Tensor,
+    sigma_y: float,
+    image_shape: tuple[int, ...],
+    config: ContinuationConfig = ContinuationConfig(),
+    generators: Generators = None,
+    callback: Callback = None,
+) -> Tensor:
+    """The continuation's estimate per image (deterministic; ``generators`` unused). y: (B, C, h, w)
+    in [0, 1]; sigma_y in [0, 1] units; image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1]
+    units (unclipped)."""
+    prior = counting(prior)
+    cfg = config
+    prob = to_model_units(operator, y, sigma_y, image_shape)
+    sigmas = continuation_sigmas(cfg, schedule_top(prior, top_sigma(cfg.sigma_max, operator, prob.sigma)), prob.sigma)
+    with record_function("nfc.spectrum"):
+        spectrum = spectrum_for("auto", prior, operator, prob.y, image_shape, mean_steps=True)
+    x = initial_estimate(operator, prob.y, prob.sigma, image_shape, "wiener", spectrum)
+    denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
+    for k, sigma in enumerate(sigmas[:-1]):
+        with record_function("nfc.predictor"):
+            x0_hat = pf_ode_predict(denoiser, x, sigma, ODE_SIGMA_MIN, 1, RHO)
+        with record_function("nfc.inner_exact"):
+            x = operator.prox(prob.y, x0_hat, prob.sigma, (sigma**2 / cfg.prior_weight) ** 0.5)
+        if callback is not None:
+            callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x, "nfe": prior.nfe})
+    return to_image_units(x)
