@@ -46,7 +46,7 @@ SCHEDULES = ("uniform", "quad", "karras")
 #: stay in a plain denoiser's range (DPIR, NFC's deterministic continuation)
 DPIR_SIGMA_MAX = 2 * 49 / 255
 #: the deterministic continuation's first level for inpainting, model units (see
-#: :func:`nfc_dps.samplers.nfc.top_sigma`)
+#: :func:`nfc_dps.samplers.nfc_continuation.top_sigma`)
 AUTO_SIGMA_MAX_INPAINT = 0.1
 
 

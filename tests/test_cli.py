@@ -97,8 +97,7 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
     r = rows(out)
     assert [x["status"] for x in r] == ["done"] * 3
     assert [x["seed"] for x in r] == [str(image_seed(0, f"im{i}.png")) for i in range(3)]
-    ode_steps = get_config("nfc").ode_steps
-    assert all(int(x["nfe"]) == 2 * ode_steps for x in r)  # 2 levels (--steps) x the default preset's ODE steps
+    assert all(int(x["nfe"]) == 2 * get_config("nfc", num_levels=1).nfe for x in r)  # 2 levels (--steps)
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["sampler"]["num_levels"] == 2 and resolved["task"]["task"] == "denoise"
     assert resolved["versions"]["torch"] and resolved["seed"] == 0

@@ -118,4 +118,4 @@ def test_a_one_pixel_image_is_a_clear_error_not_nan():
     op = nfc_dps.build_operator("denoise", image_size=(1, 1))
     with pytest.raises(ValueError, match="too small to fit a power spectrum"):
         nfc_dps.restore(torch.rand(1, 3, 1, 1), op, prior=nfc_dps.priors.GaussianSpectralPrior((1, 1), channels=3),
-                        progress=False, spectrum="measurement")
+                        progress=False, preset="fast", spectrum="measurement")

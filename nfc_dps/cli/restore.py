@@ -73,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "other methods: fast (default), paper")
     r.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="sampler field, e.g. --set inner=langevin --set band.cutoff_start=0.5 (repeatable)")
+                   help="sampler field of the preset, e.g. --set prior_weight=0.3 (nfc deterministic) or --set band.cutoff_start=0.5 (nfc fast) (repeatable)")
     r.add_argument("--prior", default=None,
                    help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
                         "default: the embedded prior)")

@@ -28,7 +28,8 @@ from torch.profiler import record_function
 from ..operators.base import Generators, LinearOperator
 from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
-from .common import Callback, check_budget, check_flag, counting, initial_estimate, pf_ode_predict, schedule_top
+from .common import Callback, StepConfig, check_budget, check_flag, counting, initial_estimate, pf_ode_predict
+from .common import schedule_top
 from .common import to_image_units, to_model_units
 from .nfc import ODE_SIGMA_MIN, RHO, spectrum_for
 from .self_ensemble import SelfEnsemblePrior
@@ -42,7 +43,7 @@ AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
 
 
 @dataclass(frozen=True)
-class ContinuationConfig:
+class ContinuationConfig(StepConfig):
     """The deterministic continuation's settings; every field is a YAML key (sigmas in [-1, 1]
     model units). The defaults are the ``deterministic`` preset.
 
