@@ -200,8 +200,15 @@ def sample_nfc(
     if cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral"):
         with record_function("nfc.spectrum"):
             spectrum = spectrum_for(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
+    if cfg.prior_covariance == "isotropic":
+        def prior_variance(sigma: float) -> float | Tensor:
+            return sigma**2
+    else:
+        def prior_variance(sigma: float) -> float | Tensor:
+            return spectral_prior_variance(spectrum, sigma)
     step, last_step = inner_steps(cfg, operator, prob, generators)
     band_at = band_schedule(cfg, operator, prob, spectrum)
+    commit = detail_commitment(cfg)
     renoise = renoise_step(cfg, operator, prob, generators)
     with record_function("nfc.renoise"):
         x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
@@ -210,13 +217,10 @@ def sample_nfc(
         sigma = sigmas[k]
         with record_function("nfc.predictor"):
             x0_hat = pf_ode_predict(denoiser, x, sigma, cfg.ode_sigma_min, cfg.ode_steps, RHO)
-        prior_var = sigma**2 if cfg.prior_covariance == "isotropic" else spectral_prior_variance(spectrum, sigma)
+        prior_var = prior_variance(sigma)
         with record_function("nfc.band"):
             band = band_at(k, sigma)
-        x0 = (last_step if k == n - 1 else step)(x0_hat, prior_var, band, k)
-        if cfg.detail.active:
-            with record_function("nfc.haar"):
-                x0 = haar_fuse(x0, x0_hat, *cfg.detail.weights(k, n), cfg.detail.levels)
+        x0 = commit((last_step if k == n - 1 else step)(x0_hat, prior_var, band, k), x0_hat, k)
         x = x0
         if k < n - 1:
             with record_function("nfc.renoise"):
@@ -263,14 +267,30 @@ def band_schedule(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
     # canvas width over y's would count a padded canvas's border too)
     grid_ratio = float(operator.downsampling_factor or 1)
 
+    if band.cutoff == "spectral":
+        def cutoff(k: int, sigma: float) -> Tensor | float:
+            return band.spectral_cutoff(spectral_crossing(spectrum, sigma**2) * grid_ratio, k, n)
+    else:
+        def cutoff(k: int, sigma: float) -> Tensor | float:
+            return band.linear_cutoff(k, n)
+
     def weight(k: int, sigma: float) -> Tensor | None:
-        if band.cutoff == "spectral":
-            cutoff = band.spectral_cutoff(spectral_crossing(spectrum, sigma**2) * grid_ratio, k, n)
-        else:
-            cutoff = band.linear_cutoff(k, n)
-        return band_weight(band, k, n, prob.y.shape, cutoff, prob.y.device, prob.y.dtype)
+        return band_weight(band, k, n, prob.y.shape, cutoff(k, sigma), prob.y.device, prob.y.dtype)
 
     return weight
+
+
+def detail_commitment(cfg: NFCConfig) -> Callable[[Tensor, Tensor, int], Tensor]:
+    """(x0, x0_hat, k) -> x0 fused with x0_hat in the Haar domain (``cfg.detail``; x0 itself when off)."""
+    detail, n = cfg.detail, cfg.num_levels
+    if not detail.active:
+        return lambda x0, x0_hat, k: x0
+
+    def fuse(x0: Tensor, x0_hat: Tensor, k: int) -> Tensor:
+        with record_function("nfc.haar"):
+            return haar_fuse(x0, x0_hat, *detail.weights(k, n), detail.levels)
+
+    return fuse
 
 
 def renoise_step(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
