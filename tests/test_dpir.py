@@ -298,6 +298,8 @@ def test_nfc_presets_of_either_regime_take_their_own_fields():
     fast = get_config("nfc", "fast", num_levels=3, ode_steps=1)
     post = METHODS["nfc"].sample(prior, op, y, 0.025, y.shape, fast, [torch.Generator().manual_seed(0)])
     assert torch.equal(post, sample_nfc(prior, op, y, 0.025, y.shape, fast, [torch.Generator().manual_seed(0)]))
+    with pytest.raises(TypeError, match="sample_nfc_continuation"):
+        sample_nfc(prior, op, y, 0.025, y.shape, get_config("nfc"))
 
 
 def test_default_presets():

@@ -192,6 +192,9 @@ def sample_nfc(
 ) -> Tensor:
     """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
     image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    if not isinstance(config, NFCConfig):
+        raise TypeError(f"sample_nfc takes an NFCConfig, got {type(config).__name__} (the deterministic preset's "
+                        f"ContinuationConfig runs with sample_nfc_continuation, or as method 'nfc')")
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg, n = config, config.num_levels
