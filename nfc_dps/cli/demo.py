@@ -12,11 +12,12 @@ import numpy as np
 
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, SamplerSpec, parse_task
+from ..samplers import METHODS
 from ..run_record import resolved_config
 from ..operators import TASKS
 from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noise_seed, open_prior, parse_device,
                      prior_key, set_threads, to_numpy)
-from .flags import common_flags, precision_flag
+from .flags import common_flags, prior_flags
 from .outputs import check_output_folder, folder_lock
 from .preflight import check_prior_fits
 from ..bench.spec import DEFAULT_TASKS, task_specs
@@ -36,10 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--steps", type=int, default=None, help="NFC levels (default: the deterministic preset's 16; 1 NFE each)")
     d.add_argument("--size", type=int, default=96,
                    help=f"image size in pixels: a multiple of 16 from 32 to {MAX_SIZE} (default 96)")
-    d.add_argument("--prior", default=None,
-                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
-                        "default: the embedded prior)")
-    precision_flag(d)
+    prior_flags(d)
     d.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     d.add_argument("--tasks", default=",".join(DEMO_TASKS), metavar="T1,T2|all",
                    help=f"tasks, comma-separated (default {','.join(DEMO_TASKS)}; all: {','.join(ALL_TASKS)})")
@@ -115,8 +113,9 @@ def cmd_demo(args) -> int:
     if args.steps is not None:
         if args.steps < 1:
             raise UsageError(f"--steps must be >= 1, got {args.steps}")
-        spec.set("num_levels", int(args.steps), "--steps")
-    cfg = spec.build()
+        spec.set(METHODS["nfc"].steps_field, int(args.steps), "--steps")
+    sampler = spec.resolve()
+    cfg = sampler.config
     tasks = _demo_tasks(args.size, args.tasks)
     out = check_output_folder(Path(args.output), [])
     prior = open_prior(args.prior, device, args.precision)
@@ -136,7 +135,7 @@ def cmd_demo(args) -> int:
             gens = [torch.Generator().manual_seed(noise_seed(seed + i)) for i in range(len(DEMO_IMAGES))]
             y = torch.cat([op.measure(x[i:i + 1], sigma, gens[i]) for i in range(len(DEMO_IMAGES))])
             log.info(f"{label}: restoring {len(DEMO_IMAGES)} images ({task_name}, {args.size}x{args.size}, "
-                     f"noise_sigma={sigma}, nfc/{spec.resolved_preset}, {cfg.num_levels} levels, {cfg.nfe} NFE)")
+                     f"noise_sigma={sigma}, nfc/{sampler.preset}, {cfg.num_levels} levels, {cfg.nfe} NFE)")
             res = restore(y, op, prior=prior, method="nfc", sigma_y=sigma, seed=seed,
                           progress=not args.quiet, config=cfg)
             grid_row = []
@@ -165,7 +164,7 @@ def cmd_demo(args) -> int:
         fields = ["task", "image", "psnr_measurement", "psnr", "ssim_measurement", "ssim", "nfe", "seconds"]
         nio.write_csv(out / "metrics.csv", rows_csv, fields)
         nio.write_json(out / RESOLVED_JSON, resolved_config(
-            None, spec, seed, 1, prior=prior_key(args.prior)["path"], command="demo",
+            None, sampler, seed, 1, prior=prior_key(args.prior)["path"], command="demo",
             per_image_seed="seed + index of the image in the demo batch",
             device=str(device), images=list(DEMO_IMAGES), note={
                 "size": args.size, "noise_sigma": sigma,
