@@ -130,6 +130,22 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
     assert json.loads((out / "resolved_config.json").read_text())["precision"] == other
 
 
+def test_restore_lists_the_input_once_and_reads_each_image_once(tmp_path, prior_dir, monkeypatch):
+    """The checks before the run (the method against the first image's operator) and the run share
+    one listing of --input and one read of the first image."""
+    import nfc_dps.io as nio
+
+    make_images(tmp_path / "in", 2)
+    reads, listings = [], []
+    read_image, list_folder = nio.read_image, nio.list_folder
+    monkeypatch.setattr(nio, "read_image", lambda path: reads.append(Path(path).name) or read_image(path))
+    monkeypatch.setattr(nio, "list_folder", lambda folder: listings.append(Path(folder)) or list_folder(folder))
+    assert run("restore", "--input", tmp_path / "in", "--output", tmp_path / "out", "--task", "denoise",
+               prior=prior_dir) == 0
+    assert sorted(reads) == ["im0.png", "im1.png"] and listings == [tmp_path / "in"]
+    assert [r["status"] for r in rows(tmp_path / "out")] == ["done", "done"]
+
+
 def test_seed_comes_from_the_file_name(tmp_path, prior_dir):
     """With a sampling preset (the default one is deterministic: seeds change nothing there)."""
     paths = make_images(tmp_path / "in", 3)

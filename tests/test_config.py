@@ -310,3 +310,36 @@ def test_resolved_config_of_every_method_and_preset_reads_back(tmp_path):
 def test_box_size_and_margin_take_height_width_pairs(tmp_path):
     t = load_config([_write(tmp_path, "b.yaml", "task: inpaint_box\nbox_size: [40, 24]\nmargin: [4, 8]\n")]).task
     assert t.params == {"box_size": (40, 24), "margin": (4, 8)}
+
+
+def test_overrides_are_coerced_from_the_field_types_on_every_path():
+    """get_config (so restore, the harness and config files) coerces each override from its
+    field's annotation: an int field takes "3" and 3.0, a float field an int, a dotted key sets
+    one field of a group; a value that does not fit is a ConfigError naming the key and the value."""
+    from nfc_dps.overrides import ConfigError as OverrideError
+
+    cfg = get_config("nfc", "fast", num_levels="3", ode_steps=2.0, rho=7, **{"band.cutoff_start": 1})
+    assert (cfg.num_levels, cfg.ode_steps, cfg.rho, cfg.band.cutoff_start) == (3, 2, 7.0, 1.0)
+    assert type(cfg.num_levels) is int and type(cfg.rho) is float and type(cfg.band.cutoff_start) is float
+    assert get_config("dps", num_steps="5").num_steps == 5
+    for overrides, needles in (({"num_levels": 2.5}, ["'num_levels'", "an integer", "2.5"]),
+                               ({"self_ensemble": 1}, ["'self_ensemble'", "true or false", "1"]),
+                               ({"rho": float("inf")}, ["'rho'", "a finite number", "inf"]),
+                               ({"sigma_max": [1, 2]}, ["'sigma_max'", "a number or a string", "[1, 2]"]),
+                               ({"band": 3}, ["'band'", "mapping of cutoff", "3"]),
+                               ({"band.kappa": "x"}, ["'band.kappa'", "a number", "'x'"]),
+                               ({"num_levels.x": 1}, ["['num_levels.x']", "allowed: num_levels,"])):
+        with pytest.raises(OverrideError) as e:
+            get_config("nfc", "fast", **overrides)
+        assert e.value.key == next(iter(overrides)) and all(n in str(e.value) for n in needles), str(e.value)
+    assert OverrideError is ConfigError
+
+
+def test_restating_every_field_of_every_preset_changes_nothing():
+    """Every field's annotation takes the preset's own value back (a resolved_config.json reloads),
+    DAPS's fixed band and detail included."""
+    from nfc_dps.overrides import flatten
+
+    for name, m in METHODS.items():
+        for preset, cfg in m.presets.items():
+            assert get_config(name, preset, **flatten(dataclasses.asdict(cfg))) == cfg, (name, preset)
