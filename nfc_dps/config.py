@@ -290,14 +290,22 @@ class SamplerSpec:
         for key, value in other.overrides.items():
             self.set(key, value, other.provenance.get(key, "sampler config"))
 
-    def resolve(self) -> ResolvedSampler:
-        """The method's config: the preset with the overrides applied (:func:`get_config`, the one
-        override path); ConfigError naming the file or flag and the key."""
+    def check(self) -> str:
+        """The preset's name, once the method, the preset and each override's key and type are
+        checked (their values' ranges are checked by :meth:`resolve`); ConfigError naming the file
+        or flag and the key."""
         m = _method(self.method, self.provenance.get("method", "sampler config"))
         preset = self.resolved_preset
         if preset not in m.presets:
             raise ConfigError(f"{self.provenance.get('preset', 'sampler config')}: unknown preset "
                               f"{self.preset!r} for method {self.method!r}; allowed: {', '.join(m.presets)}")
+        _validate_overrides(self.method, preset, self.overrides, self.provenance)
+        return preset
+
+    def resolve(self) -> ResolvedSampler:
+        """The method's config: the preset with the overrides applied (:func:`get_config`, the one
+        override path); ConfigError naming the file or flag and the key."""
+        preset = self.check()
         try:
             config = get_config(self.method, preset, **self.overrides)
         except ConfigError as e:
@@ -318,7 +326,7 @@ def parse_sampler(data: Mapping[str, Any], source: str, default_method: str = DE
     _method(spec.method, source)
     for key, value in data.items():
         spec.set(key, value, source)
-    spec.resolve()  # each file is checked on its own, so that an error names it
+    spec.check()  # each file on its own; the run resolves the merged spec once
     return spec, method_set, preset_set
 
 
