@@ -227,12 +227,13 @@ def _method(name: str, where: str):
 
 
 def _source(key: str | None, provenance: Mapping[str, str]) -> str:
-    """Where the override ``key`` (or the group it belongs to) came from."""
+    """Where the override ``key`` came from: its own, its group's or (for a group) its fields' sources."""
+    inside = sorted({v for k, v in provenance.items() if key and k.startswith(f"{key}.")})
     while key:
         if key in provenance:
             return provenance[key]
         key = key.rpartition(".")[0]
-    return "sampler config"
+    return ", ".join(inside) or "sampler config"
 
 
 def _validate_overrides(method: str, preset: str | None, overrides: Mapping[str, Any],
@@ -290,22 +291,23 @@ class SamplerSpec:
         for key, value in other.overrides.items():
             self.set(key, value, other.provenance.get(key, "sampler config"))
 
-    def check(self) -> str:
-        """The preset's name, once the method, the preset and each override's key and type are
-        checked (their values' ranges are checked by :meth:`resolve`); ConfigError naming the file
-        or flag and the key."""
+    def _checked_preset(self) -> str:
         m = _method(self.method, self.provenance.get("method", "sampler config"))
-        preset = self.resolved_preset
-        if preset not in m.presets:
+        if self.resolved_preset not in m.presets:
             raise ConfigError(f"{self.provenance.get('preset', 'sampler config')}: unknown preset "
                               f"{self.preset!r} for method {self.method!r}; allowed: {', '.join(m.presets)}")
-        _validate_overrides(self.method, preset, self.overrides, self.provenance)
-        return preset
+        return self.resolved_preset
+
+    def check(self) -> None:
+        """Check the method, the preset and each override's key and type (their values' ranges
+        are the config class's to check, in :meth:`resolve`); ConfigError naming the file or flag
+        and the key."""
+        _validate_overrides(self.method, self._checked_preset(), self.overrides, self.provenance)
 
     def resolve(self) -> ResolvedSampler:
         """The method's config: the preset with the overrides applied (:func:`get_config`, the one
         override path); ConfigError naming the file or flag and the key."""
-        preset = self.check()
+        preset = self._checked_preset()
         try:
             config = get_config(self.method, preset, **self.overrides)
         except ConfigError as e:

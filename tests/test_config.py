@@ -232,7 +232,7 @@ def test_nested_override_merges_and_daps_refuses_its_fixed_modules_on_every_path
                     **{key: value})
         spec = SamplerSpec("daps")
         spec.set(f"{key}.{next(iter(value))}", next(iter(value.values())), "--set")
-        with pytest.raises(ValueError, match="itself"):
+        with pytest.raises(ValueError, match=f"^--set: daps sets \\['{key}'\\] itself"):
             spec.resolve().config
         with pytest.raises(ValueError, match="itself"):
             method_config("daps", "fast", None, {f"{key}.{next(iter(value))}": next(iter(value.values()))})
