@@ -318,16 +318,16 @@ def test_overrides_are_coerced_from_the_field_types_on_every_path():
     one field of a group; a value that does not fit is a ConfigError naming the key and the value."""
     from nfc_dps.overrides import ConfigError as OverrideError
 
-    cfg = get_config("nfc", "fast", num_levels="3", ode_steps=2.0, rho=7, **{"band.cutoff_start": 1})
-    assert (cfg.num_levels, cfg.ode_steps, cfg.rho, cfg.band.cutoff_start) == (3, 2, 7.0, 1.0)
-    assert type(cfg.num_levels) is int and type(cfg.rho) is float and type(cfg.band.cutoff_start) is float
+    cfg = get_config("nfc", "fast", num_levels="3", ode_steps=2.0, prior_weight=1, **{"band.cutoff_start": 1})
+    assert (cfg.num_levels, cfg.ode_steps, cfg.prior_weight, cfg.band.cutoff_start) == (3, 2, 1.0, 1.0)
+    assert type(cfg.num_levels) is int and type(cfg.prior_weight) is float and type(cfg.band.cutoff_start) is float
     assert get_config("dps", num_steps="5").num_steps == 5
     for overrides, needles in (({"num_levels": 2.5}, ["'num_levels'", "an integer", "2.5"]),
                                ({"self_ensemble": 1}, ["'self_ensemble'", "true or false", "1"]),
-                               ({"rho": float("inf")}, ["'rho'", "a finite number", "inf"]),
+                               ({"prior_weight": float("inf")}, ["'prior_weight'", "a finite number", "inf"]),
                                ({"sigma_max": [1, 2]}, ["'sigma_max'", "a number or a string", "[1, 2]"]),
                                ({"band": 3}, ["'band'", "mapping of cutoff", "3"]),
-                               ({"band.kappa": "x"}, ["'band.kappa'", "a number", "'x'"]),
+                               ({"band.cutoff_start": "x"}, ["'band.cutoff_start'", "a number", "'x'"]),
                                ({"num_levels.x": 1}, ["['num_levels.x']", "allowed: num_levels,"])):
         with pytest.raises(OverrideError) as e:
             get_config("nfc", "fast", **overrides)
