@@ -18,31 +18,31 @@ num_samples: 1}``; that is what ``resolved_config.json`` (written next to every 
 either can be passed back with ``--config`` to reproduce a run.
 
 Every unknown key or name is a :class:`ConfigError` naming the file, the key and the allowed
-keys. Scalars are checked against the type of the default they replace (``1e-3`` is read as a
-float, a duplicated key is an error). Later files override earlier ones; command-line flags
-override files (the caller applies them with :meth:`SamplerSpec.set` and friends).
+keys. A sampler field's value is coerced from the field's type in one place
+(:mod:`nfc_dps.overrides`, which ``get_config`` applies), a task parameter's from its default's;
+YAML reads ``1e-3`` as a float and refuses a duplicated key. Later files override earlier ones;
+command-line flags override files (the caller applies them with :meth:`SamplerSpec.set`); a run
+resolves its sampler once (:meth:`SamplerSpec.resolve` -> :class:`ResolvedSampler`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-import math
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
 from .operators import TASKS, check_task_params, noise_sigma_problem, build_operator
+from .overrides import ConfigError, coerce, coerce_overrides, flatten
 from .samplers import METHODS, get_config
 
 __all__ = [
-    "ConfigError", "TaskConfig", "SamplerSpec", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN", "PER_IMAGE_SEED",
+    "ConfigError", "TaskConfig", "SamplerSpec", "ResolvedSampler", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN", "PER_IMAGE_SEED",
     "KIND_SIMULATION", "INCOMPLETE", "load_mapping", "load_config", "parse_task", "parse_sampler", "task_defaults",
-    "sampler_fields", "steps_field", "parse_scalar",
+    "parse_scalar",
 ]
 
 DEFAULT_NOISE_SIGMA = 0.025
@@ -66,10 +66,6 @@ _INFO_KEYS = ("versions", "per_image_seed", "prior", "units", "created", "comman
               "images", "measurements", "ground_truth", "kernels", "masks", "simulated_task", "alpha",
               "bit_depth", "outputs", "noise_seed", "operator_seed", "inputs", "threads", "simulation_seed",
               "precision", "max_batch", "batch_size")
-
-
-class ConfigError(ValueError):
-    """A config file or flag that does not validate; the message names the file and the key."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,54 +128,21 @@ def parse_scalar(text: str) -> Any:
 # values
 
 
-def _coerce(value: Any, default: Any, where: str, pair: bool = False) -> Any:
-    """Check ``value`` against the type of the ``default`` it replaces; convert harmless forms
-    (``pair``: an int key that also takes an (h, w) pair, a task's ``pair_params``)."""
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if isinstance(default, int):
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"[-+]?\d+", value.strip()):
-            return int(value)
-        if pair and isinstance(value, (list, tuple)) and len(value) == 2 \
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return tuple(value)  # (height, width)
-        raise ConfigError(f"{where}: expected an integer{' or [height, width]' if pair else ''}, got {value!r}")
-    if isinstance(default, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            out = float(value)
-        elif isinstance(value, str):
-            try:
-                out = float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-        else:
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        if not math.isfinite(out):
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-        return out
-    if isinstance(default, str):
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
-    if isinstance(default, tuple):
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        raise ConfigError(f"{where}: expected a list, got {value!r}")
-    if default is None:  # a required file path
-        if isinstance(value, (str, Path)):
-            return str(value)
-        raise ConfigError(f"{where}: expected a file path, got {value!r}")
-    return value
+def _param_type(default: Any, pair: bool) -> Any:
+    """The type a task parameter takes: its default's (None: a required file path; ``pair``: an
+    int that also takes an (h, w) pair, a task's ``pair_params``)."""
+    if default is None:
+        return Path
+    kind = type(default)
+    return int | tuple[int, int] if pair and kind is int else kind
+
+
+def _checked(value: Any, kind: Any, where: str, key: str) -> Any:
+    """:func:`~nfc_dps.overrides.coerce`, its error prefixed with ``where`` (the file or flag)."""
+    try:
+        return coerce(value, kind, key)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}", key) from None
 
 
 def _unknown(where: str, key: str, allowed: Sequence[str], what: str = "key") -> ConfigError:
@@ -232,7 +195,7 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     if not isinstance(name, str) or name not in TASKS:
         raise _unknown(source, str(name), list(TASKS), "task")
     noise = data.pop("noise_sigma", DEFAULT_NOISE_SIGMA)
-    noise = _coerce(noise, 0.0, f"{source}: key 'noise_sigma'")
+    noise = _checked(noise, float, source, "noise_sigma")
     why = noise_sigma_problem(noise)
     if why:
         raise ConfigError(f"{source}: key 'noise_sigma' {why}")
@@ -242,7 +205,7 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
         if key not in allowed:
             raise ConfigError(f"{source}: unknown key {key!r} for task {name!r}; allowed: "
                               f"{', '.join(['task', *allowed, 'noise_sigma'])}")
-        value = _coerce(value, allowed[key], f"{source}: key {key!r}", pair=key in TASKS[name].pair_params)
+        value = _checked(value, _param_type(allowed[key], key in TASKS[name].pair_params), source, key)
         if key.endswith("_path") and base_dir is not None and not Path(value).is_absolute():
             value = str((base_dir / value).resolve())
         params[key] = value
@@ -263,76 +226,48 @@ def _method(name: str, where: str):
     return METHODS[name]
 
 
-def sampler_fields(method: str, preset: str | None = DEFAULT_PRESET) -> dict[str, Any]:
-    """Field name -> value in the preset (None: the method's default preset), for the method's config class."""
-    m = _method(method, "sampler config")
-    preset = m.default_preset if preset is None else preset
-    base = m.presets[preset] if preset in m.presets else None
-    if base is not None and dataclasses.is_dataclass(base):
-        return {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
-    params = inspect.signature(m.config_class).parameters
-    return {k: getattr(base, k, p.default) for k, p in params.items() if k != "self"}
+def _source(key: str | None, provenance: Mapping[str, str]) -> str:
+    """Where the override ``key`` came from: its own, its group's or (for a group) its fields' sources."""
+    inside = sorted({v for k, v in provenance.items() if key and k.startswith(f"{key}.")})
+    while key:
+        if key in provenance:
+            return provenance[key]
+        key = key.rpartition(".")[0]
+    return ", ".join(inside) or "sampler config"
 
 
-def steps_field(method: str) -> str | None:
-    """The field that ``--steps`` sets: annealing levels (NFC, DAPS) or sampler steps (DPS, ...)."""
-    names = sampler_fields(method, next(iter(_method(method, "--method").presets)))
-    for candidate in ("num_levels", "num_steps", "steps"):
-        if candidate in names:
-            return candidate
-    return None
-
-
-def _validate_overrides(method: str, preset: str, overrides: Mapping[str, Any],
+def _validate_overrides(method: str, preset: str | None, overrides: Mapping[str, Any],
                         provenance: Mapping[str, str]) -> dict[str, Any]:
-    allowed = sampler_fields(method, preset)
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        where = provenance.get(key, "sampler config")
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown key {key!r} for method {method!r}; allowed: "
-                              f"{', '.join(['method', 'preset', *allowed])}")
-        current = allowed[key]
-        if dataclasses.is_dataclass(current) and not isinstance(current, type):
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                value = dataclasses.asdict(value)
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{where}: key {key!r} takes a mapping of "
-                                  f"{', '.join(f.name for f in dataclasses.fields(current))}, got {value!r}")
-            sub = {f.name: getattr(current, f.name) for f in dataclasses.fields(current) if f.init}
-            nested = {}
-            for k, v in value.items():
-                if k not in sub:
-                    raise ConfigError(f"{where}: unknown key {k!r} in {key!r}; allowed: {', '.join(sub)}")
-                nested[k] = _coerce(v, sub[k], f"{where}: key '{key}.{k}'")
-            out[key] = nested
-        elif _takes_number_or_name(method, preset, key):
-            out[key] = value if isinstance(value, str) and not _is_number(value) else _coerce(value, 0.0, f"{where}: key {key!r}")
-        else:
-            out[key] = _coerce(value, current, f"{where}: key {key!r}")
-    return out
-
-
-def _takes_number_or_name(method: str, preset: str | None, key: str) -> bool:
-    """Whether the preset's config field is typed ``float | str`` (a number or a rule's name, e.g.
-    NFC's ``sigma_max: auto``); the config class validates the name."""
+    """``overrides`` of ``method``'s config coerced to the field types (flat dotted keys), a
+    ConfigError prefixed with where its key came from (``provenance``). The fields are those of the
+    preset's config class (None: the method's default preset)."""
     m = _method(method, "sampler config")
     preset = m.default_preset if preset is None else preset
-    hint = typing.get_type_hints(type(m.presets[preset]) if preset in m.presets else m.config_class).get(key)
-    return set(typing.get_args(hint)) == {float, str}
-
-
-def _is_number(text: str) -> bool:
+    cls = type(m.presets[preset]) if preset in m.presets else m.config_class
     try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+        return coerce_overrides(cls, overrides, method)
+    except ConfigError as e:
+        raise ConfigError(f"{_source(e.key, provenance)}: {e}", e.key) from None
+
+
+@dataclass(frozen=True)
+class ResolvedSampler:
+    """A run's sampler, resolved once from its :class:`SamplerSpec`: the method, the preset's name
+    and the config object (the preset with every override applied)."""
+
+    method: str
+    preset: str
+    config: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{method, preset, <every config field>}``: what a run records of its sampler."""
+        return {"method": self.method, "preset": self.preset, **dataclasses.asdict(self.config)}
 
 
 @dataclass
 class SamplerSpec:
-    """method + preset + field overrides, with where each override came from."""
+    """method + preset + field overrides (flat: ``band.cutoff_start`` for a field of a group), with
+    where each override came from; :meth:`resolve` makes the config."""
 
     method: str = DEFAULT_METHOD
     preset: str | None = DEFAULT_PRESET
@@ -346,16 +281,11 @@ class SamplerSpec:
             if self.preset is None else self.preset
 
     def set(self, key: str, value: Any, source: str) -> None:
-        """Override one field; ``band.cutoff_start`` style keys set a nested field."""
-        if "." in key:
-            outer, inner = key.split(".", 1)
-            nested = dict(self.overrides.get(outer) or {})
-            nested[inner] = value
-            self.overrides[outer] = nested
-            self.provenance[outer] = source
-        else:
-            self.overrides[key] = value
-            self.provenance[key] = source
+        """Override one field (``band.cutoff_start``: a field of a group); a mapping sets each of its keys."""
+        for k, v in flatten({key: value}).items():
+            self.overrides.pop(k, None)  # a later setting goes last, as it is applied
+            self.overrides[k] = v
+            self.provenance[k] = source
 
     def update(self, other: "SamplerSpec", method_set: bool, preset_set: bool) -> None:
         if method_set:
@@ -363,29 +293,33 @@ class SamplerSpec:
         if preset_set:
             self.preset = other.preset
         for key, value in other.overrides.items():
-            if isinstance(value, Mapping) and isinstance(self.overrides.get(key), Mapping):
-                value = {**self.overrides[key], **value}
-            self.overrides[key] = value
-            self.provenance[key] = other.provenance.get(key, "sampler config")
+            self.set(key, value, other.provenance.get(key, "sampler config"))
 
-    def validate(self) -> dict[str, Any]:
+    def _checked_preset(self) -> str:
         m = _method(self.method, self.provenance.get("method", "sampler config"))
         if self.resolved_preset not in m.presets:
             raise ConfigError(f"{self.provenance.get('preset', 'sampler config')}: unknown preset "
                               f"{self.preset!r} for method {self.method!r}; allowed: {', '.join(m.presets)}")
-        return _validate_overrides(self.method, self.resolved_preset, self.overrides, self.provenance)
+        return self.resolved_preset
 
-    def build(self) -> Any:
-        """The method's config object: the preset with the overrides applied."""
-        kwargs = self.validate()  # nested mappings are merged onto the preset's value by get_config
+    def check(self) -> None:
+        """Check the method, the preset and each override's key and type (their values' ranges
+        are the config class's to check, in :meth:`resolve`); ConfigError naming the file or flag
+        and the key."""
+        _validate_overrides(self.method, self._checked_preset(), self.overrides, self.provenance)
+
+    def resolve(self) -> ResolvedSampler:
+        """The method's config: the preset with the overrides applied (:func:`get_config`, the one
+        override path); ConfigError naming the file or flag and the key."""
+        preset = self._checked_preset()
         try:
-            return get_config(self.method, self.resolved_preset, **kwargs)
-        except (ValueError, TypeError) as e:
-            where = ", ".join(sorted({self.provenance.get(k, "sampler config") for k in kwargs})) or "sampler config"
+            config = get_config(self.method, preset, **self.overrides)
+        except ConfigError as e:
+            raise ConfigError(f"{_source(e.key, self.provenance)}: {e}", e.key) from None
+        except (ValueError, TypeError) as e:  # the config class's own checks of the values
+            where = ", ".join(sorted({_source(k, self.provenance) for k in self.overrides})) or "sampler config"
             raise ConfigError(f"{where}: invalid {self.method} settings: {e}") from e
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "preset": self.resolved_preset, **self.validate()}
+        return ResolvedSampler(self.method, preset, config)
 
 
 def parse_sampler(data: Mapping[str, Any], source: str, default_method: str = DEFAULT_METHOD,
@@ -398,7 +332,7 @@ def parse_sampler(data: Mapping[str, Any], source: str, default_method: str = DE
     _method(spec.method, source)
     for key, value in data.items():
         spec.set(key, value, source)
-    spec.validate()
+    spec.check()  # each file on its own; the run resolves the merged spec once
     return spec, method_set, preset_set
 
 
@@ -459,9 +393,9 @@ def load_config(paths: Sequence[str | Path], bundle: ConfigBundle | None = None)
             if isinstance(data.get("prior"), str):
                 bundle.recorded_prior = (data["prior"], src)
             if data.get("seed") is not None:
-                bundle.seed = _coerce(data["seed"], 0, f"{src}: key 'seed'")
+                bundle.seed = _checked(data["seed"], int, src, "seed")
             if data.get("num_samples") is not None:
-                bundle.num_samples = _coerce(data["num_samples"], 1, f"{src}: key 'num_samples'")
+                bundle.num_samples = _checked(data["num_samples"], int, src, "num_samples")
             if kind == KIND_SIMULATION:
                 bundle.simulation, bundle.simulation_dir = data, path.parent.resolve()
         elif isinstance(task, str):

@@ -8,7 +8,8 @@ import platform
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import KIND_RUN, PER_IMAGE_SEED, UNITS_NOTE, SamplerSpec, TaskConfig
+from .config import KIND_RUN, PER_IMAGE_SEED, UNITS_NOTE, ResolvedSampler, TaskConfig
+
 
 def package_versions() -> dict[str, str]:
     """Versions of the packages a result depends on (torch, diffusers, numpy, nfc_dps, ...)."""
@@ -41,16 +42,15 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def resolved_config(task: TaskConfig | None, sampler: SamplerSpec, seed: int, num_samples: int = 1,
+def resolved_config(task: TaskConfig | None, sampler: ResolvedSampler, seed: int, num_samples: int = 1,
                     prior: str | None = None, **extra: Any) -> dict[str, Any]:
     """The complete, reloadable record of a run: every task parameter, every sampler field (the
     preset expanded), seeds, units and package versions. ``--config`` accepts it back.
     ``per_image_seed`` (in ``extra``) replaces the text of :data:`PER_IMAGE_SEED`."""
-    cfg = sampler.build()
     record: dict[str, Any] = {"kind": KIND_RUN}
     if task is not None:
         record["task"] = task.as_dict()
-    record["sampler"] = {"method": sampler.method, "preset": sampler.resolved_preset, **_plain(cfg)}
+    record["sampler"] = _plain(sampler.as_dict())
     record["seed"] = int(seed)
     record["per_image_seed"] = PER_IMAGE_SEED
     record["num_samples"] = int(num_samples)

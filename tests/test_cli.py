@@ -129,6 +129,26 @@ def test_restore_folder_resume_overwrite(tmp_path, prior_dir):
     assert json.loads((out / "resolved_config.json").read_text())["precision"] == other
 
 
+def test_restore_lists_reads_and_resolves_once(tmp_path, prior_dir, monkeypatch):
+    """The checks before the run (the method against the first image's operator, the sampler
+    against --samples and the calibration) and the run share one listing of --input, one read of
+    the first image and one sampler config, a config file's included."""
+    import nfc_dps.config
+    import nfc_dps.io as nio
+
+    make_images(tmp_path / "in", 2)
+    (tmp_path / "s.yaml").write_text("method: nfc\nprior_weight: 0.5\n")
+    reads, listings, configs = [], [], []
+    read_image, list_folder, get_config_ = nio.read_image, nio.list_folder, nfc_dps.config.get_config
+    monkeypatch.setattr(nio, "read_image", lambda path: reads.append(Path(path).name) or read_image(path))
+    monkeypatch.setattr(nio, "list_folder", lambda folder: listings.append(Path(folder)) or list_folder(folder))
+    monkeypatch.setattr(nfc_dps.config, "get_config", lambda *a, **k: configs.append(a) or get_config_(*a, **k))
+    assert run("restore", "--input", tmp_path / "in", "--output", tmp_path / "out", "--task", "denoise",
+               "--config", tmp_path / "s.yaml", prior=prior_dir) == 0
+    assert sorted(reads) == ["im0.png", "im1.png"] and listings == [tmp_path / "in"] and len(configs) == 1
+    assert [r["status"] for r in rows(tmp_path / "out")] == ["done", "done"]
+
+
 def test_seed_comes_from_the_file_name(tmp_path, prior_dir):
     """With a sampling preset (the default one is deterministic: seeds change nothing there)."""
     paths = make_images(tmp_path / "in", 3)

@@ -16,7 +16,6 @@ from nfc_dps.config import (
     load_mapping,
     parse_scalar,
     parse_task,
-    steps_field,
 )
 from nfc_dps.run_record import resolved_config
 from nfc_dps.operators import TASKS
@@ -53,7 +52,7 @@ def test_every_shipped_config_resolves(path):
         op = t.build(size, seed=0)
         assert tuple(op.image_shape(op.measurement_shape((1, 3, *size)))) == (1, 3, *size)
     else:
-        cfg = bundle.sampler.build()
+        cfg = bundle.sampler.resolve().config
         assert bundle.sampler.method in METHODS
         assert isinstance(cfg, METHODS[bundle.sampler.method].config_classes)
         assert cfg == METHODS[bundle.sampler.method].presets[bundle.sampler.preset]
@@ -103,7 +102,7 @@ def test_task_config_defaults_and_path_resolution(tmp_path):
 def test_errors_name_file_and_key(tmp_path, text, needles):
     p = _write(tmp_path, "bad.yaml", text)
     with pytest.raises(ConfigError) as e:
-        load_config([p]).sampler.build()
+        load_config([p]).sampler.resolve().config
     msg = str(e.value)
     assert "bad.yaml" in msg
     for n in needles:
@@ -117,7 +116,7 @@ def test_missing_file():
 
 def test_nested_override_merges_onto_preset(tmp_path):
     p = _write(tmp_path, "s.yaml", "method: nfc\npreset: fast\nnum_levels: 3\nband: {cutoff_start: 0.5}\n")
-    cfg = load_config([p]).sampler.build()
+    cfg = load_config([p]).sampler.resolve().config
     preset = METHODS["nfc"].presets["fast"]
     assert cfg.num_levels == 3 and cfg.band.cutoff_start == 0.5
     assert cfg.band.blend_start == preset.band.blend_start and cfg.inner == preset.inner
@@ -128,16 +127,16 @@ def test_number_or_auto_field_takes_both(tmp_path):
     """The continuation's sigma_max is a number or "auto": either replaces either, and anything else
     names the key; the posterior sampler's is a number."""
     auto = _write(tmp_path, "a.yaml", "method: nfc\npreset: deterministic\nsigma_max: auto\n")
-    assert load_config([auto]).sampler.build().sigma_max == "auto"
+    assert load_config([auto]).sampler.resolve().config.sigma_max == "auto"
     fast = _write(tmp_path, "f.yaml", "method: nfc\npreset: fast\nsigma_max: auto\n")
     with pytest.raises(ConfigError, match="sigma_max.*expected a number, got 'auto'"):
-        load_config([fast]).sampler.build()
+        load_config([fast]).sampler.resolve().config
     number = _write(tmp_path, "n.yaml", "method: nfc\npreset: deterministic\nsigma_max: 0.3\n")
-    assert load_config([number]).sampler.build().sigma_max == 0.3
+    assert load_config([number]).sampler.resolve().config.sigma_max == 0.3
     for bad, shown in (("[1, 2]", r"\[1, 2\]"), ("high", "'high'")):
         path = _write(tmp_path, "b.yaml", f"method: nfc\nsigma_max: {bad}\n")
         with pytest.raises(ValueError, match=f"sigma_max.*{shown}"):
-            load_config([path]).sampler.build()
+            load_config([path]).sampler.resolve().config
 
 
 def test_later_files_and_flags_win(tmp_path):
@@ -149,19 +148,19 @@ def test_later_files_and_flags_win(tmp_path):
     assert bundle.task.params["kernel_size"] == 7
     spec = bundle.sampler
     spec.set("num_levels", 4, "--steps")
-    cfg = spec.build()
+    cfg = spec.resolve().config
     assert spec.preset == "paper" and cfg.num_levels == 4 and cfg.inner == "langevin"
     assert cfg.band.cutoff_start == 0.5 and cfg.band.blend_start == 0.2
     spec.set("band.cutoff_start", "x", "--set")
     with pytest.raises(ConfigError, match="--set.*band.cutoff_start"):
-        spec.build()
+        spec.resolve().config
 
 
 def test_switching_method_drops_other_method_overrides(tmp_path):
     a = _write(tmp_path, "a.yaml", "method: nfc\npreset: fast\nband: {cutoff_start: 0.5}\n")
     b = _write(tmp_path, "b.yaml", "method: daps\nnum_levels: 3\n")
     spec = load_config([a, b]).sampler
-    assert spec.method == "daps" and spec.build().num_levels == 3 and "band" not in spec.overrides
+    assert spec.method == "daps" and spec.resolve().config.num_levels == 3 and "band" not in spec.overrides
 
 
 def test_resolved_config_round_trip(tmp_path):
@@ -169,7 +168,7 @@ def test_resolved_config_round_trip(tmp_path):
     spec = SamplerSpec("nfc", "fast")
     spec.set("num_levels", 3, "x")
     spec.set("band.cutoff_start", 0.45, "x")
-    rec = resolved_config(task, spec, seed=7, num_samples=2, prior="p", command="restore")
+    rec = resolved_config(task, spec.resolve(), seed=7, num_samples=2, prior="p", command="restore")
     assert rec["seed"] == 7 and "relative to the input folder" in rec["per_image_seed"] and rec["num_samples"] == 2
     for pkg in ("torch", "diffusers", "numpy", "nfc_dps"):
         assert rec["versions"][pkg]
@@ -178,19 +177,19 @@ def test_resolved_config_round_trip(tmp_path):
     p.write_text(json.dumps(rec))
     back = load_config([p])
     assert back.task.as_dict() == task.as_dict() and back.seed == 7 and back.num_samples == 2
-    assert back.sampler.build() == spec.build()
+    assert back.sampler.resolve().config == spec.resolve().config
 
 
 def test_sampler_overrides_for_every_method():
+    """--steps sets the field each method declares (``Method.steps_field``), on every preset."""
     for name, m in METHODS.items():
-        field = steps_field(name)
-        assert field is not None
+        field = m.steps_field
         for preset in m.presets:
             spec = SamplerSpec(name, preset)
             spec.set(field, 2, "--steps")
-            cfg = spec.build()
+            cfg = spec.resolve().config
             assert getattr(cfg, field) == 2
-    assert steps_field("nfc") == "num_levels"
+    assert METHODS["nfc"].steps_field == "num_levels" and METHODS["dps"].steps_field == "num_steps"
 
 
 def test_parse_scalar():
@@ -202,9 +201,9 @@ def test_bundle_default():
     b = ConfigBundle()
     assert b.task is None and b.sampler.method == "nfc" and b.sampler.preset is None
     assert b.sampler.resolved_preset == METHODS["nfc"].default_preset == "deterministic"
-    assert dataclasses.asdict(b.sampler.build()) == dataclasses.asdict(METHODS["nfc"].presets["deterministic"])
+    assert dataclasses.asdict(b.sampler.resolve().config) == dataclasses.asdict(METHODS["nfc"].presets["deterministic"])
     other = SamplerSpec("dps")  # no preset named: the method's own default
-    assert other.resolved_preset == "fast" and other.as_dict()["preset"] == "fast"
+    assert other.resolved_preset == "fast" and other.resolve().as_dict()["preset"] == "fast"
 
 
 def test_one_yaml_per_sampler_preset():
@@ -238,11 +237,11 @@ def test_nested_override_merges_and_daps_refuses_its_fixed_modules_on_every_path
                     **{key: value})
         spec = SamplerSpec("daps")
         spec.set(f"{key}.{next(iter(value))}", next(iter(value.values())), "--set")
-        with pytest.raises(ValueError, match="itself"):
-            spec.build()
+        with pytest.raises(ValueError, match=f"^--set: daps sets \\['{key}'\\] itself"):
+            spec.resolve().config
         with pytest.raises(ValueError, match="itself"):
             method_config("daps", "fast", None, {f"{key}.{next(iter(value))}": next(iter(value.values()))})
-    with pytest.raises(ValueError, match="band keys"):
+    with pytest.raises(ValueError, match=r"unknown nfc config keys \['band.cutof_start'\]; allowed: band.cutoff,"):
         get_config("nfc", "fast", band={"cutof_start": 0.5})
 
 
@@ -293,10 +292,10 @@ def test_method_flag_starts_from_the_new_methods_default(tmp_path):
 
     p = _write(tmp_path, "c.yaml", "method: nfc\npreset: fast_psnr\nnum_levels: 7\n")
     flags = dict(preset=None, set=None, steps=None)
-    spec = resolve_sampler(argparse.Namespace(method="dps", **flags), load_config([p]))
-    assert spec.method == "dps" and spec.resolved_preset == "fast" and spec.build() == get_config("dps")
-    spec = resolve_sampler(argparse.Namespace(method="nfc", **flags), load_config([p]))  # same method: kept
-    assert spec.resolved_preset == "fast_psnr" and spec.build().num_levels == 7
+    sampler = resolve_sampler(argparse.Namespace(method="dps", **flags), load_config([p]))
+    assert sampler.method == "dps" and sampler.preset == "fast" and sampler.config == get_config("dps")
+    sampler = resolve_sampler(argparse.Namespace(method="nfc", **flags), load_config([p]))  # same method: kept
+    assert sampler.preset == "fast_psnr" and sampler.config.num_levels == 7
 
 
 def test_resolved_config_of_every_method_and_preset_reads_back(tmp_path):
@@ -309,10 +308,46 @@ def test_resolved_config_of_every_method_and_preset_reads_back(tmp_path):
     for method, meth in METHODS.items():
         for preset in meth.presets:
             p = tmp_path / f"{method}_{preset}.json"
-            p.write_text(json.dumps(resolved_config(None, SamplerSpec(method, preset), 0), default=str))
-            assert load_config([p]).sampler.build() == get_config(method, preset), (method, preset)
+            p.write_text(json.dumps(resolved_config(None, SamplerSpec(method, preset).resolve(), 0), default=str))
+            assert load_config([p]).sampler.resolve().config == get_config(method, preset), (method, preset)
 
 
 def test_box_size_and_margin_take_height_width_pairs(tmp_path):
     t = load_config([_write(tmp_path, "b.yaml", "task: inpaint_box\nbox_size: [40, 24]\nmargin: [4, 8]\n")]).task
     assert t.params == {"box_size": (40, 24), "margin": (4, 8)}
+
+
+def test_overrides_are_coerced_from_the_field_types_on_every_path():
+    """get_config (so restore, the harness and config files) coerces each override from its
+    field's annotation: an int field takes "3" and 3.0, a float field an int, a dotted key sets
+    one field of a group; a value that does not fit is a ConfigError naming the key and the value."""
+    from nfc_dps.overrides import ConfigError as OverrideError
+
+    cfg = get_config("nfc", "fast", num_levels="3", ode_steps=2.0, inner_temperature=1, **{"band.cutoff_start": 1})
+    assert (cfg.num_levels, cfg.ode_steps, cfg.inner_temperature, cfg.band.cutoff_start) == (3, 2, 1.0, 1.0)
+    assert type(cfg.num_levels) is int and type(cfg.inner_temperature) is float and type(cfg.band.cutoff_start) is float
+    assert type(get_config("nfc", "deterministic", prior_weight=1).prior_weight) is float
+    assert get_config("dps", num_steps="5").num_steps == 5
+    for overrides, needles in (({"num_levels": 2.5}, ["'num_levels'", "an integer", "2.5"]),
+                               ({"self_ensemble": 1}, ["'self_ensemble'", "true or false", "1"]),
+                               ({"inner_temperature": float("inf")}, ["'inner_temperature'", "a finite number", "inf"]),
+                               ({"sigma_max": [1, 2]}, ["'sigma_max'", "a number", "[1, 2]"]),
+                               ({"band": 3}, ["'band'", "mapping of cutoff", "3"]),
+                               ({"band.cutoff_start": "x"}, ["'band.cutoff_start'", "a number", "'x'"]),
+                               ({"num_levels.x": 1}, ["['num_levels.x']", "allowed: num_levels,"])):
+        with pytest.raises(OverrideError) as e:
+            get_config("nfc", "fast", **overrides)
+        assert e.value.key == next(iter(overrides)) and all(n in str(e.value) for n in needles), str(e.value)
+    with pytest.raises(OverrideError, match="'sigma_max'.*a number or a string"):
+        get_config("nfc", "deterministic", sigma_max=[1, 2])
+    assert OverrideError is ConfigError
+
+
+def test_restating_every_field_of_every_preset_changes_nothing():
+    """Every field's annotation takes the preset's own value back (a resolved_config.json reloads),
+    DAPS's fixed band and detail included."""
+    from nfc_dps.overrides import flatten
+
+    for name, m in METHODS.items():
+        for preset, cfg in m.presets.items():
+            assert get_config(name, preset, **flatten(dataclasses.asdict(cfg))) == cfg, (name, preset)

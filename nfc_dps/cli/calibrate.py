@@ -12,15 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from .. import io as nio
-from ..config import load_config
+from ..config import ResolvedSampler, TaskConfig, load_config
 from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, input_names, open_prior, read_inputs,
                      parse_device, prior_key, set_threads)
-from .flags import common_flags, precision_flag, task_flags
+from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .simulate import simulated_measurement
-from .preflight import check_method_takes_operator, check_prior_fits, first_image
-from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_task
+from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
+from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
 from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores, prior_fingerprint, sampler_fields
-from ..samplers import METHODS
 from ..samplers.common import PriorRangeError
 from ..api import as_batch, restore, stable_seed
 
@@ -41,15 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--out", "-o", required=True, metavar="FILE.json", help="the calibration file to write")
     task_flags(c, "base seed (default 0): each image's operator, noise and sampler seeds come from it and the "
                "image's file name")
-    c.add_argument("--method", choices=sorted(METHODS), default=None, help="sampler (default nfc), as for restore")
-    c.add_argument("--preset", default=None,
-                   help="sampler preset, as for restore; it must draw samples (nfc: fast, fast_psnr, paper)")
-    c.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="sampler field, as for restore (repeatable)")
-    c.add_argument("--prior", default=None,
-                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
-                        "default: the embedded prior)")
-    precision_flag(c)
+    sampler_flags(c, "sampler preset, as for restore; it must draw samples (nfc: fast, fast_psnr, paper)")
+    prior_flags(c)
     c.add_argument("--samples", type=int, required=True, metavar="K",
                    help="posterior samples per image (K >= 2); restore must use the same K")
     c.add_argument("--coverage", type=float, default=0.9, help="target coverage 1 - alpha in (0, 1) (default 0.9)")
@@ -66,16 +58,65 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args) -> int:
     """Run ``calibrate``: every check before the prior loads, then simulate, restore, score, fit, write."""
     log = Log(args.quiet)
+    task, sampler, seed, images, out = _settings(args)
+    folder = Path(args.images)
+    first = first_image(images)
+    if first is not None:
+        check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], folder)[0],
+                                    first.image)
+    device = parse_device(args.device)
+    set_threads(args.threads)
+    prior = open_prior(args.prior, device, args.precision)
+    if first is not None:
+        check_prior_fits(prior, first.path.name, first.image)
+    log.info(f"calibrating {sampler.method}/{sampler.preset} K={args.samples} on {len(images)} image(s) of "
+             f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
+    names = input_names(images, folder)
+    scores = _scores(args, task, sampler, seed, images, names, prior, device, first)
+    try:
+        q = fit_quantile(scores, args.coverage, args.rule)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from e
+    inside = [float(np.mean(s <= q)) for s in scores]
+    info = prior_key(args.prior)
+    cal = Calibration(
+        q=q, coverage=float(args.coverage), rule=args.rule, eps=DEFAULT_EPS, n_images=len(scores),
+        num_samples=int(args.samples), method=sampler.method, preset=sampler.preset,
+        sampler=sampler_fields(sampler.config),
+        prior={"fingerprint": prior_fingerprint(prior), "path": info["path"],
+               "embedded_default": args.prior is None, "precision": prior.precision},
+        task=task.as_dict(),
+        fit={"images": names, "folder": str(folder.resolve()), "seed": int(seed),
+             "coverage_in_sample": float(np.mean(inside)), "coverage_in_sample_per_image": inside,
+             "units": "images in [0, 1]; interval = clip(mean -/+ q (std + eps), 0, 1) per pixel and channel"},
+    )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cal.save(out)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write ({e.strerror or e})") from e
+    if task.task in RANDOM_TASKS:
+        flag = RANDOM_TASKS[task.task]
+        log.info(f"note: {task.task} draws its operator at random; restore measurements simulated with it "
+                 f"(restore --config <simulate output>/simulation.json) to apply this file; a {flag} of "
+                 f"another origin is another task")
+    log.info(f"q = {q:.4g} (rule {args.rule}): {100 * np.mean(inside):.1f} % of the calibration pixel values inside "
+             f"mean ± q (std + {DEFAULT_EPS:.4g}) -> {out}")
+    return EXIT_OK
+
+
+def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]:
+    """(task, sampler, base seed, calibration images, output file) of the flags and configs;
+    UsageError (or ConfigError) naming the flag before any work."""
     bundle = load_config(list(args.config or []))
     task = resolve_task(args, bundle)
     check_operator_file(task, None)
-    spec = resolve_sampler(args, bundle)
-    cfg = spec.build()
+    sampler = resolve_sampler(args, bundle)
     if args.samples < 2:
         raise UsageError(f"--samples must be >= 2 (a calibrated interval scales the spread of K samples), got "
                          f"{args.samples}")
-    if cfg.is_deterministic:
-        raise UsageError(f"{spec.method}/{spec.resolved_preset} is deterministic (every sample would be the same, "
+    if sampler.config.is_deterministic:
+        raise UsageError(f"{sampler.method}/{sampler.preset} is deterministic (every sample would be the same, "
                          f"std 0): calibrate a sampling preset, e.g. --preset fast")
     if not 0.0 < args.coverage < 1.0:
         raise UsageError(f"--coverage must lie strictly between 0 and 1 (e.g. 0.9), got {args.coverage}")
@@ -95,28 +136,21 @@ def cmd_calibrate(args) -> int:
         raise UsageError(f"--out {out}: the calibration file must end in .json")
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; name the .json file to write")
-    seed = args.seed if args.seed is not None else (bundle.seed or 0)
-    if seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
-    first = first_image(images)
-    if first is not None:
-        check_method_takes_operator(spec.method, OperatorSource(task), input_names([first[0]], folder)[0], first[1])
-    device = parse_device(args.device)
-    set_threads(args.threads)
-    prior = open_prior(args.prior, device, args.precision)
-    if first is not None:
-        check_prior_fits(prior, first[0].name, first[1])
-    max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
-    source = OperatorSource(task)
-    names = input_names(images, folder)
-    log.info(f"calibrating {spec.method}/{spec.resolved_preset} K={args.samples} on {len(images)} image(s) of "
-             f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
+    return task, sampler, resolve_seed(args, bundle), images, out
+
+
+def _scores(args, task: TaskConfig, sampler: ResolvedSampler, seed: int, images: list[Path], names: list[str],
+            prior, device, first: FirstImage | None) -> list[np.ndarray]:
+    """Each image's normalised scores: its measurement as ``simulate`` takes it, restored with K
+    samples. UsageError naming an image that cannot be read or restored."""
     from tqdm.auto import tqdm
 
-    scores, per_image = [], []
+    source = OperatorSource(task)
+    max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
+    scores = []
     for path, name in zip(tqdm(images, desc="calibrate", unit="img", disable=args.quiet), names):
         try:
-            x, _ = nio.read_image(path)
+            x = first.image if first is not None and first.path == path else nio.read_image(path)[0]
         except (nio.ImageReadError, OSError) as e:
             raise UsageError(f"calibration image {path}: {e}") from e
         try:  # the measurement simulate takes of it
@@ -126,43 +160,12 @@ def cmd_calibrate(args) -> int:
         truth = as_batch(x)[0]
         y = y.clamp(0, 1)
         try:
-            res = restore(y.to(device), op.to(device), prior=prior, method=spec.method, sigma_y=task.noise_sigma,
+            res = restore(y.to(device), op.to(device), prior=prior, method=sampler.method, sigma_y=task.noise_sigma,
                           seed=stable_seed(seed, "calibrate", name), num_samples=args.samples, progress=False,
-                          config=cfg, max_batch=max_batch, keep_samples=False)
+                          config=sampler.config, max_batch=max_batch, keep_samples=False)
         except PriorRangeError as e:
-            raise UsageError(f"--method {spec.method} with this prior: {e}") from e
+            raise UsageError(f"--method {sampler.method} with this prior: {e}") from e
         except ValueError as e:
             raise UsageError(f"calibration image {path}: {e}") from e
-        s = normalized_scores(res.image, res.std, truth, DEFAULT_EPS)
-        scores.append(s)
-        per_image.append(name)
-    try:
-        q = fit_quantile(scores, args.coverage, args.rule)
-    except CalibrationError as e:
-        raise UsageError(str(e)) from e
-    inside = [float(np.mean(s <= q)) for s in scores]
-    info = prior_key(args.prior)
-    cal = Calibration(
-        q=q, coverage=float(args.coverage), rule=args.rule, eps=DEFAULT_EPS, n_images=len(scores),
-        num_samples=int(args.samples), method=spec.method, preset=spec.resolved_preset,
-        sampler=sampler_fields(cfg),
-        prior={"fingerprint": prior_fingerprint(prior), "path": info["path"],
-               "embedded_default": args.prior is None, "precision": prior.precision},
-        task=task.as_dict(),
-        fit={"images": per_image, "folder": str(folder.resolve()), "seed": int(seed),
-             "coverage_in_sample": float(np.mean(inside)), "coverage_in_sample_per_image": inside,
-             "units": "images in [0, 1]; interval = clip(mean -/+ q (std + eps), 0, 1) per pixel and channel"},
-    )
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cal.save(out)
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot write ({e.strerror or e})") from e
-    if task.task in RANDOM_TASKS:
-        flag = RANDOM_TASKS[task.task]
-        log.info(f"note: {task.task} draws its operator at random; restore measurements simulated with it "
-                 f"(restore --config <simulate output>/simulation.json) to apply this file; a {flag} of "
-                 f"another origin is another task")
-    log.info(f"q = {q:.4g} (rule {args.rule}): {100 * np.mean(inside):.1f} % of the calibration pixel values inside "
-             f"mean ± q (std + {DEFAULT_EPS:.4g}) -> {out}")
-    return EXIT_OK
+        scores.append(normalized_scores(res.image, res.std, truth, DEFAULT_EPS))
+    return scores

@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 
 from .. import io as nio
-from ..config import DEFAULT_NOISE_SIGMA, SamplerSpec, parse_task
+from ..config import DEFAULT_NOISE_SIGMA, ResolvedSampler, SamplerSpec, parse_task
+from ..samplers import METHODS
 from ..run_record import resolved_config
 from ..operators import TASKS
 from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noise_seed, open_prior, parse_device,
                      prior_key, set_threads, to_numpy)
-from .flags import common_flags, precision_flag
+from .flags import common_flags, prior_flags
 from .outputs import check_output_folder, folder_lock
 from .preflight import check_prior_fits
 from ..bench.spec import DEFAULT_TASKS, task_specs
@@ -36,10 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--steps", type=int, default=None, help="NFC levels (default: the deterministic preset's 16; 1 NFE each)")
     d.add_argument("--size", type=int, default=96,
                    help=f"image size in pixels: a multiple of 16 from 32 to {MAX_SIZE} (default 96)")
-    d.add_argument("--prior", default=None,
-                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
-                        "default: the embedded prior)")
-    precision_flag(d)
+    prior_flags(d)
     d.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     d.add_argument("--tasks", default=",".join(DEMO_TASKS), metavar="T1,T2|all",
                    help=f"tasks, comma-separated (default {','.join(DEMO_TASKS)}; all: {','.join(ALL_TASKS)})")
@@ -103,8 +101,6 @@ def _grid(rows: list[list[np.ndarray]], labels_top: list[str], labels_left: list
 
 def cmd_demo(args) -> int:
     """Run ``demo``."""
-    import torch
-
     log = Log(args.quiet)
     device = parse_device(args.device)
     set_threads(args.threads)
@@ -115,60 +111,30 @@ def cmd_demo(args) -> int:
     if args.steps is not None:
         if args.steps < 1:
             raise UsageError(f"--steps must be >= 1, got {args.steps}")
-        spec.set("num_levels", int(args.steps), "--steps")
-    cfg = spec.build()
+        spec.set(METHODS["nfc"].steps_field, int(args.steps), "--steps")
+    sampler = spec.resolve()
     tasks = _demo_tasks(args.size, args.tasks)
     out = check_output_folder(Path(args.output), [])
     prior = open_prior(args.prior, device, args.precision)
     images = {name: _demo_image(name, args.size) for name in DEMO_IMAGES}
     check_prior_fits(prior, DEMO_IMAGES[0], images[DEMO_IMAGES[0]])
-    sigma = DEFAULT_NOISE_SIGMA
-    seed = args.seed
-    rows_csv, grid_rows, row_labels = [], [], []
+    rows_csv, grid_rows = [], []
     t_start = time.perf_counter()
     with folder_lock(out):
         nio.remove_stale_temp_files(out)
         for task_name, params in tasks:
-            label = task_name
-            task = parse_task({"task": task_name, **params, "noise_sigma": sigma}, f"demo {task_name}")
-            op = task.build((args.size, args.size), seed=seed).to(device)
-            x = torch.stack([torch.from_numpy(images[n]).permute(2, 0, 1) for n in DEMO_IMAGES]).to(device)
-            gens = [torch.Generator().manual_seed(noise_seed(seed + i)) for i in range(len(DEMO_IMAGES))]
-            y = torch.cat([op.measure(x[i:i + 1], sigma, gens[i]) for i in range(len(DEMO_IMAGES))])
-            log.info(f"{label}: restoring {len(DEMO_IMAGES)} images ({task_name}, {args.size}x{args.size}, "
-                     f"noise_sigma={sigma}, nfc/{spec.resolved_preset}, {cfg.num_levels} levels, {cfg.nfe} NFE)")
-            res = restore(y, op, prior=prior, method="nfc", sigma_y=sigma, seed=seed,
-                          progress=not args.quiet, config=cfg)
-            grid_row = []
-            for i, name in enumerate(DEMO_IMAGES):
-                gt = images[name]
-                yi = to_numpy(y[i:i + 1])
-                up = TASKS[task_name].upscale(task.params)
-                shown = np.repeat(np.repeat(yi, up, 0), up, 1)
-                xi = to_numpy(res.image[i:i + 1])
-                if not np.isfinite(xi).all():
-                    raise FloatingPointError(f"{label}/{name}: NaN/Inf in the restoration")
-                base = out / label
-                nio.write_image(base / f"{name}_measurement.png", np.clip(yi, 0, 1))
-                nio.write_image(base / f"{name}_restored.png", xi)
-                nio.write_image(base / f"{name}_ground_truth.png", gt)
-                p_in, s_in = image_metrics(shown, gt)
-                p, s = image_metrics(xi, gt)
-                rows_csv.append({"task": label, "image": name, "psnr_measurement": p_in, "psnr": p,
-                                 "ssim_measurement": s_in, "ssim": s, "nfe": int(res.nfe),
-                                 "seconds": round(res.seconds / len(DEMO_IMAGES), 2)})
-                grid_row += [np.clip(shown, 0, 1), np.clip(xi, 0, 1), gt]
+            rows, grid_row = _demo_task(args, task_name, params, images, prior, sampler, device, out, log)
+            rows_csv += rows
             grid_rows.append(grid_row)
-            row_labels.append(label)
         top = [f"{n}: {c}" if c == "measurement" else c for n in DEMO_IMAGES for c in ("measurement", "restored", "truth")]
-        nio.write_image(out / "grid.png", _grid(grid_rows, top, row_labels))
+        nio.write_image(out / "grid.png", _grid(grid_rows, top, [t for t, _ in tasks]))
         fields = ["task", "image", "psnr_measurement", "psnr", "ssim_measurement", "ssim", "nfe", "seconds"]
         nio.write_csv(out / "metrics.csv", rows_csv, fields)
         nio.write_json(out / RESOLVED_JSON, resolved_config(
-            None, spec, seed, 1, prior=prior_key(args.prior)["path"], command="demo",
+            None, sampler, args.seed, 1, prior=prior_key(args.prior)["path"], command="demo",
             per_image_seed="seed + index of the image in the demo batch",
             device=str(device), images=list(DEMO_IMAGES), note={
-                "size": args.size, "noise_sigma": sigma,
+                "size": args.size, "noise_sigma": DEFAULT_NOISE_SIGMA,
                 "tasks": {t: {"task": t, **p} for t, p in tasks},
                 "measurement column": "nearest-neighbour upsampled for SR"}))
     total = time.perf_counter() - t_start
@@ -178,3 +144,40 @@ def cmd_demo(args) -> int:
             print(f"{r['task']:<16} {r['image']:<10} {r['psnr_measurement']:>8.2f} {r['psnr']:>9.2f} {r['ssim']:>9.4f}")
         print(f"({total:.0f} s) grid: {out / 'grid.png'}  metrics: {out / 'metrics.csv'}")
     return EXIT_OK
+
+
+def _demo_task(args, task_name: str, params: dict[str, Any], images: dict[str, np.ndarray], prior,
+               sampler: ResolvedSampler, device, out: Path, log: Log) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Simulate ``task_name`` on the demo photographs, restore them in one batch and write each
+    one's measurement, restoration and truth to ``out/<task>``: (metrics rows, the grid's row)."""
+    import torch
+
+    sigma, seed, label, cfg = DEFAULT_NOISE_SIGMA, args.seed, task_name, sampler.config
+    task = parse_task({"task": task_name, **params, "noise_sigma": sigma}, f"demo {task_name}")
+    op = task.build((args.size, args.size), seed=seed).to(device)
+    x = torch.stack([torch.from_numpy(images[n]).permute(2, 0, 1) for n in DEMO_IMAGES]).to(device)
+    gens = [torch.Generator().manual_seed(noise_seed(seed + i)) for i in range(len(DEMO_IMAGES))]
+    y = torch.cat([op.measure(x[i:i + 1], sigma, gens[i]) for i in range(len(DEMO_IMAGES))])
+    log.info(f"{label}: restoring {len(DEMO_IMAGES)} images ({task_name}, {args.size}x{args.size}, "
+             f"noise_sigma={sigma}, nfc/{sampler.preset}, {cfg.steps} levels, {cfg.nfe} NFE)")
+    res = restore(y, op, prior=prior, method="nfc", sigma_y=sigma, seed=seed, progress=not args.quiet, config=cfg)
+    rows_csv, grid_row = [], []
+    for i, name in enumerate(DEMO_IMAGES):
+        gt = images[name]
+        yi = to_numpy(y[i:i + 1])
+        up = TASKS[task_name].upscale(task.params)
+        shown = np.repeat(np.repeat(yi, up, 0), up, 1)
+        xi = to_numpy(res.image[i:i + 1])
+        if not np.isfinite(xi).all():
+            raise FloatingPointError(f"{label}/{name}: NaN/Inf in the restoration")
+        base = out / label
+        nio.write_image(base / f"{name}_measurement.png", np.clip(yi, 0, 1))
+        nio.write_image(base / f"{name}_restored.png", xi)
+        nio.write_image(base / f"{name}_ground_truth.png", gt)
+        p_in, s_in = image_metrics(shown, gt)
+        p, s = image_metrics(xi, gt)
+        rows_csv.append({"task": label, "image": name, "psnr_measurement": p_in, "psnr": p,
+                         "ssim_measurement": s_in, "ssim": s, "nfe": int(res.nfe),
+                         "seconds": round(res.seconds / len(DEMO_IMAGES), 2)})
+        grid_row += [np.clip(shown, 0, 1), np.clip(xi, 0, 1), gt]
+    return rows_csv, grid_row

@@ -1,5 +1,6 @@
-"""Flags that several subcommands share: device / threads / quiet, the network's precision, and the
-task flags of ``restore`` and ``simulate``."""
+"""Flags that several subcommands share: device / threads / quiet, the prior and its precision, the
+task flags of ``restore``, ``simulate`` and ``calibrate``, and the sampler flags of ``restore`` and
+``calibrate``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 from ..config import DEFAULT_NOISE_SIGMA
 from ..priors.diffusers_prior import PRECISIONS
 from ..operators import TASKS
+from ..samplers import METHODS
 
 
 def common_flags(p: argparse.ArgumentParser) -> None:
@@ -17,8 +19,11 @@ def common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages (errors still shown)")
 
 
-def precision_flag(p: argparse.ArgumentParser) -> None:
-    """--precision of the prior network."""
+def prior_flags(p: argparse.ArgumentParser) -> None:
+    """--prior and the --precision of its network."""
+    p.add_argument("--prior", default=None,
+                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
+                        "default: the embedded prior)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="the prior network's compute precision (default auto: bfloat16 where the CPU or GPU has it "
                         "natively, about 2x faster; float32 otherwise)")
@@ -36,3 +41,14 @@ def task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
                    help=f"measurement noise std in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}; "
                         f"DPS/DAPS's 0.05 in [-1, 1] units is 0.025 here)")
     p.add_argument("--seed", type=int, default=None, help=seed_help)
+
+
+def sampler_flags(p: argparse.ArgumentParser, preset_help: str) -> None:
+    """--method, --preset (its help: ``preset_help``), --steps and --set."""
+    p.add_argument("--method", choices=sorted(METHODS), default=None,
+                   help="sampler (default nfc); switching away from a --config file's method starts from the "
+                        "new method's default preset and drops that file's sampler fields")
+    p.add_argument("--preset", default=None, help=preset_help)
+    p.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="sampler field of the preset, e.g. --set prior_weight=0.3 (nfc deterministic) or --set band.cutoff_start=0.5 (nfc fast) (repeatable)")

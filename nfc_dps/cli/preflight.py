@@ -6,7 +6,7 @@ network returns NaN/Inf (right after it loads)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import io as nio
 from .common import UsageError
@@ -15,12 +15,21 @@ from ..samplers import get_method
 from ..priors.base import prior_device
 
 
-def first_image(images: list[Path]) -> tuple[Path, Any] | None:
-    """(path, image (h, w[, C]) in [0, 1]) of the first input that reads; None when none does
-    (each unreadable image is then reported by name)."""
+class FirstImage(NamedTuple):
+    """The first input that reads: its path, its image (h, w[, C]) in [0, 1] and what
+    :func:`nfc_dps.io.read_image` says of the file."""
+
+    path: Path
+    image: Any
+    info: Any
+
+
+def first_image(images: list[Path]) -> FirstImage | None:
+    """The first of ``images`` that reads; None when none does (each unreadable image is then
+    reported by name)."""
     for path in images:
         try:
-            return path, nio.read_image(path)[0]
+            return FirstImage(path, *nio.read_image(path))
         except (nio.ImageReadError, OSError):
             continue
     return None

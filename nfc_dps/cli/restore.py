@@ -14,18 +14,17 @@ from typing import Any
 
 from .. import api
 from .. import io as nio
-from ..config import PER_IMAGE_SEED, SamplerSpec
+from ..config import PER_IMAGE_SEED, ResolvedSampler
 from ..conformal import CalibrationError, prior_fingerprint
 from ..distributed import Dist, init_distributed, resolve_device
 from ..run_record import resolved_config
-from ..samplers import METHODS
 from ..samplers.common import PriorRangeError
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, STD_PNG_SCALE, Log, UsageError, failure_reason,
                      image_seed, input_names, open_prior, parse_device, prior_key, read_inputs, set_threads,
                      sha256_file, sha256_json)
-from .flags import common_flags, precision_flag, task_flags
+from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, output_stems, run_lock
-from .preflight import check_method_takes_operator, check_prior_fits, first_image, input_notes
+from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image, input_notes
 from .records import SHARD_DIR, SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
 from .restore_outputs import Item, Job, add_ground_truth_metrics, write_outputs
 from .restore_setup import input_folders, load_run_calibration, run_configs, run_sampler, task_with_operator_files
@@ -63,21 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="measurement image or folder (default with a simulation.json config: its measurements)")
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     task_flags(r, "base seed (default 0); each image's seed is a hash of it and the image's file name")
-    r.add_argument("--method", choices=sorted(METHODS), default=None,
-                   help="sampler (default nfc); switching away from a --config file's method starts from the "
-                        "new method's default preset and drops that file's sampler fields")
-    r.add_argument("--preset", default=None,
-                   help="sampler preset. nfc: deterministic (default: the best estimate per network call, 16 NFE, "
-                        "no random draw), fast (posterior samples, 100 NFE: use it with --samples K for a std map "
-                        "that measures the posterior spread), fast_psnr, paper (as published, 1000 NFE); "
-                        "other methods: fast (default), paper")
-    r.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="sampler field of the preset, e.g. --set prior_weight=0.3 (nfc deterministic) or --set band.cutoff_start=0.5 (nfc fast) (repeatable)")
-    r.add_argument("--prior", default=None,
-                   help="diffusers prior folder, or module:function (a Python factory that returns a Prior; "
-                        "default: the embedded prior)")
-    precision_flag(r)
+    sampler_flags(r, "sampler preset. nfc: deterministic (default: the best estimate per network call, 16 NFE, "
+                     "no random draw), fast (posterior samples, 100 NFE: use it with --samples K for a std map "
+                     "that measures the posterior spread), fast_psnr, paper (as published, 1000 NFE); "
+                     "other methods: fast (default), paper")
+    prior_flags(r)
     r.add_argument("--kernel", default=None, metavar="FILE|DIR",
                    help="blur kernel (.npy or image) for all inputs, or a folder of kernels matched by file name")
     r.add_argument("--mask", default=None, metavar="FILE|DIR",
@@ -111,16 +100,17 @@ def cmd_restore(args) -> int:
     task = resolve_task(args, bundle)
     inp, gt_dir = input_folders(args, bundle, inp)
     task = task_with_operator_files(args, task)
-    spec, seed, samples = run_sampler(args, bundle)
-    args.calibration_loaded = load_run_calibration(args, task, spec, samples, bundle)
+    sampler, seed, samples = run_sampler(args, bundle)
+    args.calibration_loaded = load_run_calibration(args, task, sampler, samples, bundle)
     device = parse_device(args.device)
     set_threads(args.threads)
     operator_folders = {flag: Path(task.params[k]) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
                         if k in task.params and Path(task.params[k]).is_dir()}
     read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items())
-    first = first_image(read_inputs("--input", inp)[0])
+    images, others = read_inputs("--input", inp)
+    first = first_image(images)
     if first is not None:
-        check_method_takes_operator(spec.method, OperatorSource(task), input_names([first[0]], inp)[0], first[1])
+        check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], inp)[0], first.image)
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
@@ -136,10 +126,9 @@ def cmd_restore(args) -> int:
             except OutputError as e:
                 raise UsageError(f"{e}; free space and rerun the same command") from e
         dist.barrier()  # every rank reads the complete manifest
-        images, others, names, stems = _inputs_and_names(args, inp, out, [gt_dir, *operator_folders.values()], dist, log)
-        prior = _checked_prior(args, device, first, spec, samples, bundle, log)
-        cfg = spec.build()
-        record = resolved_config(task, spec, seed, samples, prior=prior_key(args.prior)["path"],
+        names, stems = _names(args, inp, images, others, out, [gt_dir, *operator_folders.values()], dist, log)
+        prior = _checked_prior(args, device, first, sampler, samples, bundle, log)
+        record = resolved_config(task, sampler, seed, samples, prior=prior_key(args.prior)["path"],
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
                                  ground_truth=str(gt_dir.resolve()) if gt_dir else None, batch_size=args.batch_size,
                                  max_batch=args.max_batch)
@@ -152,16 +141,16 @@ def cmd_restore(args) -> int:
         # torchrun: rank r restores the r-th, (r + world)-th, ... file of the sorted list; the
         # results do not depend on the rank (each image's seed comes from its name)
         mine = items[dist.rank::dist.world]
-        run = RestoreRun(args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir, dist,
-                         [it.name for it in mine], own_outputs={f"{it.out_stem}.png" for it in items})
+        run = RestoreRun(args, log, task, sampler, prior, device, seed, samples, out, inp, gt_dir, dist,
+                         [it.name for it in mine], own_outputs={f"{it.out_stem}.png" for it in items}, first=first)
         return run.run(mine, others if dist.rank == 0 else [], total=len(items))
 
 
-def _inputs_and_names(args, inp: Path, out: Path, also_read: list, dist: Dist, log: Log):
-    """(images, unusable entries, names, output stems) of --input, under the run's lock: rank 0
-    names the outputs (from the manifest and the outputs on disk, which other ranks may already be
-    writing) and every rank uses its names; --overwrite too: no orphans."""
-    images, others = read_inputs("--input", inp)
+def _names(args, inp: Path, images: list[Path], others: list[Path], out: Path, also_read: list, dist: Dist,
+           log: Log) -> tuple[list[str], list[str]]:
+    """(names, output stems) of the --input files ``images``, under the run's lock: rank 0 names the
+    outputs (from the manifest and the outputs on disk, which other ranks may already be writing)
+    and every rank uses its names; --overwrite too: no orphans."""
     if inp.is_dir():
         nested = nio.images_in_subfolders(inp, [out, *[f for f in also_read if f]]) if dist.rank == 0 else 0
         if nested:
@@ -184,18 +173,18 @@ def _inputs_and_names(args, inp: Path, out: Path, also_read: list, dist: Dist, l
         if clash:
             raise UsageError(f"--calibration writes <name>_lower.png / <name>_upper.png, which would overwrite the "
                              f"restoration of {', '.join(clash[:3])}; restore those inputs into another folder")
-    return images, others, names, stems
+    return names, stems
 
 
-def _checked_prior(args, device, first, spec: SamplerSpec, samples: int, bundle, log: Log) -> Any:
+def _checked_prior(args, device, first, sampler: ResolvedSampler, samples: int, bundle, log: Log) -> Any:
     """The prior of --prior, checked against the first image and the calibration; a warning when
     the config names another prior than the one in use."""
     prior = open_prior(args.prior, device, args.precision)
     if first is not None:
-        check_prior_fits(prior, first[0].name, first[1])
+        check_prior_fits(prior, first.path.name, first.image)
     if args.calibration_loaded is not None:
         try:
-            args.calibration_loaded.check(spec.method, spec.build(), samples, prior_fingerprint(prior))
+            args.calibration_loaded.check(sampler.method, sampler.config, samples, prior_fingerprint(prior))
         except CalibrationError as e:
             raise UsageError(str(e)) from e
     in_use = prior_key(args.prior)["path"]
@@ -214,20 +203,23 @@ class RestoreRun:
     same-sized images through restore() (:meth:`_restore_jobs`), their outputs, and the run's
     records (:class:`~nfc_dps.cli.records.RunRecords`)."""
 
-    def __init__(self, args, log, task, spec, cfg, prior, device, seed, samples, out, inp, gt_dir,
-                 dist: Dist | None = None, names: list[str] | None = None, own_outputs: set[str] = frozenset()) -> None:
-        self.args, self.log, self.task, self.spec, self.cfg = args, log, task, spec, cfg
+    def __init__(self, args, log, task, sampler: ResolvedSampler, prior, device, seed, samples, out, inp, gt_dir,
+                 dist: Dist | None = None, names: list[str] | None = None, own_outputs: set[str] = frozenset(),
+                 first: FirstImage | None = None) -> None:
+        self.args, self.log, self.task, self.sampler = args, log, task, sampler
+        # the first input, read by the checks before the run: its measurement is not read again
+        self.first = first
         self.own_outputs = set(own_outputs)  # every input's main output name in this run: never removed as stale
         self.prior, self.device, self.seed, self.samples = prior, device, seed, samples
         self.out, self.inp, self.gt_dir = out, inp, gt_dir
         self.source = OperatorSource(task)
         self.config_hash = sha256_json({
-            "task": task.as_dict(), "sampler": record_sampler(spec, cfg), "samples": samples,
+            "task": task.as_dict(), "sampler": sampler.as_dict(), "samples": samples,
             "prior": prior_key(args.prior), "precision": prior.precision,  # bfloat16 and float32 differ slightly
             "bit_depth": args.bit_depth, "save_samples": args.save_samples,
         })
         about = {"input": str(inp.resolve()), "output": str(out),
-                 "task": task.as_dict(), "method": spec.method, "preset": spec.resolved_preset,
+                 "task": task.as_dict(), "method": sampler.method, "preset": sampler.preset,
                  "noise_sigma": task.noise_sigma, "seed": seed, "per_image_seed": PER_IMAGE_SEED,
                  "num_samples": samples}
         self.dist = dist or Dist()
@@ -262,7 +254,7 @@ class RestoreRun:
             self.log.error(f"FAILED {p.name}: {self.records.rows[-1]['error']}")
         shards = f" over {self.dist.world} processes" if self.dist.world > 1 else ""
         self.log.info(f"restoring {len(items) if total is None else total} image(s){shards} from {self.inp} -> {self.out} "
-                      f"[{self.task.task}, {self.spec.method}/{self.spec.resolved_preset}, noise_sigma={self.task.noise_sigma}, "
+                      f"[{self.task.task}, {self.sampler.method}/{self.sampler.preset}, noise_sigma={self.task.noise_sigma}, "
                       f"seed {self.seed} (per image: a hash of it and the file name)]")
         self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.log.quiet, dynamic_ncols=True)
         pending: dict[tuple, list[Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
@@ -334,7 +326,10 @@ class RestoreRun:
             add_ground_truth_metrics(row, item, self.gt_dir, self.out)
             return row
         try:
-            y, info = nio.read_image(item.path)
+            if self.first is not None and self.first.path == item.path:
+                y, info, self.first = self.first.image, self.first.info, None
+            else:
+                y, info = nio.read_image(item.path)
             factor = self.source.factor()
             h, w = y.shape[:2]
             operator, _ = self.source.build(item.name, (h * factor, w * factor))
@@ -362,15 +357,15 @@ class RestoreRun:
 
         try:
             res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
-                          prior=self.prior, method=self.spec.method, sigma_y=self.task.noise_sigma,
+                          prior=self.prior, method=self.sampler.method, sigma_y=self.task.noise_sigma,
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
-                          progress=not self.args.quiet, config=self.cfg, max_batch=self.max_batch,
+                          progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
                           calibration=self.calibration, keep_samples=self.args.save_samples)
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e
             if isinstance(e, PriorRangeError):  # the method and the prior do not fit: every image would fail
-                raise UsageError(f"--method {self.spec.method} with this prior: {e}") from e
+                raise UsageError(f"--method {self.sampler.method} with this prior: {e}") from e
             if len(jobs) > 1:
                 for job in jobs:
                     self._restore_jobs([job])
@@ -398,11 +393,3 @@ class RestoreRun:
         job.row["error"] = failure_reason(error)
         self.records.images.pop(job.item.name, None)
         return job.row
-
-
-def record_sampler(spec: SamplerSpec, cfg: Any) -> dict[str, Any]:
-    """The sampler as the resume key records it: method, resolved preset and every config field."""
-    import dataclasses
-
-    body = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
-    return {"method": spec.method, "preset": spec.resolved_preset, **body}

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import SamplerSpec, load_config, parse_task
+from ..config import ResolvedSampler, load_config, parse_task
 from ..conformal import CalibrationError, load_calibration
 from ..operators import TASKS
 from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_readable_folder
-from .tasks import RANDOM_TASKS, check_operator_file, resolve_sampler, with_operator_files
+from .tasks import RANDOM_TASKS, check_operator_file, resolve_sampler, resolve_seed, with_operator_files
 
 
 def run_configs(args, log: Log) -> tuple[Any, Path | None]:
@@ -77,25 +77,25 @@ def task_with_operator_files(args, task):
     return task
 
 
-def run_sampler(args, bundle) -> tuple[SamplerSpec, int, int]:
+def run_sampler(args, bundle) -> tuple[ResolvedSampler, int, int]:
     """(the sampler, the base seed, K) of the configs and flags, checked; --max-batch's default."""
     for flag, value in (("--max-batch", args.max_batch), ("--batch-size", args.batch_size)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     if args.max_batch is None:
         args.max_batch = max(DEFAULT_MAX_BATCH, args.batch_size)
-    spec = resolve_sampler(args, bundle)
-    seed = args.seed if args.seed is not None else (bundle.seed or 0)
+    sampler = resolve_sampler(args, bundle)
+    seed = resolve_seed(args, bundle)
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
-    if seed < 0 or samples < 1:
-        raise UsageError(f"--seed must be >= 0 and --samples >= 1, got {seed}, {samples}")
-    if samples > 1 and spec.build().is_deterministic:
-        raise UsageError(f"--samples {samples}: {spec.method}/{spec.resolved_preset} is deterministic (every sample "
+    if samples < 1:
+        raise UsageError(f"--samples must be >= 1, got {samples}")
+    if samples > 1 and sampler.config.is_deterministic:
+        raise UsageError(f"--samples {samples}: {sampler.method}/{sampler.preset} is deterministic (every sample "
                          f"would be the same); for posterior samples and a std map add --preset fast")
-    return spec, seed, samples
+    return sampler, seed, samples
 
 
-def load_run_calibration(args, task, spec: SamplerSpec, samples: int, bundle) -> Any:
+def load_run_calibration(args, task, sampler: ResolvedSampler, samples: int, bundle) -> Any:
     """The --calibration file, checked against this run's task, sampler and K (the prior is checked
     once it loads); None without the flag. UsageError naming the file and what differs."""
     if not getattr(args, "calibration", None):
@@ -114,7 +114,7 @@ def load_run_calibration(args, task, spec: SamplerSpec, samples: int, bundle) ->
         tasks.append(simulated)
     try:
         cal = load_calibration(args.calibration)
-        cal.check(spec.method, spec.build(), samples, task=tasks)
+        cal.check(sampler.method, sampler.config, samples, task=tasks)
     except CalibrationError as e:
         raise UsageError(str(e)) from e
     return cal

@@ -19,7 +19,7 @@ from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, fai
 from .flags import task_flags
 from .preflight import input_notes
 from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
-from .tasks import OperatorSource, check_operator_file, resolve_task
+from .tasks import OperatorSource, check_operator_file, resolve_seed, resolve_task
 from ..api import as_batch
 
 
@@ -111,9 +111,7 @@ def cmd_simulate(args) -> int:
     log = Log(args.quiet)
     bundle = load_config(args.config or [])
     task = resolve_task(args, bundle)
-    seed = args.seed if args.seed is not None else (bundle.seed or 0)
-    if seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
+    seed = resolve_seed(args, bundle)
     inp = Path(args.input)
     if not inp.exists():
         raise UsageError(f"--input {inp}: no such file or folder")

@@ -1,13 +1,14 @@
-"""Task and sampler resolution shared by ``restore`` and ``simulate``: configs, then flags
-(:func:`resolve_task`, :func:`resolve_sampler`), and each image's operator, with per-image mask /
-kernel files (:class:`OperatorSource`)."""
+"""Task, sampler and seed resolution shared by ``restore``, ``simulate`` and ``calibrate``: configs,
+then flags (:func:`resolve_task`, :func:`resolve_sampler`, :func:`resolve_seed`), and each image's
+operator, with per-image mask / kernel files (:class:`OperatorSource`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ConfigBundle, SamplerSpec, TaskConfig, parse_scalar, parse_task, steps_field
+from ..config import ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
 from ..operators import TASKS, noise_sigma_problem, task_reading
+from ..samplers import get_method
 from .common import UsageError, match_file
 from ..operators import load_kernel, load_mask, build_operator
 
@@ -43,8 +44,17 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
     return parse_task({"task": task.task, **params, "noise_sigma": float(noise)}, source)
 
 
-def resolve_sampler(args, bundle: ConfigBundle) -> SamplerSpec:
-    """The sampler of --config files, then --method, --preset, --set and --steps, validated."""
+def resolve_seed(args, bundle: ConfigBundle) -> int:
+    """The run's base seed: --seed, else the config files', else 0; UsageError when negative."""
+    seed = args.seed if args.seed is not None else (bundle.seed or 0)
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    return seed
+
+
+def resolve_sampler(args, bundle: ConfigBundle) -> ResolvedSampler:
+    """The sampler of --config files, then --method, --preset, --set and --steps, resolved (the
+    run's one config object); ConfigError naming the file or flag and the key."""
     spec = bundle.sampler
     if getattr(args, "method", None):
         if args.method != spec.method:  # as between config files: nothing of another method carries over
@@ -59,14 +69,10 @@ def resolve_sampler(args, bundle: ConfigBundle) -> SamplerSpec:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE (e.g. --set num_levels=10 or --set band.cutoff_start=0.5)")
         spec.set(key.strip(), parse_scalar(value), "--set")
     if getattr(args, "steps", None) is not None:
-        name = steps_field(spec.method)
-        if name is None:
-            raise UsageError(f"--steps is not supported for method {spec.method!r}; use --set FIELD=N")
         if args.steps < 1:
             raise UsageError(f"--steps must be >= 1, got {args.steps}")
-        spec.set(name, int(args.steps), "--steps")
-    spec.build()  # validates: ConfigError names the file / flag and the key
-    return spec
+        spec.set(get_method(spec.method).steps_field, int(args.steps), "--steps")
+    return spec.resolve()
 
 
 def with_operator_files(task: TaskConfig, **files: str | None) -> TaskConfig:

@@ -212,51 +212,16 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     where the device has it natively, see :func:`native_bfloat16`). The resolved choice is the
     prior's ``precision`` attribute.
     """
-    from diffusers import UNet2DModel
-
     precision = resolve_precision(precision, device, dtype)
-
     folder = Path(path)
-    if not folder.exists():
-        raise FileNotFoundError(f"prior folder {folder} does not exist")
-    if not folder.is_dir():
-        raise NotADirectoryError(f"prior {folder} is not a folder (expected a diffusers UNet folder)")
-    unet_dir = _find_unet_dir(folder)
-    unet_cfg = _read_json(unet_dir / "config.json")
-    cls = unet_cfg.get("_class_name", "UNet2DModel")
-    if cls != "UNet2DModel":
-        raise ValueError(f"{unet_dir / 'config.json'}: _class_name is {cls!r}; only UNet2DModel is supported")
-    # every setting is checked before the weights load
-    prior_cfg: dict = {}
-    if (folder / PRIOR_CONFIG_NAME).is_file():
-        prior_cfg = _read_json(folder / PRIOR_CONFIG_NAME)
-        unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
-    _check_prior_config(prior_cfg, folder / PRIOR_CONFIG_NAME)
-    parameterization = prior_cfg.get("parameterization", "ddpm")
-    _check_unet_config(unet_cfg, unet_dir / "config.json", parameterization)
-    try:
-        unet, info = UNet2DModel.from_pretrained(
-            unet_dir, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=dtype, output_loading_info=True
-        )
-    except (OSError, ValueError, RuntimeError) as e:
-        raise OSError(f"{unet_dir}: could not load UNet2DModel weights: {e}") from e
-    # diffusers only warns about missing weights and initialises them at random: refuse instead.
-    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if any(bad.values()):
-        detail = "; ".join(f"{k.replace('_', ' ')}: {v[:5]}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v)
-        raise OSError(f"{unet_dir}: weights do not match config.json ({detail})")
+    unet_dir, prior_cfg = _checked_folder(folder)  # every setting is checked before the weights load
     arch = prior_cfg.get("arch", DEFAULT_ARCH)
-    if arch not in ARCHS:
-        raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: arch {arch!r} is not one of {', '.join(ARCHS)}")
-    unet = adapt_loaded_unet(unet, arch, where=str(unet_dir / "config.json"))
+    unet = adapt_loaded_unet(_load_unet(unet_dir, dtype), arch, where=str(unet_dir / "config.json"))
     unet = unet.to(device=device).eval().requires_grad_(False)  # dtype already set by torch_dtype
     network = _UNetCall(unet, precision, channels_last=size_independent(arch))
     size_multiple = 2 ** (len(unet.config.block_out_channels) - 1)
     channels = int(unet.config.in_channels)
-
-    if parameterization == "edm":
+    if prior_cfg.get("parameterization", "ddpm") == "edm":
         prior: Prior = EDMDenoiser(
             network,
             channels=channels,
@@ -266,19 +231,7 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
             size_multiple=size_multiple,
         )
     else:
-        sched_file = folder / "scheduler" / "scheduler_config.json"
-        sched = dict(DEFAULT_SCHEDULE)
-        if sched_file.is_file():
-            sched.update(_read_json(sched_file))
-            kind = sched.get("_class_name", "DDPMScheduler")
-            if kind not in BETA_SCHEDULERS:
-                raise ValueError(f"{sched_file}: {kind} is not a discrete beta-schedule (variance-preserving) "
-                                 f"scheduler; supported: {', '.join(sorted(BETA_SCHEDULERS))}")
-            if sched.get("rescale_betas_zero_snr"):
-                raise ValueError(f"{sched_file}: rescale_betas_zero_snr is not supported (its last timestep has "
-                                 f"infinite noise, no sigma to map it to)")
-        if "prediction_type" in prior_cfg:
-            sched["prediction_type"] = prior_cfg["prediction_type"]
+        sched = _vp_schedule(folder, prior_cfg)
         prior = EpsilonDenoiser(
             network,
             alphas_cumprod_from_config(sched),
@@ -296,3 +249,65 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
         except ValueError as e:
             raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: {e}") from e
     return prior.to(device)
+
+
+def _checked_folder(folder: Path) -> tuple[Path, dict]:
+    """(the UNet's folder, the checked nfc_dps_prior.json settings, {} without the file) of a prior
+    folder whose UNet config and prior settings are checked; an error naming the file otherwise."""
+    if not folder.exists():
+        raise FileNotFoundError(f"prior folder {folder} does not exist")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"prior {folder} is not a folder (expected a diffusers UNet folder)")
+    unet_dir = _find_unet_dir(folder)
+    unet_cfg = _read_json(unet_dir / "config.json")
+    cls = unet_cfg.get("_class_name", "UNet2DModel")
+    if cls != "UNet2DModel":
+        raise ValueError(f"{unet_dir / 'config.json'}: _class_name is {cls!r}; only UNet2DModel is supported")
+    prior_cfg: dict = {}
+    if (folder / PRIOR_CONFIG_NAME).is_file():
+        prior_cfg = _read_json(folder / PRIOR_CONFIG_NAME)
+        unknown = set(prior_cfg) - _PRIOR_CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: unknown keys {sorted(unknown)}; allowed {sorted(_PRIOR_CONFIG_KEYS)}")
+    _check_prior_config(prior_cfg, folder / PRIOR_CONFIG_NAME)
+    if prior_cfg.get("arch", DEFAULT_ARCH) not in ARCHS:
+        raise ValueError(f"{folder / PRIOR_CONFIG_NAME}: arch {prior_cfg['arch']!r} is not one of {', '.join(ARCHS)}")
+    _check_unet_config(unet_cfg, unet_dir / "config.json", prior_cfg.get("parameterization", "ddpm"))
+    return unet_dir, prior_cfg
+
+
+def _load_unet(unet_dir: Path, dtype: torch.dtype):
+    """The UNet2DModel of ``unet_dir`` in ``dtype``; OSError naming the folder when its weights do
+    not load or do not match its config (diffusers only warns and initialises them at random)."""
+    from diffusers import UNet2DModel
+
+    try:
+        unet, info = UNet2DModel.from_pretrained(
+            unet_dir, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=dtype, output_loading_info=True
+        )
+    except (OSError, ValueError, RuntimeError) as e:
+        raise OSError(f"{unet_dir}: could not load UNet2DModel weights: {e}") from e
+    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):
+        detail = "; ".join(f"{k.replace('_', ' ')}: {v[:5]}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v)
+        raise OSError(f"{unet_dir}: weights do not match config.json ({detail})")
+    return unet
+
+
+def _vp_schedule(folder: Path, prior_cfg: dict) -> dict:
+    """The beta schedule of a DDPM-parameterised prior: :data:`DEFAULT_SCHEDULE` updated by the
+    folder's scheduler/scheduler_config.json and the prior settings' ``prediction_type``."""
+    sched_file = folder / "scheduler" / "scheduler_config.json"
+    sched = dict(DEFAULT_SCHEDULE)
+    if sched_file.is_file():
+        sched.update(_read_json(sched_file))
+        kind = sched.get("_class_name", "DDPMScheduler")
+        if kind not in BETA_SCHEDULERS:
+            raise ValueError(f"{sched_file}: {kind} is not a discrete beta-schedule (variance-preserving) "
+                             f"scheduler; supported: {', '.join(sorted(BETA_SCHEDULERS))}")
+        if sched.get("rescale_betas_zero_snr"):
+            raise ValueError(f"{sched_file}: rescale_betas_zero_snr is not supported (its last timestep has "
+                             f"infinite noise, no sigma to map it to)")
+    if "prediction_type" in prior_cfg:
+        sched["prediction_type"] = prior_cfg["prediction_type"]
+    return sched

@@ -10,7 +10,9 @@ DAPS's named configs. A method is registered in :data:`METHODS` below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
+
+from ..overrides import ConfigError, apply_overrides
 
 from . import ddnm, ddrm, diffpir, dpir, dps
 from .common import CountingPrior, counting
@@ -27,14 +29,16 @@ from .presets import DAPS_PRESETS, NFC_PRESETS
 @dataclass(frozen=True)
 class Method:
     """A sampler, its config class, its named presets and the one used when none is named;
-    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error).
-    A preset may be of another config class (NFC's deterministic continuation): ``sample`` takes each."""
+    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error);
+    ``steps_field``: the field that ``--steps`` sets (annealing levels or sampler steps). A preset may
+    be of another config class (NFC's deterministic continuation): ``sample`` takes each."""
 
     sample: Callable[..., Any]
     config_class: type
     presets: dict[str, Any]
     default_preset: str = "fast"
     fixed_fields: frozenset[str] = frozenset()
+    steps_field: str = "num_steps"
     #: why the method cannot restore an operator (None: it can); checked before a run starts
     operator_problem: Callable[[Any], str | None] = lambda operator: None
 
@@ -52,9 +56,10 @@ def sample_nfc_method(prior, operator, y, sigma_y, image_shape, config, generato
 
 
 METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
+    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, default_preset="deterministic", steps_field="num_levels"),
     # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
-    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"})),
+    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"}),
+                   steps_field="num_levels"),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
     "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS),
@@ -81,39 +86,24 @@ def get_config(method: str, preset: str | None = None, **overrides: Any) -> Any:
 
 
 def override_config(method: str, config: Any, **overrides: Any) -> Any:
-    """``config`` (an instance of ``method``'s config class) with field overrides.
+    """``config`` (an instance of ``method``'s config class) with field overrides, each value
+    coerced to its field's type (:func:`nfc_dps.overrides.apply_overrides`: ``band={"cutoff_start":
+    0.5}`` or ``**{"band.cutoff_start": 0.5}`` changes that one field of the band and keeps the rest).
 
-    Unknown fields, and changes to fields the method sets itself (DAPS's ``band`` and
-    ``detail``; restating their value is allowed), are an error. A field that holds a dataclass (NFC's ``band`` and ``detail``) takes a mapping of its
-    own fields, merged onto the config's value: ``band={"cutoff_start": 0.5}`` changes that one
-    field and keeps the rest.
+    An unknown field, a value of the wrong type (:class:`~nfc_dps.overrides.ConfigError`) and a
+    change to a field the method sets itself (DAPS's ``band`` and ``detail``; restating their value
+    is allowed) are errors.
     """
-    from dataclasses import fields, is_dataclass, replace
-
     m = get_method(method)
     if not isinstance(config, m.config_classes):
         names = " or ".join(c.__name__ for c in m.config_classes)
         raise TypeError(f"a {method} config must be a {names}, got {type(config).__name__}")
-    allowed = {f.name for f in fields(config)}
-    unknown = set(overrides) - allowed
-    if unknown:
-        raise ValueError(f"unknown {method} config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-    merged = {}
-    for key, value in overrides.items():
-        current = getattr(config, key)
-        if is_dataclass(current) and isinstance(value, Mapping):
-            nested = {f.name for f in fields(current)}
-            bad = set(value) - nested
-            if bad:
-                raise ValueError(f"unknown {method} {key} keys {sorted(bad)}; allowed: {sorted(nested)}")
-            value = replace(current, **value)
-        merged[key] = value
-    # a field the method sets itself may be restated (a resolved config records every field), not changed
-    changed = sorted(k for k in merged if k in m.fixed_fields and merged[k] != getattr(config, k))
+    new = apply_overrides(config, overrides, owner=method)
+    changed = sorted(f for f in m.fixed_fields if getattr(new, f) != getattr(config, f))
     if changed:
-        raise ValueError(f"{method} sets {changed} itself (DAPS is NFC with the band and the Haar "
-                         f"commitment off); to change them use method 'nfc'")
-    return replace(config, **merged)
+        raise ConfigError(f"{method} sets {changed} itself (DAPS is NFC with the band and the Haar commitment off); "
+                          f"to change them use method 'nfc'", changed[0])
+    return new
 
 
 __all__ = ["METHODS", "Method", "get_method", "get_config", "override_config", "CountingPrior", "counting",
