@@ -324,7 +324,7 @@ ORACLE_ROWS = {"exact-mmse": "exact posterior mean (MMSE)", "exact-sample": "exa
                "wiener": "Wiener", "tv": "TV", "daps-iso": "DAPS (isotropic covariance, exact inner step)",
                "nfc-spec-y": "NFC (spectral covariance fitted to y, exact inner step)",
                "nfc-fast-fresh": "NFC `fast`", "nfc-fast_psnr-matched": "NFC `fast_psnr`", "dps": "DPS",
-               "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM"}
+               "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM", "dpir": "DPIR"}
 
 
 def _bounds(path: Path) -> str:
