@@ -135,9 +135,18 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     for flag, value in (("--samples", args.samples), ("--zoom", args.zoom), ("--num-images", args.num_images),
-                        ("--size", args.size), ("--threads", args.threads)):
+                        ("--size", args.size), ("--threads", args.threads), ("--embedded-budget", args.embedded_budget)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.validation_images < 0:
+        raise ValueError(f"--validation-images must be >= 0, got {args.validation_images}")
+    if not 0 < args.coverage < 1:
+        raise ValueError(f"--coverage must be in (0, 1), got {args.coverage}")
+    if protocol == "calibration":
+        fixed = [flag for flag, given in (("--set", args.overrides), ("--preset", args.preset)) if given]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: the calibration protocol runs every sampler at its fast preset "
+                             f"(nfc_dps.bench.calibration), which these flags would not change")
     if protocol == "oracle":
         fixed = [flag for flag, given in (("--set", args.overrides), ("--preset", args.preset),
                                           ("--samples", args.samples != 1)) if given]
