@@ -68,3 +68,14 @@ def test_calibration_protocol_end_to_end_and_resumed(tmp_path):
     assert main(args) == 0
     assert {name: (tmp_path / name).read_text() for name in first} == first
     assert main([*args, "--samples", "8"]) == 2  # another K in the same folder is refused
+
+
+def test_calibration_refusals_name_the_flag(tmp_path, capsys):
+    base = ["--protocol", "calibration", "--out", str(tmp_path / "c"), "--threads", "1", "--device", "cpu"]
+    for extra, message in ((["--tasks", "embedded-nosuchtask"], "unknown calibration setting"),
+                           (["--samples", "6"], "--samples must be a multiple of 4"),
+                           (["--set", "nfc.inner=exact"], "--set: the calibration protocol"),
+                           (["--coverage", "1.5"], "--coverage must be in (0, 1)")):
+        assert main(base + extra) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # a refused run writes nothing

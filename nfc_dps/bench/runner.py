@@ -9,7 +9,6 @@ their merge into each table's CSV in a canonical order on rank 0, and the summar
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import datetime
 import json
