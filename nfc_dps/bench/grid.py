@@ -19,7 +19,7 @@ from ..priors.diffusers_prior import resolve_precision
 from .instruments import PeakMemory, lpips_status, row_metrics, save_png
 from .measurements import load_images, measurement
 from .plots import make_plots
-from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record, run_protocol
+from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
                    method_runs, not_applicable, task_specs)
 from .tables import COLUMNS, KEY, is_failed, result_row, row_order, summary_markdown
@@ -182,7 +182,3 @@ class Grid(Protocol):
         log(f"wrote {spec.out / 'results.csv'} ({len(rows)} rows) and {spec.out / 'summary.md'}")
         return {}
 
-
-def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, str]]:
-    """Run (or resume) the grid; returns the merged rows on rank 0 (others: [])."""
-    return run_protocol(Grid(spec), log).get(RESULTS.file, [])

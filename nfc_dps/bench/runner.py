@@ -52,10 +52,14 @@ class Table:
         stem = Path(self.file).stem
         return out / "parts" / (f"rank{rank}.csv" if stem == "results" else f"{stem}-rank{rank}.csv")
 
+    def parts(self, out: Path) -> list[Path]:
+        """The part files of every rank in OUT (an interrupted run's, or this run's before the merge)."""
+        pattern = self.part(out, "*")
+        return sorted(pattern.parent.glob(pattern.name))
+
     def read(self, out: Path) -> list[Row]:
-        """The table's rows in OUT (its CSV, then the part files an interrupted run left), parsed."""
-        paths = [out / self.file] + sorted(self.part(out, "*").parent.glob(self.part(out, "*").name))
-        return [self.parse(r) for p in paths for r in load_results(p)]
+        """The table's rows in OUT (its CSV, then the part files), parsed."""
+        return [self.parse(r) for p in [out / self.file, *self.parts(out)] for r in load_results(p)]
 
     def write(self, out: Path, rows: Sequence[Row]) -> None:
         atomic_write_text(out / self.file, csv_text([self.format(r) for r in rows], self.columns))
@@ -192,11 +196,10 @@ def merge_table(protocol: Protocol, table: Table, cases: Sequence[Case]) -> list
             seen[key] = r
     rows = sorted(seen.values(), key=protocol.order(table, cases))
     table.write(protocol.spec.out, rows)
-    parts = protocol.spec.out / "parts"
-    for p in parts.glob(table.part(protocol.spec.out, "*").name) if parts.is_dir() else []:
+    for p in table.parts(protocol.spec.out):
         p.unlink()
     with contextlib.suppress(OSError):
-        parts.rmdir()
+        (protocol.spec.out / "parts").rmdir()
     return rows
 
 
