@@ -222,10 +222,12 @@ def test_method_entries_name_their_preset_and_deterministic_rows_come_once(tiny_
 def test_oracle_table_reports_bounds(tmp_path):
     out = tmp_path / "oracle"
     assert main(["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3",
-                       "--budgets", "4", "--methods", "nfc,daps,ddrm,wiener", "--threads", "1", "--device", "cpu"]) == 0
+                       "--budgets", "4", "--methods", "nfc,daps,ddrm,dpir,wiener", "--threads", "1", "--device", "cpu"]) == 0
     rows = read_rows(out / "results.csv")
     methods = {r["method"] for r in rows}
-    assert {"exact-mmse", "exact-sample", "wiener", "nfc-iso", "nfc-spec-y", "nfc-spec-S", "daps-iso", "ddrm"} <= methods
+    assert {"exact-mmse", "exact-sample", "wiener", "nfc-iso", "nfc-spec-y", "nfc-spec-S", "daps-iso", "ddrm",
+            "dpir"} <= methods
+    assert {r["estimator"] for r in rows if r["method"] == "dpir"} == {"deterministic"}  # judged against the MMSE bound
     assert all(len([r for r in rows if r["method"] == m]) == 3 for m in methods)
     text = (out / "summary.md").read_text()
     assert "posterior mean (MMSE)" in text and "to sample bound" in text
@@ -236,11 +238,23 @@ def test_oracle_table_reports_bounds(tmp_path):
         mse = np.mean([float(r["mse"]) for r in rows if r["method"] == method])
         assert abs(-10 * np.log10(mse) - cfg[bound]) < 2.0, (method, -10 * np.log10(mse), cfg[bound])
     args = ["--protocol", "oracle", "--out", str(out), "--size", "16", "--num-images", "3", "--budgets", "4",
-            "--methods", "nfc,daps,ddrm,wiener", "--threads", "1", "--device", "cpu"]
+            "--methods", "nfc,daps,ddrm,dpir,wiener", "--threads", "1", "--device", "cpu"]
     assert main(args + ["--oracle-alpha", "3"]) == 2  # another prior in the same folder is refused
     cfg["configs"]["nfc-fast_psnr-matched@4"]["num_levels"] = 99  # as if the preset had changed
     (out / "config.json").write_text(json.dumps(cfg))
     assert main(args) == 2
+
+
+def test_the_oracle_runs_every_registered_sampler(monkeypatch):
+    """The oracle's method list is the sampler registry's: a new sampler is a row with no edit there."""
+    from nfc_dps.bench.oracle import oracle_configs, oracle_methods
+    from nfc_dps.samplers import METHODS, Method
+
+    monkeypatch.setitem(METHODS, "newcomer", Method(METHODS["ddnm"].sample, METHODS["ddnm"].config_class,
+                                                    METHODS["ddnm"].presets))
+    runs = {label: (method, cfg) for label, method, cfg in oracle_configs(7)}
+    assert {"newcomer", "dpir", "ddrm", "dps"} <= set(runs) and "newcomer" in oracle_methods()
+    assert all(cfg.nfe == 7 for label, (method, cfg) in runs.items() if method not in ("nfc", "daps"))
 
 
 def test_profile_reports_ratio(tiny_prior, tmp_path):
@@ -360,7 +374,7 @@ def test_a_classical_only_grid_never_reads_the_prior(tmp_path):
 def test_a_failed_row_is_retried_by_a_rerun(tiny_prior, tmp_path, monkeypatch):
     """A method that raised leaves a row with its reason in `note`; the next run into the same
     folder computes it again and the merged results.csv holds the new row only."""
-    import nfc_dps.bench.runner as baselines  # the harness calls restore_classical through its runner
+    import nfc_dps.bench.grid as baselines  # the harness calls restore_classical through its grid protocol
 
     out = tmp_path / "run"
     args = base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "tv,wiener")

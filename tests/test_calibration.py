@@ -7,7 +7,8 @@ import csv
 import pytest
 import torch
 
-from nfc_dps.bench.calibration import _oracle_problems, calibration_rows, coverage_curve, run_calibration
+from nfc_dps.bench.calibration import _oracle_problems, calibration_rows, coverage_curve
+from nfc_dps.bench.cli import main
 from nfc_dps.metrics import expected_coverage
 
 
@@ -44,14 +45,37 @@ def test_coverage_curve_checks_the_group():
         coverage_curve(xs, torch.zeros(1, 1, 2, 2, dtype=torch.float64), group=4)
 
 
-def test_run_calibration_end_to_end(tmp_path):
-    rows = run_calibration(tmp_path, settings=("gaussian",), budgets=(2,), k=4, methods=("nfc", "ddnm"),
-                           log=lambda s: None)
-    methods = {r["method"] for r in rows}
-    assert methods == {"exact", "nfc", "ddnm"}
-    with open(tmp_path / "calibration.csv", newline="") as f:
-        table = list(csv.DictReader(f))
-    assert len(table) == len(rows) and set(table[0]) == {"setting", "method", "budget", "k", "width", "observed",
-                                                           "expected"}
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_calibration_protocol_end_to_end_and_resumed(tmp_path):
+    """`nfc-dps bench --protocol calibration` writes both tables and the summary; a rerun into the
+    folder recomputes only the rows it lacks, and they equal the first run's."""
+    args = ["--protocol", "calibration", "--out", str(tmp_path), "--tasks", "gaussian", "--budgets", "2",
+            "--samples", "4", "--methods", "nfc,ddnm", "--threads", "1", "--device", "cpu"]
+    assert main(args) == 0
+    table = read_csv(tmp_path / "calibration.csv")
+    assert {r["method"] for r in table} == {"exact", "nfc", "ddnm"}
+    assert set(table[0]) == {"setting", "method", "budget", "k", "width", "observed", "expected"}
+    assert {r["method"] for r in read_csv(tmp_path / "conformal.csv")} == {"exact", "nfc", "ddnm"}
     summary = (tmp_path / "summary.md").read_text()
     assert "| exact | 0 |" in summary and "| nfc | 2 |" in summary and "56/83" in summary
+    first = {name: (tmp_path / name).read_text() for name in ("calibration.csv", "conformal.csv")}
+    for name, text in first.items():  # drop nfc's rows: the rerun computes that case again
+        (tmp_path / name).write_text("".join(line for line in text.splitlines(keepends=True) if ",nfc," not in line))
+    assert main(args) == 0
+    assert {name: (tmp_path / name).read_text() for name in first} == first
+    assert main([*args, "--samples", "8"]) == 2  # another K in the same folder is refused
+
+
+def test_calibration_refusals_name_the_flag(tmp_path, capsys):
+    base = ["--protocol", "calibration", "--out", str(tmp_path / "c"), "--threads", "1", "--device", "cpu"]
+    for extra, message in ((["--tasks", "embedded-nosuchtask"], "unknown calibration setting"),
+                           (["--samples", "6"], "--samples must be a multiple of 4"),
+                           (["--set", "nfc.inner=exact"], "--set: the calibration protocol"),
+                           (["--coverage", "1.5"], "--coverage must be in (0, 1)")):
+        assert main(base + extra) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # a refused run writes nothing

@@ -1,6 +1,7 @@
 """The benchmark harness (``nfc-dps bench``; docs/benchmarks.md): PSNR/SSIM
 tables against the peers and classical baselines, NFE curves, timing and memory, the Gaussian
-oracle and Gaussian-mixture protocols, a per-NFE profile, and sharding over torchrun processes.
+oracle, Gaussian-mixture and calibration protocols, a per-NFE profile, and sharding over torchrun
+processes. Every protocol runs through one runner (:func:`nfc_dps.bench.runner.run_protocol`).
 
 Grid: tasks x images x methods x NFE budgets, fixed seeds. Every seed is derived from
 (--seed, task, image) alone (:func:`nfc_dps.api.stable_seed`), so a row's numbers do not depend on
@@ -15,10 +16,10 @@ conventions (:mod:`nfc_dps.metrics`). LPIPS only when the ``lpips`` package and 
 weights are on disk (nothing is downloaded); otherwise the column is empty.
 
 Resumable: a rerun skips rows already in results.csv (or in a part file left by an interrupted
-run). Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) the (task, image) jobs are sharded
-round-robin over ranks; each rank appends its rows to OUT/parts/rank{r}.csv, and after a barrier
-rank 0 merges them into results.csv in a canonical order: the file equals a single-process run's
-except the timing and memory columns.
+run). Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) a protocol's cases (the grid's: one
+(task, image) each) are sharded round-robin over ranks; each rank appends its rows to
+OUT/parts/rank{r}.csv, and after a barrier rank 0 merges them into results.csv in a canonical
+order: the file equals a single-process run's except the timing and memory columns.
 
 Modules:
 
@@ -26,10 +27,14 @@ Modules:
   methods x budgets columns and their sampler configs;
 - ``measurements``: the protocol's images and the measurement store (OUT/measurements);
 - ``instruments``: machine description, peak memory, LPIPS, a row's metrics, PNG output;
-- ``tables``: results.csv columns, part files, their merge, summary.md;
+- ``tables``: the grid's results.csv columns, part files, canonical row order, summary.md;
 - ``plots``: grid.png, psnr_vs_nfe.png, bars.png;
-- ``runner``: the grid's run, one (task, image) job, torchrun sharding (``nfc_dps.distributed``);
+- ``runner``: the one benchmark runner: a protocol's cases, resume, torchrun sharding
+  (``nfc_dps.distributed``), part files and their merge, config.json, the summary's header;
+- ``grid``: the local and paper protocols (one (task, image) a case);
 - ``oracle``: the Gaussian-oracle protocol; ``mixture``: the Gaussian-mixture protocol;
+  ``calibration`` (and ``calibration_report``): coverage of the std map and the conformal interval;
+- ``report``: ``nfc-dps bench report``, the docs' tables from the committed result files;
 - ``profiling``: time per NFE against the bare network, phases from the samplers' torch.profiler ranges;
 - ``cli``: the command line (``main``, ``build_parser``, ``run_from_args``).
 """

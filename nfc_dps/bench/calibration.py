@@ -1,4 +1,4 @@
-"""Calibration of the K-sample uncertainty map (``scripts/calibration.py``).
+"""Calibration of the K-sample uncertainty map (``nfc-dps bench --protocol calibration``).
 
 ``restore(..., num_samples=K)`` returns a per-pixel ``std`` over K posterior samples, offered as
 an uncertainty map. This protocol measures how often the error of the sample mean lies within c
@@ -54,33 +54,32 @@ width, K = all chains).
 
 from __future__ import annotations
 
-import datetime
-import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
-from ..metrics import coverage, expected_coverage
-from .spec import method_config, BenchSpec, task_specs, MethodRun, not_applicable, seed_name
-from ..samplers import METHODS, get_method
+
 from ..api import image_generators, stable_seed
-from ..operators import BlurOperator, gaussian_kernel
+from ..conformal import DEFAULT_EPS, fit_quantile, interval, normalized_scores
+from ..io import atomic_write_text
+from ..metrics import coverage, expected_coverage
+from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
-from .mixture import SETTINGS
-from ..priors.training_data import load_skimage_image
-from .measurements import _center_crop_zoom, measurement
 from ..priors.default import load_prior
-from ..conformal import DEFAULT_EPS, interval, fit_quantile, normalized_scores
-from .instruments import machine_description
-from ..io import atomic_write_text, write_csv
+from ..priors.training_data import load_skimage_image
+from ..samplers import METHODS, get_method
+from .measurements import _center_crop_zoom, measurement
+from .mixture import SETTINGS
+from .runner import Case, Protocol, Row, Table, folder_record, prior_record
+from .spec import BenchSpec, MethodRun, method_config, not_applicable, seed_name, task_specs
 from .calibration_report import (calibration_markdown, conformal_markdown, conformal_summary, coverage_summary,
                                  mean_rows, raw_z, read_calibration_csv, reliability_plot)
 
-__all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "run_calibration",
+__all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "Calibration",
            "calibration_markdown", "reliability_plot", "read_calibration_csv", "photo_tiles", "conformal_rows",
            "conformal_markdown", "interval_stats"]
 
@@ -89,6 +88,7 @@ WIDTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 31))
 DEFAULT_SETTINGS = ("gaussian", "mixture-well-mild-lo", "mixture-poor-strong-hi",
                     "embedded-sr_bicubic", "embedded-inpaint_random", "embedded-deblur_gaussian")
 DEFAULT_SAMPLES = 16
+DEFAULT_BUDGETS = (20, 100)
 ORACLE_MEASUREMENTS = 8
 ORACLE_SIZE = 32
 GAUSSIAN_BLUR_STD = 1.5
@@ -97,7 +97,6 @@ EMBEDDED_IMAGES = ("astronaut", "coffee")
 #: held-out photographs whose tiles are the embedded prior's validation images
 VALIDATION_PHOTOS = ("chelsea", "camera")
 ORACLE_VALIDATION = 20
-DEFAULT_VALIDATION_IMAGES = 9
 DEFAULT_COVERAGE = 0.9
 COLUMNS = ["setting", "method", "budget", "k", "width", "observed", "expected"]
 CONFORMAL_COLUMNS = ["setting", "method", "budget", "k", "nominal", "q", "raw_coverage", "coverage", "width",
@@ -234,31 +233,24 @@ def photo_tiles(photos: Sequence[str], count: int, size: int, zoom: int = 2) -> 
     return out
 
 
-def _embedded_problems(names: Sequence[str], prior_path: str | None, seed: int, device: torch.device, out: Path,
-                       size: int = 64, validation_images: int = 0, test_images: int = len(EMBEDDED_IMAGES)):
-    """Per task: (name, prior, {split: (operators, truths, measurements, image names)}), one entry
-    per image, the local protocol's measurements (cached under ``out``, as the harness caches them);
-    splits "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation"
-    (tiles of VALIDATION_PHOTOS)."""
+def _embedded_problem(name: str, seed: int, out: Path, size: int = 64, validation_images: int = 0,
+                      test_images: int = len(EMBEDDED_IMAGES)) -> dict[str, tuple]:
+    """A task's {split: (operators, truths, measurements, image names)}, one entry per image, the
+    local protocol's measurements (cached under ``out``, as the harness caches them); splits
+    "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation" (tiles of
+    VALIDATION_PHOTOS)."""
     spec = BenchSpec(protocol="local", size=size, sigma_y=SIGMA_Y, seed=seed, out=out,
                      image_names=EMBEDDED_IMAGES, save_images=False)
-    prior = load_prior(prior_path, device=device)
-    tasks = task_specs("local", spec.size, "circular")
+    task = task_specs("local", spec.size, "circular")[name.removeprefix("embedded-")]
     images = {"test": photo_tiles(EMBEDDED_IMAGES, test_images, size, spec.zoom)}
     if validation_images:
         images["validation"] = photo_tiles(VALIDATION_PHOTOS, validation_images, size, spec.zoom)
-    for name in names:
-        task = tasks[name.removeprefix("embedded-")]
-        splits = {}
-        for split, imgs in images.items():
-            ops, truths, ys = [], [], []
-            for image, img in imgs:
-                op, x, y, _ = measurement(spec, task, image, img)
-                ops.append(op)
-                truths.append(x)
-                ys.append(y)
-            splits[split] = (ops, truths, ys, [n for n, _ in imgs])
-        yield name, prior, splits
+    splits = {}
+    for split, imgs in images.items():
+        measured = [measurement(spec, task, image, img) for image, img in imgs]
+        splits[split] = ([m[0] for m in measured], [m[1] for m in measured], [m[2] for m in measured],
+                         [n for n, _ in imgs])
+    return splits
 
 
 def interval_stats(samples: Sequence[Tensor], truths: Sequence[Tensor], q: float, z: float, clip: bool) -> dict:
@@ -305,92 +297,153 @@ def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[
     return rows
 
 
-def run_calibration(out: Path, settings: Sequence[str] = DEFAULT_SETTINGS, budgets: Sequence[int] = (20, 100),
-                    embedded_budget: int = 20, k: int = DEFAULT_SAMPLES, methods: Sequence[str] = (),
-                    prior_path: str | None = None, seed: int = 0, log: Callable[[str], None] = print,
-                    embedded_size: int = 64, validation_images: int = DEFAULT_VALIDATION_IMAGES,
-                    test_images: int = len(EMBEDDED_IMAGES), coverage: float = DEFAULT_COVERAGE
-                    ) -> list[dict[str, Any]]:
-    """Run the protocol (module doc); write OUT/calibration.csv, conformal.csv, summary.md,
-    reliability.png; return the calibration.csv rows. ``validation_images`` 0 skips the conformal
-    part on the embedded prior."""
+def _parse(row: dict[str, str]) -> Row:
+    """A calibration.csv or conformal.csv row read back: counts as ints, the measures as floats."""
+    return {k: (v if k in ("setting", "method") else None if v in ("", None)
+                else int(v) if k in ("budget", "k", "n_validation", "n_test") else float(v)) for k, v in row.items()}
 
-    known = ["gaussian"] + [f"mixture-{s}" for s in SETTINGS] + [f"embedded-{t}" for t in task_specs("local", 64, "circular")]
-    unknown = [s for s in settings if s not in known]
-    if unknown:
-        raise ValueError(f"unknown calibration setting(s) {', '.join(unknown)}; choose from {', '.join(known)}")
-    t_start = time.perf_counter()
-    device = torch.device("cpu")
-    rows: list[dict[str, Any]] = []
-    crows: list[dict[str, Any]] = []
-    oracle = [s for s in settings if not s.startswith("embedded-")]
-    embedded = [s for s in settings if s.startswith("embedded-")]
-    for (name, prior, op, truth, y, sigma_y, exact, gen), val in zip(
-            _oracle_problems(oracle, seed, device), _oracle_problems(oracle, seed, device, "validation")):
-        _, _, _, v_truth, v_y, _, v_exact, _ = val
-        xs = exact(k, gen(name, "exact"))
-        rows += calibration_rows(name, "exact", 0, xs, truth)
-        crows += conformal_rows(name, "exact", 0, [v_exact(k, gen(name, "validation-exact")).double()],
-                                [v_truth.double()], [xs.double()], [truth.double()], coverage, clip=False)
+
+def _formatter(exact: str) -> Callable[[Row], dict[str, str]]:
+    """Floats with 4 decimals, column ``exact`` (calibration.csv's width, conformal.csv's nominal
+    coverage) as it was set."""
+    def format_row(row: Row) -> dict[str, str]:
+        return {k: (str(v) if k == exact and v is not None else f"{v:.4f}" if isinstance(v, float) and math.isfinite(v)
+                    else "" if v is None or isinstance(v, float) else str(v)) for k, v in row.items()}
+
+    return format_row
+
+
+CASE = ("setting", "method", "budget")
+CALIBRATION = Table("calibration.csv", tuple(COLUMNS), ("setting", "method", "budget", "k", "width"), CASE,
+                    _parse, _formatter("width"))
+CONFORMAL = Table("conformal.csv", tuple(CONFORMAL_COLUMNS), ("setting", "method", "budget", "k"), CASE,
+                  _parse, _formatter("nominal"))
+
+
+class Calibration(Protocol):
+    """The calibration protocol through the benchmark runner (module doc): ``--tasks`` its
+    settings, ``--budgets`` the oracles' NFE, ``--embedded-budget``, ``--samples`` K (default 16),
+    ``--num-images`` the embedded test tiles (default 2), ``--validation-images``, ``--coverage``.
+    A case is one (setting, method, budget)."""
+
+    tables = (CALIBRATION, CONFORMAL)
+
+    def prepare(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device
+        self.settings = tuple(spec.tasks) or DEFAULT_SETTINGS
+        known = ["gaussian"] + [f"mixture-{s}" for s in SETTINGS] + [f"embedded-{t}" for t in
+                                                                     task_specs("local", 64, "circular")]
+        unknown = [s for s in self.settings if s not in known]
+        if unknown:
+            raise ValueError(f"unknown calibration setting(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+        self.k = spec.samples if spec.samples > 1 else DEFAULT_SAMPLES
+        if self.k % 4:
+            raise ValueError(f"--samples must be a multiple of 4 (K = 4 is measured on groups of 4), got {self.k}")
+        self.budgets = tuple(spec.budgets) or DEFAULT_BUDGETS
+        self.test_images = spec.num_images or len(EMBEDDED_IMAGES)
+        self.embedded = [s for s in self.settings if s.startswith("embedded-")]
+        self.prior_info = prior_record(spec.prior) if self.embedded else None
+        self.prior = None
+
+    def record(self) -> dict[str, Any]:
+        budgets = self.budgets + ((self.spec.embedded_budget,) if self.embedded else ())
+        configs = {f"{m}@{b}": cfg for b in dict.fromkeys(budgets) for m, cfg in _stochastic_runs(b, self.spec.methods)}
+        return folder_record(self.spec, configs, self.prior_info)
+
+    def _case(self, name: str, method: str, budget: int, item: Any = None) -> Case:
+        keys = tuple((name, method, str(budget), str(kk), str(c)) for kk in sorted({4, self.k}) for c in WIDTHS)
+        return Case((name, method, str(budget)), name, keys, item)
+
+    def cases(self) -> list[Case]:
+        out = []
+        for name in self.settings:
+            if name not in self.embedded:
+                out.append(self._case(name, "exact", 0))
+                out += [self._case(name, m, b, cfg) for b in self.budgets for m, cfg in _stochastic_runs(b, self.spec.methods)]
+                continue
+            task = task_specs("local", self.spec.size, "circular")[name.removeprefix("embedded-")]
+            op = build_operator(task.name, self.spec.size, 0, **task.params)
+            b = self.spec.embedded_budget
+            out += [self._case(name, m, b, cfg) for m, cfg in _stochastic_runs(b, self.spec.methods)
+                    if not_applicable(MethodRun(m, b, cfg), op) is None]
+        return out
+
+    def setup(self, group: Hashable, log: Callable[[str], None]) -> tuple:
+        """An oracle's (test problem, validation problem) (:func:`_oracle_problems`), or an
+        embedded setting's splits (:func:`_embedded_problem`)."""
+        spec = self.spec
+        if group in self.embedded:
+            if self.prior is None:
+                self.prior = load_prior(spec.prior, device=self.device, precision=spec.precision)
+            return _embedded_problem(group, spec.seed, spec.out / "local", spec.size, spec.validation_images,
+                                     self.test_images)
+        return (next(_oracle_problems([group], spec.seed, self.device)),
+                next(_oracle_problems([group], spec.seed, self.device, "validation")))
+
+    def measure(self, ctx, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        name, method, budget = case.name
+        t0 = time.perf_counter()
+        rows, crows = (self._embedded(ctx, case) if name in self.embedded else self._oracle(ctx, case))
+        yield from ((CALIBRATION.file, r) for r in rows)
+        yield from ((CONFORMAL.file, r) for r in crows)
+        log(f"calibration {name} {method} @{budget}: {coverage_summary(rows)}"
+            + (f"; {conformal_summary(crows)}" if crows else "") + f" ({time.perf_counter() - t0:.1f}s)")
+
+    def _oracle(self, ctx: tuple, case: Case) -> tuple[list[Row], list[Row]]:
+        """The rows of one method (or the exact draws) on an oracle: K chains per test and validation measurement."""
+        (name, prior, op, truth, y, sigma_y, exact, gen), (_, _, _, v_truth, v_y, _, v_exact, _) = ctx
+        k, seed, cov = self.k, self.spec.seed, self.spec.coverage
+        if case.item is None:
+            xs = exact(k, gen(name, "exact"))
+            return (calibration_rows(name, "exact", 0, xs, truth),
+                    conformal_rows(name, "exact", 0, [v_exact(k, gen(name, "validation-exact")).double()],
+                                   [v_truth.double()], [xs.double()], [truth.double()], cov, clip=False))
+        method, budget, cfg = case.name[1], int(case.name[2]), case.item
         seeds = [stable_seed(seed, "calibration-sampler", name, b) for b in range(truth.shape[0])]
         v_seeds = [stable_seed(seed, "calibration-sampler-validation", name, b) for b in range(v_truth.shape[0])]
-        for budget in budgets:
-            for method, cfg in _stochastic_runs(budget, methods):
-                t0 = time.perf_counter()
-                xs = _run_chains(method, cfg, prior, op, y, sigma_y, k, seeds, device).double()
-                rows += calibration_rows(name, method, budget, xs, truth.double())
-                v_xs = _run_chains(method, cfg, prior, op, v_y, sigma_y, k, v_seeds, device).double()
-                crows += conformal_rows(name, method, budget, [v_xs], [v_truth.double()], [xs], [truth.double()],
-                                        coverage, clip=False)
-                log(f"calibration {name} {method} @{budget}: {coverage_summary(rows)}; {conformal_summary(crows)} "
-                    f"({time.perf_counter() - t0:.1f}s)")
-    for name, prior, splits in _embedded_problems(embedded, prior_path, seed, device, Path(out) / "local",
-                                                  embedded_size, validation_images, test_images):
-        ops, truths, ys, _ = splits["test"]
-        for method, cfg in _stochastic_runs(embedded_budget, methods):
-            if not_applicable(MethodRun(method, embedded_budget, cfg), ops[0]) is not None:
-                continue
-            t0 = time.perf_counter()
-            parts, chains = [], {}
-            for split, (s_ops, s_truths, s_ys, s_names) in splits.items():
-                chains[split] = []
-                for i, (op, truth, y, image) in enumerate(zip(s_ops, s_truths, s_ys, s_names)):
-                    # the test split's seeds are those of the local protocol's images (index i)
-                    named = seed_name(name)
-                    key = (seed, "calibration", named, i) if split == "test" else (seed, "calibration", named, image)
-                    xs = _run_chains(method, cfg, prior, op, y, SIGMA_Y, k, [stable_seed(*key)], device).double()
-                    chains[split].append(xs)
-                    if split == "test":
-                        parts.append(calibration_rows(name, method, embedded_budget, xs, truth.double()))
-            if not parts:
-                continue
-            rows += mean_rows(parts)
-            msg = f"calibration {name} {method} @{embedded_budget}: {coverage_summary(rows)}"
-            if "validation" in splits:
-                v_truths = [t.double() for t in splits["validation"][1]]
-                crows += conformal_rows(name, method, embedded_budget, chains["validation"], v_truths,
-                                        chains["test"], [t.double() for t in truths], coverage, clip=True)
-                msg += f"; {conformal_summary(crows)}"
-            log(f"{msg} ({time.perf_counter() - t0:.1f}s)")
-    header = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "K": k, "oracle budgets": ", ".join(map(str, budgets)), "embedded budget": embedded_budget,
-        "oracle measurements per setting": f"{ORACLE_MEASUREMENTS} test, {ORACLE_VALIDATION} validation",
-        "embedded images": f"test: {test_images} tile(s) of {', '.join(EMBEDDED_IMAGES)}; validation: "
-                           f"{validation_images} tile(s) of {', '.join(VALIDATION_PHOTOS)} ({embedded_size} px)",
-        "calibrated coverage": f"{coverage:g} (pooled rule, fitted on validation, measured on test)",
-        "prior": prior_path or "embedded default", "seed": seed,
-        "machine": machine_description().get("cpu", ""), "torch threads": torch.get_num_threads(),
-        "wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
-    }
-    out = Path(out)
-    # floats with 4 decimals (write_csv), the exact width and nominal coverage as they were set
-    write_csv(out / "calibration.csv", [{**r, "width": str(r["width"])} for r in rows], COLUMNS)
-    write_csv(out / "conformal.csv", [{**r, "nominal": str(r["nominal"])} for r in crows], CONFORMAL_COLUMNS)
-    atomic_write_text(out / "summary.md", calibration_markdown(rows, header) + conformal_markdown(crows))
-    atomic_write_text(out / "config.json", json.dumps({"settings": list(settings), "header": header}, indent=1))
-    plotted = reliability_plot(rows, out / "reliability.png")
-    log(f"wrote {out / 'calibration.csv'}, {out / 'summary.md'}"
-        + (f" and {out / 'reliability.png'}" if plotted else
-           " (matplotlib not installed: no reliability.png; pip install 'nfc_dps[bench]')"))
-    return rows
+        xs = _run_chains(method, cfg, prior, op, y, sigma_y, k, seeds, self.device).double()
+        v_xs = _run_chains(method, cfg, prior, op, v_y, sigma_y, k, v_seeds, self.device).double()
+        return (calibration_rows(name, method, budget, xs, truth.double()),
+                conformal_rows(name, method, budget, [v_xs], [v_truth.double()], [xs], [truth.double()], cov,
+                               clip=False))
+
+    def _embedded(self, splits: dict[str, tuple], case: Case) -> tuple[list[Row], list[Row]]:
+        """The rows of one method on the embedded prior: per test image, K chains; the calibrated
+        interval when there are validation images."""
+        name, method, budget = case.name[0], case.name[1], int(case.name[2])
+        parts, chains = [], {}
+        for split, (s_ops, s_truths, s_ys, s_names) in splits.items():
+            chains[split] = []
+            for i, (op, truth, y, image) in enumerate(zip(s_ops, s_truths, s_ys, s_names)):
+                # the test split's seeds are those of the local protocol's images (index i)
+                key = (self.spec.seed, "calibration", seed_name(name), i if split == "test" else image)
+                xs = _run_chains(method, case.item, self.prior, op, y, SIGMA_Y, self.k, [stable_seed(*key)],
+                                 self.device).double()
+                chains[split].append(xs)
+                if split == "test":
+                    parts.append(calibration_rows(name, method, budget, xs, truth.double()))
+        if "validation" not in splits:
+            return mean_rows(parts), []
+        return mean_rows(parts), conformal_rows(
+            name, method, budget, chains["validation"], [t.double() for t in splits["validation"][1]], chains["test"],
+            [t.double() for t in splits["test"][1]], self.spec.coverage, clip=True)
+
+    def header(self) -> dict[str, Any]:
+        spec = self.spec
+        return {"K": self.k, "oracle budgets": ", ".join(map(str, self.budgets)), "embedded budget": spec.embedded_budget,
+                "oracle measurements per setting": f"{ORACLE_MEASUREMENTS} test, {ORACLE_VALIDATION} validation",
+                "embedded images": f"test: {self.test_images} tile(s) of {', '.join(EMBEDDED_IMAGES)}; validation: "
+                                   f"{spec.validation_images} tile(s) of {', '.join(VALIDATION_PHOTOS)} ({spec.size} px)",
+                "calibrated coverage": f"{spec.coverage:g} (pooled rule, fitted on validation, measured on test)",
+                "prior": spec.prior or "embedded default", "seed": spec.seed}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        out, rows = self.spec.out, tables[CALIBRATION.file]
+        atomic_write_text(out / "summary.md", calibration_markdown(rows, header)
+                          + conformal_markdown(tables[CONFORMAL.file]))
+        plotted = bool(rows) and reliability_plot(rows, out / "reliability.png")
+        log(f"wrote {out / 'calibration.csv'}, {out / 'summary.md'}"
+            + (f" and {out / 'reliability.png'}" if plotted else
+               " (matplotlib not installed: no reliability.png; pip install 'nfc_dps[bench]')"))
+        return {"settings": list(self.settings)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -68,32 +68,35 @@ def conformal_markdown(crows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table_index(rows: list[dict[str, Any]]) -> dict[tuple, float]:
-    return {(r["setting"], r["method"], r["budget"], r["k"], r["width"]): r["observed"] for r in rows}
+def coverage_table(rows: list[dict[str, Any]], columns: Sequence[tuple[str, int]], heads: Sequence[str],
+                   runs: Sequence[tuple[str, int]], label: Callable[[str, int], str]) -> list[str]:
+    """The ±1 / ±2 coverage table (markdown lines): a row per (method, budget) of ``runs``, its first
+    cells ``label(method, budget)`` ("name | NFE"), then per (setting, K) of ``columns`` (headed
+    ``heads``) the % of pixels within ±1 / ±2 sample stds ("–" where ``rows`` have none)."""
+    idx = {(r["setting"], r["method"], r["budget"], r["k"], r["width"]): r["observed"] for r in rows}
+    lines = ["| method | NFE | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(columns)]
+    for method, budget in runs:
+        cells = []
+        for s, k in columns:
+            a, b = idx.get((s, method, budget, k, 1.0)), idx.get((s, method, budget, k, 2.0))
+            cells.append("–" if a is None else f"{100 * a:.0f}/{100 * b:.0f}")
+        lines.append(f"| {label(method, budget)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def calibration_markdown(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
     """One table: per (method, budget), % of pixels within ±1 / ±2 stds at K = 4 and K = all, per setting."""
-    idx = _table_index(rows)
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     ks = sorted({r["k"] for r in rows})
-    runs = list(dict.fromkeys((r["method"], r["budget"]) for r in rows))
     lines = ["# Calibration of the K-sample std map", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()] + [""]
     lines.append("% of pixels with |mean − truth| within ±1 / ±2 sample stds; " +
                  "; ".join(f"K = {k}: an exact sampler gives {100 * expected_coverage(k, 1):.0f}/"
                            f"{100 * expected_coverage(k, 2):.0f}" for k in ks) + ".")
     lines.append("")
-    cols = [f"{s} K={k}" for s in settings for k in ks]
-    lines.append("| method | NFE | " + " | ".join(cols) + " |")
-    lines.append("|---|---|" + "---|" * len(cols))
-    for method, budget in runs:
-        cells = []
-        for s in settings:
-            for k in ks:
-                a, b = idx.get((s, method, budget, k, 1.0)), idx.get((s, method, budget, k, 2.0))
-                cells.append("–" if a is None else f"{100 * a:.0f}/{100 * b:.0f}")
-        lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
+    columns = [(s, k) for s in settings for k in ks]
+    lines += coverage_table(rows, columns, [f"{s} K={k}" for s, k in columns],
+                            list(dict.fromkeys((r["method"], r["budget"]) for r in rows)), lambda m, b: f"{m} | {b}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,10 @@
 """The benchmark's command line (``nfc-dps bench``): the arguments (:func:`build_parser`), the
-:class:`BenchSpec` they make, and the dispatch to the grid, the oracle, the mixture protocol or the
+:class:`BenchSpec` they make, and the dispatch of its protocol to the benchmark runner, or the
 profile (:func:`run_from_args`).
 
     nfc-dps bench --protocol local --budgets 20,50,100 --out runs/bench/local
     nfc-dps bench --protocol oracle --out runs/bench/oracle
+    nfc-dps bench --protocol calibration --out runs/bench/calibration
     nfc-dps bench --profile --size 256 --out runs/bench/profile
     nfc-dps bench --protocol paper --images DIR --prior DIR --out runs/bench/paper
     nfc-dps bench report                 # the docs' tables from the committed result files in docs/
@@ -19,16 +20,21 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ..operators import noise_sigma_problem
-from .oracle import run_oracle
-from .profiling import run_profile
-from .runner import run
-from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec
-from ..priors.diffusers_prior import PRECISIONS
 from ..config import parse_scalar
-from .spec import task_specs
+from ..operators import noise_sigma_problem
+from ..priors.diffusers_prior import PRECISIONS
+from .calibration import DEFAULT_SETTINGS, Calibration
+from .grid import Grid
+from .mixture import Mixture
+from .oracle import Oracle, oracle_methods
+from .profiling import run_profile
 from .report import run_report
-from .mixture import run_mixture
+from .runner import Protocol, run_protocol
+from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec, task_specs
+
+#: the protocol class of each --protocol
+PROTOCOL_RUNS: dict[str, type[Protocol]] = {"local": Grid, "paper": Grid, "oracle": Oracle, "mixture": Mixture,
+                                           "calibration": Calibration}
 
 
 def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
@@ -61,23 +67,30 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--protocol", choices=PROTOCOLS, default="local",
                    help="local: embedded prior, 4 held-out scikit-image crops; paper: 256 px, --images and --prior "
                         "(DPS/DAPS operators); oracle: Gaussian prior with exact bounds; mixture: Gaussian-mixture "
-                        "prior, exact multimodal posterior (nfc_dps.bench.mixture; --tasks picks its settings)")
+                        "prior, exact multimodal posterior (nfc_dps.bench.mixture; --tasks picks its settings); "
+                        "calibration: coverage of the K-sample std map and of the conformal interval "
+                        "(nfc_dps.bench.calibration; --tasks picks its settings)")
     p.add_argument("--profile", action="store_true", help="time per NFE vs the bare network forward, with a breakdown")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
     p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
     p.add_argument("--images", default=None, help="folder of images (paper protocol; optional for local)")
     p.add_argument("--image-names", default="", help="comma list of scikit-image names (local; default held-out four)")
-    p.add_argument("--num-images", type=int, default=None, help="use the first N images (oracle: N images, default 30)")
-    p.add_argument("--size", type=int, default=None, help="image size (local 64, paper 256, oracle 64, mixture 32, profile 256)")
+    p.add_argument("--num-images", type=int, default=None, help="use the first N images (oracle: N images, default 30; "
+                                                                "mixture: measurements, default 4; calibration: "
+                                                                "embedded test tiles, default 2)")
+    p.add_argument("--size", type=int, default=None, help="image size (local 64, paper 256, oracle 64, mixture 32, "
+                                                          "calibration: embedded tiles 64, profile 256)")
     p.add_argument("--zoom", type=int, default=2, help="local: centre crop of size*zoom px area-averaged by zoom")
     p.add_argument("--tasks", default="", help=f"comma list (default {','.join(DEFAULT_TASKS)}; also: denoise; "
-                                               f"mixture: its settings, default all; profile: deblur_gaussian)")
+                                               f"mixture: its settings, default all; calibration: its settings, "
+                                               f"default {','.join(DEFAULT_SETTINGS)}; profile: deblur_gaussian)")
     p.add_argument("--methods", default="", help=f"comma list (default {','.join(DEFAULT_METHODS)}; oracle: "
-                                                 f"nfc,daps,dps,diffpir,ddnm,ddrm,wiener,tv; mixture: every sampler; "
-                                                 f"profile: nfc,daps)")
+                                                 f"{','.join(oracle_methods())}; mixture: every sampler; calibration: "
+                                                 f"every stochastic sampler; profile: nfc,daps)")
     p.add_argument("--budgets", default="", help="comma list of NFE budgets, e.g. 20,50,100 (default: preset NFE)")
     p.add_argument("--preset", default=None, help="sampler preset (local/oracle/profile: fast; paper: paper)")
-    p.add_argument("--samples", type=int, default=1, help="K posterior samples per image; K > 1 adds a 'mean of K' row")
+    p.add_argument("--samples", type=int, default=1, help="K posterior samples per image; K > 1 adds a 'mean of K' row "
+                                                          "(mixture, calibration: K chains per measurement, default 16)")
     p.add_argument("--sigma-y", type=float, default=0.025, help="noise std in [0, 1] units (0.025 = DPS's 0.05)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--boundary", choices=("circular", "reflect"), default=None,
@@ -90,6 +103,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="config override, e.g. nfc.inner=langevin or nfc.band.blend_start=0.2 (repeatable)")
     p.add_argument("--oracle-alpha", type=float, default=2.0, help="oracle: power-law exponent of the Gaussian prior")
     p.add_argument("--oracle-pixel-std", type=float, default=0.5, help="oracle: per-pixel std of the prior (model units)")
+    p.add_argument("--embedded-budget", type=int, default=20, help="calibration: NFE budget on the embedded prior")
+    p.add_argument("--validation-images", type=int, default=9,
+                   help="calibration: embedded validation tiles (of chelsea, camera) the calibrated interval is "
+                        "fitted on (0: no calibrated interval on the embedded prior)")
+    p.add_argument("--coverage", type=float, default=0.9, help="calibration: coverage the calibrated interval targets")
     p.add_argument("--label", default="", help="free text recorded in the summary (e.g. the checkpoint step)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     p.add_argument("--no-images", action="store_true", help="do not save restored images (and no grid.png)")
@@ -117,9 +135,18 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     for flag, value in (("--samples", args.samples), ("--zoom", args.zoom), ("--num-images", args.num_images),
-                        ("--size", args.size), ("--threads", args.threads)):
+                        ("--size", args.size), ("--threads", args.threads), ("--embedded-budget", args.embedded_budget)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.validation_images < 0:
+        raise ValueError(f"--validation-images must be >= 0, got {args.validation_images}")
+    if not 0 < args.coverage < 1:
+        raise ValueError(f"--coverage must be in (0, 1), got {args.coverage}")
+    if protocol == "calibration":
+        fixed = [flag for flag, given in (("--set", args.overrides), ("--preset", args.preset)) if given]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: the calibration protocol runs every sampler at its fast preset "
+                             f"(nfc_dps.bench.calibration), which these flags would not change")
     if protocol == "oracle":
         fixed = [flag for flag, given in (("--set", args.overrides), ("--preset", args.preset),
                                           ("--samples", args.samples != 1)) if given]
@@ -132,17 +159,17 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     tasks = _str_list(args.tasks) or (("deblur_gaussian",) if args.profile else DEFAULT_TASKS)
     methods = _str_list(args.methods) or (("nfc", "daps") if args.profile else DEFAULT_METHODS)
     if protocol == "oracle":
-        allowed = ("nfc", "daps", "dps", "diffpir", "ddnm", "ddrm", "wiener", "tv")
+        allowed = oracle_methods()
         methods = _str_list(args.methods) or allowed
         unknown = [m for m in methods if m not in allowed]
         if unknown:
             raise ValueError(f"--methods {','.join(unknown)}: the oracle protocol runs {','.join(allowed)}")
-    elif protocol != "mixture" or args.profile:
+    elif protocol not in ("mixture", "calibration") or args.profile:
         known = task_specs("paper" if protocol == "paper" else "local", 64, "circular")
         unknown = [t for t in tasks if t not in known]
         if unknown:
             raise ValueError(f"--tasks {','.join(unknown)}: unknown; choose from {', '.join(known)}")
-    if protocol == "mixture":  # empty: every setting and every registered sampler (nfc_dps.bench.mixture)
+    if protocol in ("mixture", "calibration"):  # empty: the protocol's settings and samplers
         tasks, methods = _str_list(args.tasks), _str_list(args.methods)
     return BenchSpec(
         protocol=protocol, out=Path(args.out or f"runs/bench/{protocol}"), prior=args.prior, images=args.images,
@@ -152,7 +179,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         sigma_y=args.sigma_y, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
         device=args.device, precision=args.precision, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
         save_images=not args.no_images, label=args.label, oracle_alpha=args.oracle_alpha,
-        oracle_pixel_std=args.oracle_pixel_std)
+        oracle_pixel_std=args.oracle_pixel_std, embedded_budget=args.embedded_budget,
+        validation_images=args.validation_images, coverage=args.coverage)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the profile, the oracle, the mixture protocol or the grid; 0, or 2 with a one-line error."""
+    """Run the profile, or the protocol through the benchmark runner; 0, or 2 with a one-line error."""
     try:
         if getattr(args, "action", "run") == "report":
             return run_report(args.root, check=args.check)
@@ -171,12 +199,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             torch.set_num_threads(args.threads)
         if args.profile:
             run_profile(spec)
-        elif spec.protocol == "oracle":
-            run_oracle(spec)
-        elif spec.protocol == "mixture":
-            run_mixture(spec)
         else:
-            run(spec)
+            run_protocol(PROTOCOL_RUNS[spec.protocol](spec))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"benchmark: error: {e}", file=sys.stderr)
         return 2

@@ -34,8 +34,12 @@ def save_png(path: Path, img: Tensor | np.ndarray) -> None:
 
 
 def machine_description() -> dict[str, Any]:
-    """nproc, CPU model, RAM, torch version, GPU (if any)."""
-    info: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+    """The machine timings ran on: nproc, CPU model and capability (the SIMD level torch uses), RAM,
+    python and torch versions, torch's CPU threads, the load average (1, 5, 15 min) now, GPU (if any)."""
+    info: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                            "torch_threads": torch.get_num_threads(),
+                            "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
     with contextlib.suppress(AttributeError):
         info["cpus_usable"] = len(os.sched_getaffinity(0))
     with contextlib.suppress(OSError):

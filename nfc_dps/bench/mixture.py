@@ -34,22 +34,19 @@ Per (setting, method, budget), over the measurements (model units for SW and dri
 * coverage (:func:`nfc_dps.metrics.coverage`) of the K-sample std at K = 4 (disjoint groups of
   4) and at all K, with the Student-t value of an exact sampler for Gaussian pixel posteriors.
 
-Writes OUT/results.csv, OUT/drift.csv (per level), OUT/summary.md and OUT/config.json.
-Single process, no resume: the default grid takes a few minutes on two cores.
+Writes OUT/results.csv, OUT/drift.csv (per level), OUT/summary.md and OUT/config.json; runs through
+:func:`nfc_dps.bench.runner.run_protocol` (resume, torchrun sharding). The default grid takes a few
+minutes on two cores.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import datetime
-import io
-import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import SimpleNamespace
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -62,11 +59,11 @@ from ..samplers.nfc import NFCConfig
 from ..metrics import coverage, sliced_wasserstein, expected_coverage
 from ..api import image_generators, stable_seed
 from ..io import atomic_write_text
-from .instruments import machine_description
+from .runner import Case, Protocol, Row, Table, folder_record
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianMixturePrior
 
-__all__ = ["SETTINGS", "PRESTATED_SETTING", "MixtureSetting", "mixture_runs", "run_mixture", "mixture_markdown"]
+__all__ = ["SETTINGS", "PRESTATED_SETTING", "MixtureSetting", "mixture_runs", "Mixture", "mixture_markdown"]
 
 
 @dataclass(frozen=True)
@@ -180,122 +177,163 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
     return "" if v is None else (format(v, spec) if isinstance(v, float) else str(v))
 
 
-def _csv(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({c: _fmt(r.get(c)) for c in columns})
-    return buf.getvalue()
+def _parse(row: dict[str, str]) -> Row:
+    """A results.csv or drift.csv row read back: budget, nfe and level as ints, the measures as
+    floats (empty: None)."""
+    out: Row = {}
+    for k, v in row.items():
+        if k in ("setting", "method", "note"):
+            out[k] = v
+        elif v in ("", None):
+            out[k] = None
+        else:
+            out[k] = int(v) if k in ("budget", "nfe", "level") else float(v)
+    return out
 
 
-def run_mixture(spec, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Run the protocol for a :class:`nfc_dps.bench.spec.BenchSpec` (module doc); returns the rows."""
-    t_start = time.perf_counter()
-    saved = Path(spec.out) / "config.json"
-    if saved.is_file() and MIXTURE_RECORD_KEY not in json.loads(saved.read_text() or "{}"):
-        raise ValueError(f"{spec.out} holds results of another protocol ({saved}); the mixture protocol would "
-                         f"overwrite them: use another --out")
-    names = list(spec.tasks) or list(SETTINGS)
-    unknown = [s for s in names if s not in SETTINGS]
-    if unknown:
-        raise ValueError(f"unknown mixture setting(s) {unknown}; choose from {', '.join(SETTINGS)}")
-    device = torch.device("cuda" if spec.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
-    n_meas = spec.num_images or DEFAULT_MEASUREMENTS
-    k = spec.samples if spec.samples > 1 else DEFAULT_SAMPLES
-    budgets = tuple(spec.budgets) or DEFAULT_BUDGETS
-    size = spec.size
-    f64 = torch.float64
-    dim = size * size
-    dirs = torch.randn(SW_DIRECTIONS, dim, generator=torch.Generator().manual_seed(stable_seed(spec.seed, "mixture-sw")),
-                       dtype=f64)
-    dirs = (dirs / dirs.norm(dim=1, keepdim=True)).to(device)
-    rows: list[dict[str, Any]] = []
-    drift_rows: list[dict[str, Any]] = []
-    bounds: dict[str, dict[str, float]] = {}
+def _format(row: Row) -> dict[str, str]:
+    return {k: _fmt(v) for k, v in row.items()}
 
-    def gen(*parts: Any) -> torch.Generator:
-        return torch.Generator(device=device).manual_seed(stable_seed(spec.seed, *parts))
 
-    for name in names:
+RESULTS = Table("results.csv", tuple(COLUMNS), ("setting", "method", "budget"), ("setting", "method", "budget"),
+                _parse, _format)
+DRIFT = Table("drift.csv", tuple(DRIFT_COLUMNS), ("setting", "method", "budget", "level"),
+              ("setting", "method", "budget"), _parse, _format)
+
+
+class Mixture(Protocol):
+    """The mixture protocol through the benchmark runner: per setting (``--tasks``), the exact
+    rows, then every (label, method, config) of :func:`mixture_runs` at each budget; a case is
+    one row of results.csv (and its levels in drift.csv)."""
+
+    tables = (RESULTS, DRIFT)
+
+    def prepare(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device
+        self.names = list(spec.tasks) or list(SETTINGS)
+        unknown = [s for s in self.names if s not in SETTINGS]
+        if unknown:
+            raise ValueError(f"unknown mixture setting(s) {unknown}; choose from {', '.join(SETTINGS)}")
+        self.n_meas = spec.num_images or DEFAULT_MEASUREMENTS
+        self.k = spec.samples if spec.samples > 1 else DEFAULT_SAMPLES
+        self.budgets = tuple(spec.budgets) or DEFAULT_BUDGETS
+        self.runs = {b: mixture_runs(b, spec.methods, spec.overrides) for b in self.budgets}
+        dim = spec.size * spec.size
+        dirs = torch.randn(SW_DIRECTIONS, dim, generator=torch.Generator().manual_seed(
+            stable_seed(spec.seed, "mixture-sw")), dtype=torch.float64)
+        self.dirs = (dirs / dirs.norm(dim=1, keepdim=True)).to(device)
+
+    def record(self) -> dict[str, Any]:
+        return folder_record(self.spec, {f"{label}@{b}": cfg for b, runs in self.runs.items()
+                                         for label, _, cfg in runs}, None)
+
+    def cases(self) -> list[Case]:
+        out = []
+        for name in self.names:
+            out += [Case((name, label, "0"), name, ((name, label, "0"),)) for label in ("exact-mmse", "exact-sample")]
+            out += [Case((name, label, str(b)), name, ((name, label, str(b)),), (method, cfg))
+                    for b in self.budgets for label, method, cfg in self.runs[b]]
+        return out
+
+    def _gen(self, *parts: Any) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(stable_seed(self.spec.seed, *parts))
+
+    def problem(self, name: str) -> SimpleNamespace:
+        """A setting's prior, truths (model units), blur, y ([0, 1] units), exact posterior and its
+        bounds (dB: mmse, sample, mean of K, and the mean largest posterior weight)."""
         st = SETTINGS[name]
-        prior = GaussianMixturePrior.structured(size, 1, st.separation, gen("mixture-prior", st.separation)).to(device)
-        truth = prior.sample_prior(n_meas, gen("mixture-images", name))
-        op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * st.blur_std) + 1, st.blur_std), "circular").to(device)
-        y = op.measure((truth + 1) / 2, st.sigma_y, gen("mixture-noise", name))
-        sig_m = 2 * st.sigma_y
-        post = prior.posterior(op, 2 * y - 1, sig_m)
-        post_rep = prior.posterior(op, (2 * y - 1).repeat_interleave(k, 0), sig_m)  # one per chain, for the drift
-        ref = post.sample(4 * k, gen("mixture-reference", name))
-        v = float(post.mmse().mean())
-        bounds[name] = {"mmse": _psnr01(v), "sample": _psnr01(2 * v), f"mean{k}": _psnr01((1 + 1 / k) * v),
-                        "weights_max": float(post.weights.max(1).values.mean())}
-        log(f"mixture {name}: mean max pi' {bounds[name]['weights_max']:.3f}, bounds MMSE {bounds[name]['mmse']:.2f} "
-            f"/ sample {bounds[name]['sample']:.2f} dB")
-        rows.append({"setting": name, "method": "exact-mmse", "budget": 0, "nfe": 0,
-                     "psnr_mean": _psnr01(float((post.mean() - truth).pow(2).mean()))})
-        exact = post.sample(k, gen("mixture-exact-sample", name))
-        rows.append({"setting": name, "method": "exact-sample", "budget": 0, "nfe": 0,
-                     **sample_metrics(exact, truth, post, ref, dirs)})
-        seeds = [stable_seed(spec.seed, "mixture-sampler", name, b) for b in range(n_meas)]
-        y_rep = y.repeat_interleave(k, 0)
-        shape = (n_meas * k, 1, size, size)
-        for budget in budgets:
-            for label, method, cfg in mixture_runs(budget, spec.methods, spec.overrides):
-                recorder = _FirstInput(prior)
-                counted = counting(recorder)
-                levels: list[tuple[float, float]] = []
+        prior = GaussianMixturePrior.structured(self.spec.size, 1, st.separation,
+                                                self._gen("mixture-prior", st.separation)).to(self.device)
+        truth = prior.sample_prior(self.n_meas, self._gen("mixture-images", name))
+        op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * st.blur_std) + 1, st.blur_std), "circular").to(self.device)
+        y = op.measure((truth + 1) / 2, st.sigma_y, self._gen("mixture-noise", name))
+        post = prior.posterior(op, 2 * y - 1, 2 * st.sigma_y)
+        v, k = float(post.mmse().mean()), self.k
+        bounds = {"mmse": _psnr01(v), "sample": _psnr01(2 * v), f"mean{k}": _psnr01((1 + 1 / k) * v),
+                  "weights_max": float(post.weights.max(1).values.mean())}
+        return SimpleNamespace(name=name, setting=st, prior=prior, truth=truth, op=op, y=y, post=post, bounds=bounds)
 
-                def callback(info: dict[str, Any]) -> None:
-                    first = recorder.take()
-                    if first is None:
-                        return
-                    x_k, sigma = first
-                    target = post_rep.conditional_mean(x_k, sigma.to(f64))
-                    levels.append((float(sigma[0]), float((info["x0_hat"].detach().to(f64) - target).pow(2).mean().sqrt())))
+    def setup(self, group: Hashable, log: Callable[[str], None]) -> SimpleNamespace:
+        p = self.problem(group)
+        p.post_rep = p.prior.posterior(p.op, (2 * p.y - 1).repeat_interleave(self.k, 0), 2 * p.setting.sigma_y)
+        p.ref = p.post.sample(4 * self.k, self._gen("mixture-reference", group))
+        p.seeds = [stable_seed(self.spec.seed, "mixture-sampler", group, b) for b in range(self.n_meas)]
+        b = p.bounds
+        log(f"mixture {group}: mean max pi' {b['weights_max']:.3f}, bounds MMSE {b['mmse']:.2f} "
+                 f"/ sample {b['sample']:.2f} dB")
+        return p
 
-                t0 = time.perf_counter()
-                row: dict[str, Any] = {"setting": name, "method": label, "budget": budget, "nfe": cfg.nfe}
-                try:
-                    xr = get_method(method).sample(counted, op, y_rep, st.sigma_y, shape, cfg,
-                                                   image_generators(seeds, k, device=device), callback)
-                    if not torch.isfinite(xr).all():
-                        raise FloatingPointError("NaN/Inf in the output")
-                    xs = (2 * xr.to(f64) - 1).view(n_meas, k, 1, size, size).transpose(0, 1)
-                    row.update(sample_metrics(xs, truth, post, ref, dirs), nfe=counted.nfe)
-                    early = [d for s, d in levels if EARLY_SIGMA[0] <= s < EARLY_SIGMA[1]]
-                    late = [d for s, d in levels if s < EARLY_SIGMA[0]]
-                    row["drift_early"] = float(np.mean(early)) if early else None
-                    row["drift_late"] = float(np.mean(late)) if late else None
-                    drift_rows += [{"setting": name, "method": label, "budget": budget, "level": i, "sigma": s,
-                                    "drift": d} for i, (s, d) in enumerate(levels)]
-                except Exception as e:  # noqa: BLE001 - a failing sampler is a noted row, not a lost table
-                    row["note"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-                row["seconds"] = time.perf_counter() - t0
-                rows.append(row)
-                log(f"mixture {name} {label} @{budget}: sample {_fmt(row.get('psnr_sample'), '.2f')} dB, "
-                    f"tv {_fmt(row.get('tv'), '.3f')}, sw {_fmt(row.get('sw'), '.3f')} ({row['seconds']:.1f}s)"
-                    + (f" FAILED {row['note']}" if row.get("note") else ""))
+    def measure(self, p, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        name, label, budget = case.name
+        if label == "exact-mmse":
+            yield RESULTS.file, {"setting": name, "method": label, "budget": 0, "nfe": 0,
+                                 "psnr_mean": _psnr01(float((p.post.mean() - p.truth).pow(2).mean()))}
+            return
+        if label == "exact-sample":
+            exact = p.post.sample(self.k, self._gen("mixture-exact-sample", name))
+            yield RESULTS.file, {"setting": name, "method": label, "budget": 0, "nfe": 0,
+                                 **sample_metrics(exact, p.truth, p.post, p.ref, self.dirs)}
+            return
+        row, levels = self._run_sampler(p, case)
+        yield RESULTS.file, row
+        for i, (s, d) in enumerate(levels):
+            yield DRIFT.file, {"setting": name, "method": label, "budget": int(budget), "level": i, "sigma": s, "drift": d}
+        log(f"mixture {name} {label} @{budget}: sample {_fmt(row.get('psnr_sample'), '.2f')} dB, "
+            f"tv {_fmt(row.get('tv'), '.3f')}, sw {_fmt(row.get('sw'), '.3f')} ({row['seconds']:.1f}s)"
+            + (f" FAILED {row['note']}" if row.get("note") else ""))
 
-    header = {"label": spec.label} if spec.label else {}
-    header.update({
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "prior": f"GaussianMixturePrior.structured, {size}x{size} gray, 3 components",
-        "measurements per setting": n_meas, "samples per measurement (K)": k,
-        "budgets": ", ".join(str(b) for b in budgets), "seed": spec.seed,
-        **({"overrides": spec.overrides} if spec.overrides else {}),
-        "machine": machine_description().get("cpu", ""), "torch threads": torch.get_num_threads(),
-        "wall time of this invocation": f"{(time.perf_counter() - t_start) / 60:.1f} min",
-    })
-    out = Path(spec.out)
-    atomic_write_text(out / "results.csv", _csv(rows, COLUMNS))
-    atomic_write_text(out / "drift.csv", _csv(drift_rows, DRIFT_COLUMNS))
-    atomic_write_text(out / "summary.md", mixture_markdown(rows, header, bounds, k))
-    atomic_write_text(out / "config.json", json.dumps({
-        "settings": {n: dataclasses.asdict(SETTINGS[n]) for n in names}, MIXTURE_RECORD_KEY: PRESTATED_SETTING,
-        "header": header, "bounds_db": bounds}, indent=1, default=str))
-    log(f"wrote {out / 'results.csv'}, {out / 'drift.csv'} and {out / 'summary.md'}")
-    return rows
+    def _run_sampler(self, p, case: Case) -> tuple[Row, list[tuple[float, float]]]:
+        """One sampler's row (K chains per measurement) and its drift per level (sigma, RMS)."""
+        name, label, budget = case.name
+        method, cfg = case.item
+        size, k, f64 = self.spec.size, self.k, torch.float64
+        recorder = _FirstInput(p.prior)
+        counted = counting(recorder)
+        levels: list[tuple[float, float]] = []
+
+        def callback(info: dict[str, Any]) -> None:
+            first = recorder.take()
+            if first is None:
+                return
+            x_k, sigma = first
+            target = p.post_rep.conditional_mean(x_k, sigma.to(f64))
+            levels.append((float(sigma[0]), float((info["x0_hat"].detach().to(f64) - target).pow(2).mean().sqrt())))
+
+        t0 = time.perf_counter()
+        row: Row = {"setting": name, "method": label, "budget": int(budget), "nfe": cfg.nfe}
+        try:
+            xr = get_method(method).sample(counted, p.op, p.y.repeat_interleave(k, 0), p.setting.sigma_y,
+                                           (self.n_meas * k, 1, size, size), cfg,
+                                           image_generators(p.seeds, k, device=self.device), callback)
+            if not torch.isfinite(xr).all():
+                raise FloatingPointError("NaN/Inf in the output")
+            xs = (2 * xr.to(f64) - 1).view(self.n_meas, k, 1, size, size).transpose(0, 1)
+            row.update(sample_metrics(xs, p.truth, p.post, p.ref, self.dirs), nfe=counted.nfe)
+            early = [d for s, d in levels if EARLY_SIGMA[0] <= s < EARLY_SIGMA[1]]
+            late = [d for s, d in levels if s < EARLY_SIGMA[0]]
+            row["drift_early"] = float(np.mean(early)) if early else None
+            row["drift_late"] = float(np.mean(late)) if late else None
+        except Exception as e:  # noqa: BLE001 - a failing sampler is a noted row, not a lost table
+            row["note"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+            levels = []
+        row["seconds"] = time.perf_counter() - t0
+        return row, levels
+
+    def header(self) -> dict[str, Any]:
+        spec = self.spec
+        return {"prior": f"GaussianMixturePrior.structured, {spec.size}x{spec.size} gray, 3 components",
+                "measurements per setting": self.n_meas, "samples per measurement (K)": self.k,
+                "budgets": ", ".join(str(b) for b in self.budgets), "seed": spec.seed,
+                **({"overrides": spec.overrides} if spec.overrides else {})}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        out = self.spec.out
+        bounds = {n: self.problem(n).bounds for n in self.names}
+        atomic_write_text(out / "summary.md", mixture_markdown(tables[RESULTS.file], header, bounds, self.k))
+        log(f"wrote {out / 'results.csv'}, {out / 'drift.csv'} and {out / 'summary.md'}")
+        return {"settings": {n: dataclasses.asdict(SETTINGS[n]) for n in self.names},
+                MIXTURE_RECORD_KEY: PRESTATED_SETTING, "bounds_db": bounds}
 
 
 def _cell(r: dict[str, Any], key: str, spec: str = ".2f") -> str:
@@ -327,80 +365,99 @@ def mixture_markdown(rows: list[dict[str, Any]], header: dict[str, Any], bounds:
           f"stds, at K = 4 (an exact sampler with Gaussian pixel posteriors: {ref4}) and K = {k} ({refk}). "
           "The `exact-sample` row is the floor of tv and sw at this K.", ""]
     for s in settings:
-        b = bounds[s]
-        L += [f"## {s}", "", f"Bounds: MMSE {b['mmse']:.2f} dB, mean of {k} exact samples {b[f'mean{k}']:.2f} dB, "
-              f"exact sample {b['sample']:.2f} dB; mean largest posterior weight {b['weights_max']:.3f}.", "",
-              "| method | NFE | mean | to bound | sample | to bound | tv | sw | drift early | drift late "
-              "| cov @4 | cov @K | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in (r for r in rows if r["setting"] == s):
-            if r.get("note"):
-                L.append(f"| {r['method']} | {r['budget']} | failed: {r['note'][:80]} |" + " |" * 10)
-                continue
-            mean_gap = "" if r.get("psnr_mean") is None else f"{float(r['psnr_mean']) - b[f'mean{k}']:+.2f}"
-            if r["method"] == "exact-mmse":
-                mean_gap = f"{float(r['psnr_mean']) - b['mmse']:+.2f}"
-            samp_gap = "" if r.get("psnr_sample") is None else f"{float(r['psnr_sample']) - b['sample']:+.2f}"
-            cov4 = "" if r.get("cov1_k4") is None else f"{100 * r['cov1_k4']:.0f}/{100 * r['cov2_k4']:.0f}"
-            covk = "" if r.get("cov1_all") is None else f"{100 * r['cov1_all']:.0f}/{100 * r['cov2_all']:.0f}"
-            L.append(f"| {r['method']} | {r['nfe']} | {_cell(r, 'psnr_mean')} | {mean_gap} | {_cell(r, 'psnr_sample')} | "
-                     f"{samp_gap} | {_cell(r, 'tv', '.3f')} | {_cell(r, 'sw', '.3f')} | {_cell(r, 'drift_early', '.3f')} | "
-                     f"{_cell(r, 'drift_late', '.3f')} | {cov4} | {covk} | {_cell(r, 'seconds', '.1f')} |")
-        L.append("")
-    # module effects: NFC minus each ablation (and minus DAPS), per setting and budget
+        L += _setting_table(s, [r for r in rows if r["setting"] == s], bounds[s], k)
     variants = [m for m in dict.fromkeys(r["method"] for r in rows) if m.endswith(("-band-off", "-haar-off", "-modules-off"))]
     if variants:
-        base = variants[0].rsplit("-", 2)[0]
-        others = variants + (["daps"] if any(r["method"] == "daps" for r in rows) else [])
-        L += [f"## Module effects: {base} minus each variant (positive = {base} better; tv and sw: negative = "
-              f"{base} better)", "", "| setting | NFE | " + " | ".join(f"vs {o}: sample / mean / tv / sw" for o in others)
-              + " |", "|---|---|" + "---|" * len(others)]
-        for s in settings:
-            for bud in budgets:
-                a = index.get((s, base, bud))
-                cells = []
-                for o in others:
-                    c = index.get((s, o, bud))
-                    cells.append(" / ".join([_delta(a, c, "psnr_sample"), _delta(a, c, "psnr_mean"),
-                                             _delta(a, c, "tv", "+.3f"), _delta(a, c, "sw", "+.3f")]))
-                L.append(f"| {s} | {bud} | " + " | ".join(cells) + " |")
-        L.append("")
-        # averages over settings
-        L += ["## Mean over settings", "", "| method | NFE | sample to bound | mean to bound | tv | sw | drift early "
-              "| cov @4 | cov @K |", "|---|---|---|---|---|---|---|---|---|"]
-        for m in dict.fromkeys(r["method"] for r in rows if r["method"] != "exact-mmse"):
-            for bud in ([0] if m.startswith("exact") else budgets):
-                rs = [index[(s, m, bud)] for s in settings if (s, m, bud) in index and not index[(s, m, bud)].get("note")]
-                if not rs:
-                    continue
-
-                def avg(key: str, scale: float = 1.0, shift: str | None = None) -> float:
-                    vals = [scale * (float(r[key]) - (bounds[r["setting"]][shift] if shift else 0.0))
-                            for r in rs if r.get(key) is not None]
-                    return float(np.mean(vals)) if vals else float("nan")
-
-                drift = avg("drift_early")
-                L.append(f"| {m} | {bud} | {avg('psnr_sample', shift='sample'):+.2f} | "
-                         f"{avg('psnr_mean', shift=f'mean{k}'):+.2f} | {avg('tv'):.3f} | {avg('sw'):.3f} | "
-                         f"{'' if math.isnan(drift) else format(drift, '.3f')} | "
-                         f"{avg('cov1_k4', 100):.0f}/{avg('cov2_k4', 100):.0f} | "
-                         f"{avg('cov1_all', 100):.0f}/{avg('cov2_all', 100):.0f} |")
-        L.append("")
+        L += _module_effects(rows, index, settings, budgets, variants)
+        L += _mean_over_settings(rows, index, settings, budgets, bounds, k)
     if PRESTATED_SETTING in settings and any(r["method"] == "nfc" for r in rows):
-        L += [f"## Pre-stated setting: {PRESTATED_SETTING}", "",
-              "Stated before the run: NFC's modules beat DAPS here by >= 1 dB (single samples) with a clear margin "
-              f"(tv at least {MARGIN_TV:g} lower, sw at least {100 * MARGIN_SW:.0f} % lower). Against `daps` (its preset: "
-              "Langevin inner loop, its own schedule) the gap also holds the inner solver; against `nfc-modules-off` "
-              "(nfc with the band and the Haar commitment off) only the modules differ.", ""]
-        for bud in budgets:
-            a = index.get((PRESTATED_SETTING, "nfc", bud))
-            for other in ("daps", "nfc-modules-off"):
-                c = index.get((PRESTATED_SETTING, other, bud))
-                d = _delta(a, c, "psnr_sample")
-                if not d:
-                    continue
-                met = (float(d) >= 1.0 and float(a["tv"]) <= float(c["tv"]) - MARGIN_TV
-                       and float(a["sw"]) <= (1 - MARGIN_SW) * float(c["sw"]))
-                L.append(f"- {bud} NFE, nfc - {other}: {d} dB (sample), {_delta(a, c, 'psnr_mean')} dB (mean), tv "
-                         f"{_delta(a, c, 'tv', '+.3f')}, sw {_delta(a, c, 'sw', '+.3f')}: **{'met' if met else 'not met'}**")
-        L.append("")
+        L += _prestated(index, budgets)
     return "\n".join(L) + "\n"
+
+
+def _setting_table(s: str, rows: list[dict[str, Any]], b: dict[str, float], k: int) -> list[str]:
+    """One setting's table: each method's PSNRs and their distance to the bounds, tv, sw, drift, coverage."""
+    L = [f"## {s}", "", f"Bounds: MMSE {b['mmse']:.2f} dB, mean of {k} exact samples {b[f'mean{k}']:.2f} dB, "
+         f"exact sample {b['sample']:.2f} dB; mean largest posterior weight {b['weights_max']:.3f}.", "",
+         "| method | NFE | mean | to bound | sample | to bound | tv | sw | drift early | drift late "
+         "| cov @4 | cov @K | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("note"):
+            L.append(f"| {r['method']} | {r['budget']} | failed: {r['note'][:80]} |" + " |" * 10)
+            continue
+        mean_gap = "" if r.get("psnr_mean") is None else f"{float(r['psnr_mean']) - b[f'mean{k}']:+.2f}"
+        if r["method"] == "exact-mmse":
+            mean_gap = f"{float(r['psnr_mean']) - b['mmse']:+.2f}"
+        samp_gap = "" if r.get("psnr_sample") is None else f"{float(r['psnr_sample']) - b['sample']:+.2f}"
+        cov4 = "" if r.get("cov1_k4") is None else f"{100 * r['cov1_k4']:.0f}/{100 * r['cov2_k4']:.0f}"
+        covk = "" if r.get("cov1_all") is None else f"{100 * r['cov1_all']:.0f}/{100 * r['cov2_all']:.0f}"
+        L.append(f"| {r['method']} | {r['nfe']} | {_cell(r, 'psnr_mean')} | {mean_gap} | {_cell(r, 'psnr_sample')} | "
+                 f"{samp_gap} | {_cell(r, 'tv', '.3f')} | {_cell(r, 'sw', '.3f')} | {_cell(r, 'drift_early', '.3f')} | "
+                 f"{_cell(r, 'drift_late', '.3f')} | {cov4} | {covk} | {_cell(r, 'seconds', '.1f')} |")
+    return L + [""]
+
+
+def _module_effects(rows: list[dict[str, Any]], index: dict, settings: list[str], budgets: list[int],
+                    variants: list[str]) -> list[str]:
+    """NFC minus each ablation (and minus DAPS), per setting and budget."""
+    base = variants[0].rsplit("-", 2)[0]
+    others = variants + (["daps"] if any(r["method"] == "daps" for r in rows) else [])
+    L = [f"## Module effects: {base} minus each variant (positive = {base} better; tv and sw: negative = "
+         f"{base} better)", "", "| setting | NFE | " + " | ".join(f"vs {o}: sample / mean / tv / sw" for o in others)
+         + " |", "|---|---|" + "---|" * len(others)]
+    for s in settings:
+        for bud in budgets:
+            a = index.get((s, base, bud))
+            cells = []
+            for o in others:
+                c = index.get((s, o, bud))
+                cells.append(" / ".join([_delta(a, c, "psnr_sample"), _delta(a, c, "psnr_mean"),
+                                         _delta(a, c, "tv", "+.3f"), _delta(a, c, "sw", "+.3f")]))
+            L.append(f"| {s} | {bud} | " + " | ".join(cells) + " |")
+    return L + [""]
+
+
+def _mean_over_settings(rows: list[dict[str, Any]], index: dict, settings: list[str], budgets: list[int],
+                        bounds: dict[str, dict[str, float]], k: int) -> list[str]:
+    """Each method's distances to the bounds, tv, sw, drift and coverage averaged over settings."""
+    L = ["## Mean over settings", "", "| method | NFE | sample to bound | mean to bound | tv | sw | drift early "
+         "| cov @4 | cov @K |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in dict.fromkeys(r["method"] for r in rows if r["method"] != "exact-mmse"):
+        for bud in ([0] if m.startswith("exact") else budgets):
+            rs = [index[(s, m, bud)] for s in settings if (s, m, bud) in index and not index[(s, m, bud)].get("note")]
+            if not rs:
+                continue
+
+            def avg(key: str, scale: float = 1.0, shift: str | None = None) -> float:
+                vals = [scale * (float(r[key]) - (bounds[r["setting"]][shift] if shift else 0.0))
+                        for r in rs if r.get(key) is not None]
+                return float(np.mean(vals)) if vals else float("nan")
+
+            drift = avg("drift_early")
+            L.append(f"| {m} | {bud} | {avg('psnr_sample', shift='sample'):+.2f} | "
+                     f"{avg('psnr_mean', shift=f'mean{k}'):+.2f} | {avg('tv'):.3f} | {avg('sw'):.3f} | "
+                     f"{'' if math.isnan(drift) else format(drift, '.3f')} | "
+                     f"{avg('cov1_k4', 100):.0f}/{avg('cov2_k4', 100):.0f} | "
+                     f"{avg('cov1_all', 100):.0f}/{avg('cov2_all', 100):.0f} |")
+    return L + [""]
+
+
+def _prestated(index: dict, budgets: list[int]) -> list[str]:
+    """Whether the prediction stated before the run held in :data:`PRESTATED_SETTING`."""
+    L = [f"## Pre-stated setting: {PRESTATED_SETTING}", "",
+         "Stated before the run: NFC's modules beat DAPS here by >= 1 dB (single samples) with a clear margin "
+         f"(tv at least {MARGIN_TV:g} lower, sw at least {100 * MARGIN_SW:.0f} % lower). Against `daps` (its preset: "
+         "Langevin inner loop, its own schedule) the gap also holds the inner solver; against `nfc-modules-off` "
+         "(nfc with the band and the Haar commitment off) only the modules differ.", ""]
+    for bud in budgets:
+        a = index.get((PRESTATED_SETTING, "nfc", bud))
+        for other in ("daps", "nfc-modules-off"):
+            c = index.get((PRESTATED_SETTING, other, bud))
+            d = _delta(a, c, "psnr_sample")
+            if not d:
+                continue
+            met = (float(d) >= 1.0 and float(a["tv"]) <= float(c["tv"]) - MARGIN_TV
+                   and float(a["sw"]) <= (1 - MARGIN_SW) * float(c["sw"]))
+            L.append(f"- {bud} NFE, nfc - {other}: {d} dB (sample), {_delta(a, c, 'psnr_mean')} dB (mean), tv "
+                     f"{_delta(a, c, 'tv', '+.3f')}, sw {_delta(a, c, 'sw', '+.3f')}: **{'met' if met else 'not met'}**")
+    return L + [""]

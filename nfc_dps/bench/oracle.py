@@ -1,32 +1,46 @@
-"""The Gaussian-oracle protocol (:func:`run_oracle`): GaussianSpectralPrior images, a circulant
-blur, and each method's PSNR against the exact MMSE and posterior-sample bounds."""
+"""The Gaussian-oracle protocol (:class:`Oracle`): GaussianSpectralPrior images, a circulant
+blur, and each method's PSNR against the exact MMSE and posterior-sample bounds.
+
+Gray images (alpha 2, pixel std 0.5 model units by default: --oracle-alpha, --oracle-pixel-std),
+circulant Gaussian blur std 1.5 px, sigma_y = 0.05 model units (spec.sigma_y in [0, 1] units).
+PSNR here is on the *unclipped* estimates (the Gaussian's images leave [0, 1]; the bounds are for
+unclipped estimators). A case is one method at one budget over all images in one batch."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
 import math
 import time
-from typing import Any, Callable
+from types import SimpleNamespace
+from typing import Any, Callable, Hashable, Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import stable_seed
-from ..io import atomic_write_text
-from .instruments import machine_description
-from ..distributed import init_distributed, resolve_device
-from .runner import check_folder_record, folder_record
-from .spec import BenchSpec
-from .tables import PartWriter, all_rows, fmt, group_rows, is_failed, mean_std, merge_results, numbers, row_key
-from ..samplers import get_config, counting, get_method
+from ..api import image_generators, stable_seed
 from ..baselines import tv_restore, wiener
+from ..io import atomic_write_text
 from ..metrics import mse, psnr, ssim
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianSpectralPrior
-from ..api import image_generators
+from ..samplers import METHODS, counting, get_config, get_method
+from .grid import RESULTS
+from .runner import Case, Protocol, Row, Table, folder_record
+from .tables import fmt, group_rows, is_failed, mean_std, numbers, row_order
+
+#: the deterministic answers the oracle adds to the samplers (no network)
+CLASSICAL = {"wiener": wiener, "tv": tv_restore}
+#: the exact estimators' rows (closed form; always run)
+EXACT = (("exact-mmse", "deterministic"), ("exact-sample", "sample"))
+BLUR_STD = 1.5
+DEFAULT_BUDGETS = (50, 200)
+DEFAULT_IMAGES = 30
+
+
+def oracle_methods() -> tuple[str, ...]:
+    """The registry names and classical answers the oracle runs (``--methods`` picks among them)."""
+    return tuple(METHODS) + tuple(CLASSICAL)
 
 
 def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
@@ -34,7 +48,7 @@ def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
     inner step, one-step predictor to sigma 1e-5, a posterior *sample* at the last level
     (final_step="sample"), isotropic vs spectral covariance (S from the measurement or the
     prior's true S); NFC with the default final mean step; NFC's ``fast`` and ``fast_psnr``
-    presets with fresh and matched re-noising; the peers at their fast presets."""
+    presets with fresh and matched re-noising; every other sampler of the registry at its fast preset."""
     base = dataclasses.replace(get_config("nfc", "fast"), num_levels=budget, ode_steps=1, ode_sigma_min=1e-5,
                                inner="exact", final_step="sample")
     out = []
@@ -51,126 +65,120 @@ def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
         for renoise in ("fresh", "matched"):
             out.append((f"nfc-{preset}-{renoise}", "nfc",
                         dataclasses.replace(get_config("nfc", preset).with_nfe(budget), renoise=renoise)))
-    for m in ("dps", "diffpir", "ddnm", "ddrm"):
-        out.append((m, m, dataclasses.replace(get_config(m, "fast"), num_steps=budget)))
+    for m in METHODS:
+        if m not in ("nfc", "daps"):
+            out.append((m, m, get_config(m, "fast").with_nfe(budget)))
     return out
 
 
-def run_oracle(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, str]]:
-    """Gaussian-oracle table: GaussianSpectralPrior images (gray, alpha 2, pixel std 0.5 model
-    units by default: --oracle-alpha, --oracle-pixel-std), circulant Gaussian blur std 1.5 px, sigma_y = 0.05 model units (spec.sigma_y in
-    [0, 1] units); each method's PSNR against the exact MMSE and exact-posterior-sample bounds.
-    PSNR here is on the *unclipped* estimates (the Gaussian's images leave [0, 1]; the bounds are
-    for unclipped estimators). Single process (rank 0 works, the others wait)."""
-    t_start = time.perf_counter()
-    d = init_distributed(spec.device)
-    device = resolve_device(spec.device, d)
-    out = spec.out
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, str]] = []
-    if d.rank == 0:
-        n = spec.num_images or 30
-        size = spec.size
+class Oracle(Protocol):
+    """The Gaussian oracle through the benchmark runner: the exact rows, the classical answers,
+    then every (label, method, config) of :func:`oracle_configs` at each budget."""
+
+    tables = (Table(RESULTS.file, RESULTS.columns, RESULTS.key, ("method", "budget")),)
+
+    def prepare(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device
+        self.n = spec.num_images or DEFAULT_IMAGES
+        self.names = [f"g{i:02d}" for i in range(self.n)]
+        self.seeds = [stable_seed(spec.seed, "oracle-sampler", nm) for nm in self.names]
+        self.task = f"gauss_blur{BLUR_STD:g}"
+        self.runs = [(label, method, cfg, b) for b in spec.budgets or DEFAULT_BUDGETS
+                     for label, method, cfg in oracle_configs(b) if method in spec.methods]
+
+    def record(self) -> dict[str, Any]:
+        return folder_record(self.spec, {f"{label}@{b}": cfg for label, _, cfg, b in self.runs}, None)
+
+    def _case(self, label: str, estimator: str, budget: int, item: Any) -> Case:
+        return Case((label, str(budget)), "oracle",
+                    tuple((self.task, nm, label, estimator, str(budget)) for nm in self.names[:1]), item)
+
+    def cases(self) -> list[Case]:
+        out = [self._case(label, est, 0, None) for label, est in EXACT]
+        out += [self._case(label, "deterministic", 0, None) for label in CLASSICAL if label in self.spec.methods]
+        return out + [self._case(label, "deterministic" if cfg.is_deterministic else "sample", b, (method, cfg))
+                      for label, method, cfg, b in self.runs]
+
+    def setup(self, group: Hashable = "oracle", log: Callable[[str], None] = print) -> SimpleNamespace:
+        """The prior, the images x (n, 1, size, size) in [0, 1] units, the blur, y, its transfer
+        function H and the bounds (dB)."""
+        spec, device, size = self.spec, self.device, self.spec.size
         prior = GaussianSpectralPrior((size, size), alpha=spec.oracle_alpha, channels=1,
                                       pixel_std=spec.oracle_pixel_std).to(device)
-        x_m = prior.sample(n, torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-images")),
+        x_m = prior.sample(self.n, torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-images")),
                            dtype=torch.float64, device=device)
+        op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * BLUR_STD) + 1, BLUR_STD), "circular").to(device)
         x = (x_m + 1) / 2
-        std = 1.5
-        op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * std) + 1, std), "circular").to(device)
         y = op.measure(x, spec.sigma_y, torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-noise")))
-        sig_m = 2 * spec.sigma_y
         H = op.transfer_function(size, size, dtype=torch.float64, device=device)
-        mmse_m = prior.mmse(H, sig_m)
-        bound_mmse = -10 * math.log10(mmse_m / 4)
-        bound_sample = -10 * math.log10(2 * mmse_m / 4)
-        names = [f"g{i:02d}" for i in range(n)]
-        seeds = [stable_seed(spec.seed, "oracle-sampler", nm) for nm in names]
-        task = f"gauss_blur{std:g}"
-        existing = all_rows(out)
-        done = {row_key(r) for r in existing if not is_failed(r)}  # failed rows are retried
-        configs = {f"{label}@{b}": cfg for b in spec.budgets or (50, 200) for label, method, cfg in oracle_configs(b)
-                   if method in spec.methods}
-        record, notes = check_folder_record(spec, out / "config.json", folder_record(spec, configs, None),
-                                            {f"{r['method']}@{r['budget']}" for r in existing})
-        for note in notes:
-            log(note)
-        writer = PartWriter(out / "parts" / "rank0.csv")
+        mmse_m = prior.mmse(H, 2 * spec.sigma_y)
+        return SimpleNamespace(prior=prior, x=x, op=op, y=y, H=H, sig_m=2 * spec.sigma_y,
+                               bound_mmse=-10 * math.log10(mmse_m / 4), bound_sample=-10 * math.log10(2 * mmse_m / 4))
 
-        def emit(label: str, est: str, budget: str, xr: Tensor, secs: float, nfe: int, note: str = "") -> None:
-            xr = xr.detach().double()
-            p, e = psnr(xr, x.double()), mse(xr, x.double())
-            s = ssim(xr, x.double())
-            for i, nm in enumerate(names):
-                writer.write({"protocol": "oracle", "task": task, "image": nm, "method": label, "estimator": est,
-                              "budget": budget, "nfe": str(nfe), "psnr": fmt(float(p[i]), ".4f"),
-                              "ssim": fmt(float(s[i]), ".5f"), "mse": fmt(float(e[i]), ".6e"), "lpips": "",
-                              "seconds": fmt(secs / n, ".4f"), "peak_mem_mb": "", "seed": str(seeds[i]), "note": note})
-            log(f"oracle {label} @{budget} [{est}]: PSNR(mean MSE) {-10 * math.log10(float(e.mean())):.2f} dB "
-                f"(sample bound {bound_sample:.2f}, MMSE bound {bound_mmse:.2f}) {secs:.1f}s")
+    def _estimate(self, c: SimpleNamespace, case: Case) -> tuple[Tensor, int]:
+        """One case's estimates of every image (unclipped, [0, 1] units) and the NFE spent."""
+        label, device = case.name[0], self.device
+        if label == "exact-mmse":
+            return (c.prior.posterior_mean(2 * c.y - 1, c.H, c.sig_m) + 1) / 2, 0
+        if label == "exact-sample":
+            g = torch.Generator(device=device).manual_seed(stable_seed(self.spec.seed, "oracle-exact-sample"))
+            return (c.prior.posterior_sample(2 * c.y - 1, c.H, c.sig_m, g) + 1) / 2, 0
+        if case.item is None:
+            xr = CLASSICAL[label](c.op.cpu(), c.y.cpu(), self.spec.sigma_y).to(device)
+            c.op.to(device)
+            return xr, 0
+        method, cfg = case.item
+        counted = counting(c.prior)
+        xr = get_method(method).sample(counted, c.op, c.y, self.spec.sigma_y, tuple(c.x.shape), cfg,
+                                       image_generators(self.seeds, 1, device=device), None)
+        if not torch.isfinite(xr).all():
+            raise FloatingPointError("NaN/Inf in the output")
+        return xr, counted.nfe
 
+    def measure(self, c, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        label, budget = case.name
+        est = case.keys[0][3]
+        base = {"protocol": "oracle", "task": self.task, "method": label, "estimator": est, "budget": budget}
+        t0 = time.perf_counter()
         try:
-            y_m = 2 * y - 1
-            if (task, names[0], "exact-mmse", "deterministic", "0") not in done:
-                t0 = time.perf_counter()
-                xm = (prior.posterior_mean(y_m, H, sig_m) + 1) / 2
-                emit("exact-mmse", "deterministic", "0", xm, time.perf_counter() - t0, 0)
-            if (task, names[0], "exact-sample", "sample", "0") not in done:
-                t0 = time.perf_counter()
-                g = torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-exact-sample"))
-                xs = (prior.posterior_sample(y_m, H, sig_m, g) + 1) / 2
-                emit("exact-sample", "sample", "0", xs, time.perf_counter() - t0, 0)
-            for label, fn in (("wiener", wiener), ("tv", tv_restore)):
-                if label in spec.methods and (task, names[0], label, "deterministic", "0") not in done:
-                    t0 = time.perf_counter()
-                    xr = fn(op.cpu(), y.cpu(), spec.sigma_y).to(device)
-                    op.to(device)
-                    emit(label, "deterministic", "0", xr, time.perf_counter() - t0, 0)
-            for b in spec.budgets or (50, 200):
-                for label, method, cfg in oracle_configs(b):
-                    if method not in spec.methods:
-                        continue
-                    if (task, names[0], label, "sample", str(b)) in done:
-                        continue
-                    t0 = time.perf_counter()
-                    try:
-                        counted = counting(prior)
-                        gens = image_generators(seeds, 1, device=device)
-                        xr = get_method(method).sample(counted, op, y, spec.sigma_y, tuple(x.shape), cfg, gens, None)
-                        if not torch.isfinite(xr).all():
-                            raise FloatingPointError("NaN/Inf in the output")
-                        emit(label, "sample", str(b), xr, time.perf_counter() - t0, counted.nfe)
-                    except Exception as e:  # noqa: BLE001 - a failing config is a noted row
-                        msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-                        for i, nm in enumerate(names):
-                            writer.write({"protocol": "oracle", "task": task, "image": nm, "method": label,
-                                          "estimator": "sample", "budget": str(b), "nfe": str(cfg.nfe), "note": msg,
-                                          "seed": str(seeds[i])})
-                        log(f"oracle {label} @{b}: FAILED {msg}")
-        finally:
-            writer.close()
-        oracle_spec = dataclasses.replace(spec, methods=tuple(dict.fromkeys(
-            ["exact-mmse", "exact-sample", "wiener", "tv"] + [l for l, _, _ in oracle_configs(1)])))
-        rows = merge_results(oracle_spec, names)
-        header = {"label": spec.label} if spec.label else {}
-        header.update({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                       "prior": f"GaussianSpectralPrior {size}x{size} gray, alpha {spec.oracle_alpha:g}, "
-                                f"pixel std {spec.oracle_pixel_std:g} (model units)",
-                       "images": n, "operator": f"circulant Gaussian blur std {std} px ({op.kernel.shape[-1]}x{op.kernel.shape[-1]})",
-                       "sigma_y": f"{sig_m:g} model units ({spec.sigma_y} in [0, 1])",
-                       "machine": machine_description().get("cpu", ""),
-                       "wall time of this invocation": f"{(time.perf_counter() - t_start) / 60:.1f} min"})
-        atomic_write_text(out / "summary.md", oracle_markdown(rows, header, bound_mmse, bound_sample))
-        atomic_write_text(out / "config.json", json.dumps({**record, "header": header,
-                                                            "bound_mmse_db": bound_mmse,
-                                                            "bound_sample_db": bound_sample}, indent=1, default=str))
-        log(f"wrote {out / 'results.csv'} and {out / 'summary.md'}")
-    d.barrier()
-    if d.initialised:
-        import torch.distributed as dist
+            xr, nfe = self._estimate(c, case)
+        except Exception as e:  # noqa: BLE001 - a failing config is a noted row
+            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+            for nm, seed in zip(self.names, self.seeds):
+                yield RESULTS.file, {**base, "image": nm, "nfe": str(case.item[1].nfe if case.item else 0), "note": msg, "seed": str(seed)}
+            log(f"oracle {label} @{budget}: FAILED {msg}")
+            return
+        secs = time.perf_counter() - t0
+        x, xr = c.x.double(), xr.detach().double()
+        p, e, s = psnr(xr, x), mse(xr, x), ssim(xr, x)
+        for i, (nm, seed) in enumerate(zip(self.names, self.seeds)):
+            yield RESULTS.file, {**base, "image": nm, "nfe": str(nfe), "psnr": fmt(float(p[i]), ".4f"),
+                                 "ssim": fmt(float(s[i]), ".5f"), "mse": fmt(float(e[i]), ".6e"), "lpips": "",
+                                 "seconds": fmt(secs / self.n, ".4f"), "peak_mem_mb": "", "seed": str(seed), "note": ""}
+        log(f"oracle {label} @{budget} [{est}]: PSNR(mean MSE) {-10 * math.log10(float(e.mean())):.2f} dB "
+            f"(sample bound {c.bound_sample:.2f}, MMSE bound {c.bound_mmse:.2f}) {secs:.1f}s")
 
-        dist.destroy_process_group()
-    return rows
+    def failed(self, row: Row) -> bool:
+        return is_failed(row)
+
+    def order(self, table: Table, cases) -> Callable[[Row], Any]:
+        labels = [label for label, _ in EXACT] + list(CLASSICAL) + [label for label, _, _ in oracle_configs(1)]
+        return row_order(dataclasses.replace(self.spec, methods=tuple(dict.fromkeys(labels))), self.names)
+
+    def header(self) -> dict[str, Any]:
+        spec, k = self.spec, 2 * math.ceil(4 * BLUR_STD) + 1
+        return {"prior": f"GaussianSpectralPrior {spec.size}x{spec.size} gray, alpha {spec.oracle_alpha:g}, "
+                          f"pixel std {spec.oracle_pixel_std:g} (model units)",
+                "images": self.n, "operator": f"circulant Gaussian blur std {BLUR_STD} px ({k}x{k})",
+                "sigma_y": f"{2 * spec.sigma_y:g} model units ({spec.sigma_y} in [0, 1])"}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        c = self.setup()
+        atomic_write_text(self.spec.out / "summary.md",
+                          oracle_markdown(tables[RESULTS.file], header, c.bound_mmse, c.bound_sample))
+        log(f"wrote {self.spec.out / 'results.csv'} and {self.spec.out / 'summary.md'}")
+        return {"bound_mmse_db": c.bound_mmse, "bound_sample_db": c.bound_sample}
 
 
 def oracle_markdown(rows: list[dict[str, str]], header: dict[str, Any], bound_mmse: float, bound_sample: float) -> str:

@@ -35,7 +35,7 @@ import numpy as np
 
 from .spec import DEFAULT_TASKS
 from .tables import group_rows, load_results, mean_std, numbers
-from .calibration_report import read_calibration_csv
+from .calibration_report import coverage_table, read_calibration_csv
 from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
@@ -275,39 +275,31 @@ def which_table(det: Source, stoch: Source, link: str) -> str:
 
 
 def calibration_table(paths: Sequence[Path], link: str) -> str:
-    """Coverage of the K-sample std map at ±1 / ±2 std, the largest K of each file, per setting."""
-    idx: dict[tuple, float] = {}
-    order: list[tuple[str, int]] = []
-    settings: list[str] = []
-    ks = set()
+    """Coverage of the K-sample std map at ±1 / ±2 std, the largest K of each file, per setting
+    (:func:`~nfc_dps.bench.calibration_report.coverage_table`)."""
+    rows: list[dict] = []
+    columns: dict[str, int] = {}  # setting -> the K of the file it is read from
     for p in paths:
-        rows = read_calibration_csv(p)
-        k = max(r["k"] for r in rows)
-        ks.add(k)
-        for r in rows:
-            if r["k"] != k:
-                continue
-            idx[(r["setting"], r["method"], r["budget"], r["width"])] = r["observed"]
-            if (r["method"], r["budget"]) not in order:
-                order.append((r["method"], r["budget"]))
-            if r["setting"] not in settings:
-                settings.append(r["setting"])
+        file_rows = read_calibration_csv(p)
+        k = max(r["k"] for r in file_rows)
+        rows += [r for r in file_rows if r["k"] == k]
+        for r in file_rows:
+            columns.setdefault(r["setting"], k)
     names = {"gaussian": "Gaussian oracle", "mixture-well-mild-lo": "mixture, one narrow mode",
              "mixture-poor-strong-hi": "mixture, spread over modes"}
-    heads = [names.get(s, s.replace("embedded-", "embedded ").replace("_", " ")) for s in settings]
-    L = ["| method | NFE | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(settings)]
-    order.sort(key=lambda mb: (mb[0] != "exact", list(METHOD_NAMES).index(mb[0]) if mb[0] in METHOD_NAMES else 99,
-                               mb[1]))
-    for method, budget in order:
-        cells = []
-        for s in settings:
-            a, b = idx.get((s, method, budget, 1.0)), idx.get((s, method, budget, 2.0))
-            cells.append("–" if a is None else f"{100 * a:.0f}/{100 * b:.0f}")
-        label = "exact posterior draws" if method == "exact" else f"{METHOD_NAMES.get(method, method)} `fast`"
-        L.append(f"| {label} | {budget or '–'} | " + " | ".join(cells) + " |")
+    heads = [names.get(s, s.replace("embedded-", "embedded ").replace("_", " ")) for s in columns]
+    runs = sorted(dict.fromkeys((r["method"], r["budget"]) for r in rows),
+                  key=lambda mb: (mb[0] != "exact", list(METHOD_NAMES).index(mb[0]) if mb[0] in METHOD_NAMES else 99,
+                                  mb[1]))
+
+    def label(method: str, budget: int) -> str:
+        name = "exact posterior draws" if method == "exact" else f"{METHOD_NAMES.get(method, method)} `fast`"
+        return f"{name} | {budget or '–'}"
+
+    L = coverage_table(rows, list(columns.items()), heads, runs, label)
     L.append("| DPIR, NFC `deterministic` and the classical methods (deterministic: no std map) | – | "
-             + " | ".join("–" for _ in settings) + " |")
-    L += ["", f"% of pixels within ±1 / ±2 sample stds of the mean of K = {'/'.join(str(k) for k in sorted(ks))} "
+             + " | ".join("–" for _ in columns) + " |")
+    L += ["", f"% of pixels within ±1 / ±2 sample stds of the mean of K = {'/'.join(str(k) for k in sorted(set(columns.values())))} "
               "chains. Source: " + " ".join(f"[`{p.parent.name}/{p.name}`]({link}{p.parent.name}/{p.name})"
                                             for p in paths) + "."]
     return "\n".join(L)
@@ -332,7 +324,7 @@ ORACLE_ROWS = {"exact-mmse": "exact posterior mean (MMSE)", "exact-sample": "exa
                "wiener": "Wiener", "tv": "TV", "daps-iso": "DAPS (isotropic covariance, exact inner step)",
                "nfc-spec-y": "NFC (spectral covariance fitted to y, exact inner step)",
                "nfc-fast-fresh": "NFC `fast`", "nfc-fast_psnr-matched": "NFC `fast_psnr`", "dps": "DPS",
-               "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM"}
+               "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM", "dpir": "DPIR"}
 
 
 def _bounds(path: Path) -> str:

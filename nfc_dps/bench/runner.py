@@ -1,35 +1,227 @@
-"""Running the grid (:func:`run`): sharding the (task, image) jobs round-robin over torchrun
-ranks (:class:`Dist`, gloo on CPU, NCCL on GPUs), every missing row of one job
-(:func:`run_job`), the merge on rank 0, and config.json with its fingerprint check."""
+"""The one benchmark runner (:func:`run_protocol`): every protocol (the grid, the Gaussian oracle,
+the Gaussian mixture, the calibration of the std map) supplies its cases and how one case is set up
+and measured (:class:`Protocol`); the runner owns the rest: the output folder's record
+(config.json and the check that a rerun adds rows of the same configuration only), resume (a
+case whose rows are all in the folder is skipped; failed rows are retried), sharding the cases
+round-robin over torchrun ranks (:class:`~nfc_dps.distributed.Dist`), the per-rank part files,
+their merge into each table's CSV in a canonical order on rank 0, and the summary's header."""
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 import datetime
 import json
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
-import numpy as np
 import torch
 
 from ..distributed import Dist, init_distributed, resolve_device
 from ..io import atomic_write_text
-from ..priors.default import prior_identity
-from ..priors.diffusers_prior import resolve_precision
-from .instruments import PeakMemory, lpips_status, machine_description, row_metrics, save_png
-from .measurements import load_images, measurement
-from .plots import make_plots
-from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, MIXTURE_RECORD_KEY, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
-                   method_runs, not_applicable, task_specs)
-from .tables import PartWriter, all_rows, is_failed, merge_results, result_row, row_key, summary_markdown
-from ..priors.default import load_prior
-from ..api import restore
-from ..baselines import restore_classical
-from ..operators import build_operator
+from ..priors.default import load_prior, prior_identity
+from .instruments import machine_description
+from .spec import DIFFUSION_METHODS, MIXTURE_RECORD_KEY, BenchSpec
+from .tables import PartWriter, csv_text, load_results
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Table:
+    """One CSV a protocol writes (OUT/``file``): its ``columns``, the columns that name a row
+    (``key``: a rerun skips rows it has), the columns that name the case that wrote it (``case``),
+    how a row read back from a file becomes values (``parse``) and how values become the file's
+    text (``format``). Part files hold the values as ``str`` writes them (full precision)."""
+
+    file: str
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+    case: tuple[str, ...]
+    parse: Callable[[dict[str, str]], Row] = dict
+    format: Callable[[Row], dict[str, str]] = dict
+
+    def row_key(self, row: Row) -> tuple[str, ...]:
+        return tuple(str(row[c]) for c in self.key)
+
+    def part(self, out: Path, rank: int | str) -> Path:
+        """The part file of ``rank`` (results.csv's are OUT/parts/rank{r}.csv)."""
+        stem = Path(self.file).stem
+        return out / "parts" / (f"rank{rank}.csv" if stem == "results" else f"{stem}-rank{rank}.csv")
+
+    def parts(self, out: Path) -> list[Path]:
+        """The part files of every rank in OUT (an interrupted run's, or this run's before the merge)."""
+        pattern = self.part(out, "*")
+        return sorted(pattern.parent.glob(pattern.name))
+
+    def read(self, out: Path) -> list[Row]:
+        """The table's rows in OUT (its CSV, then the part files), parsed."""
+        return [self.parse(r) for p in [out / self.file, *self.parts(out)] for r in load_results(p)]
+
+    def write(self, out: Path, rows: Sequence[Row]) -> None:
+        atomic_write_text(out / self.file, csv_text([self.format(r) for r in rows], self.columns))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One unit of work: ``name`` (the values of its rows' :attr:`Table.case` columns), ``group``
+    (cases of one group share a :meth:`Protocol.setup`: a measurement, a posterior), ``keys`` (the
+    keys of the rows it writes to the first table: when all are there, the case is done) and
+    ``item`` (what the protocol needs to run it)."""
+
+    name: tuple[str, ...]
+    group: Hashable
+    keys: tuple[tuple[str, ...], ...]
+    item: Any = None
+
+
+class Protocol:
+    """What a protocol supplies to :func:`run_protocol`. ``tables``: its CSVs, the first one the
+    rows that say whether a case is done. Methods run on every rank unless said otherwise."""
+
+    tables: tuple[Table, ...] = ()
+
+    def __init__(self, spec: BenchSpec) -> None:
+        self.spec = spec
+        self.device = torch.device("cpu")
+
+    def prepare(self, device: torch.device) -> None:
+        """Check the spec and load what the cases need (before config.json is written: a refused
+        run leaves its folder as it was)."""
+        self.device = device
+
+    def record(self) -> dict[str, Any]:
+        """What config.json records of the run (:func:`folder_record`)."""
+        return folder_record(self.spec, {}, None)
+
+    def cases(self) -> list[Case]:
+        raise NotImplementedError
+
+    def setup(self, group: Hashable, log: Callable[[str], None]) -> Any:
+        """What the cases of ``group`` share (computed once for consecutive cases of the group)."""
+        return None
+
+    def measure(self, ctx: Any, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        """(table file, row) of every row of ``case`` not in ``done`` (first-table keys)."""
+        raise NotImplementedError
+
+    def failed(self, row: Row) -> bool:
+        """A first-table row a rerun computes again (a method that raised: its reason in ``note``)."""
+        return bool(row.get("note"))
+
+    def order(self, table: Table, cases: Sequence[Case]) -> Callable[[Row], Any]:
+        """The canonical sort key of ``table``'s rows: the order of their cases."""
+        index = {c.name: i for i, c in enumerate(cases)}
+        return lambda r: index.get(tuple(str(r[c]) for c in table.case), len(index))
+
+    def header(self) -> dict[str, Any]:
+        """The protocol's lines of the summary's settings list (rank 0, after the cases)."""
+        return {}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        """Write summary.md and any other output from the merged tables (rank 0); returns what
+        config.json records besides the folder record and the header."""
+        return {}
+
+
+def run_protocol(protocol: Protocol, log: Callable[[str], None] = print) -> dict[str, list[Row]]:
+    """Run (or resume) ``protocol``'s cases into ``protocol.spec.out``; returns the merged tables
+    ({file: rows}) on rank 0 (others: {})."""
+    spec, t_start = protocol.spec, time.perf_counter()
+    d = init_distributed(spec.device)
+    device = resolve_device(spec.device, d)
+    out, main = spec.out, protocol.tables[0]
+    protocol.prepare(device)
+    check_protocol(spec, out / "config.json")  # before its rows are read as this protocol's
+    existing = main.read(out)
+    record, notes = check_folder_record(spec, out / "config.json", protocol.record(),
+                                        {f"{r['method']}@{r['budget']}" for r in existing})
+    cases = protocol.cases()
+    d.barrier()
+    if d.rank == 0:
+        for note in notes:
+            log(note)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "config.json", json.dumps({**_saved(out / "config.json"), **record}, indent=1,
+                                                          default=str))
+    d.barrier()
+    done = {main.row_key(r) for r in existing if not protocol.failed(r)}
+    prefix = f"[rank {d.rank}] " if d.world > 1 else ""
+    _run_cases(protocol, [c for c in cases[d.rank::d.world] if not all(k in done for k in c.keys)], done,
+               {t.file: PartWriter(t.part(out, d.rank), t.columns) for t in protocol.tables}, lambda s: log(prefix + s))
+    d.barrier()
+    tables: dict[str, list[Row]] = {}
+    if d.rank == 0:
+        tables = {t.file: merge_table(protocol, t, cases) for t in protocol.tables}
+        header = run_header(protocol, d, device, time.perf_counter() - t_start)
+        extra = protocol.finish(tables, header, log)
+        atomic_write_text(out / "config.json", json.dumps({**record, "header": header, **extra}, indent=1, default=str))
+    d.barrier()
+    if d.initialised:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return tables
+
+
+def _run_cases(protocol: Protocol, cases: Sequence[Case], done: set[tuple], writers: dict[str, PartWriter],
+               log: Callable[[str], None]) -> None:
+    """Measure ``cases`` in order, the setup of a group once for its consecutive cases, every row
+    to its table's part file as it comes."""
+    group: Any = object()
+    ctx = None
+    try:
+        for case in cases:
+            if case.group != group:
+                group, ctx = case.group, protocol.setup(case.group, log)
+            for file, row in protocol.measure(ctx, case, done, log):
+                writers[file].write(row)
+    finally:
+        for w in writers.values():
+            w.close()
+
+
+def merge_table(protocol: Protocol, table: Table, cases: Sequence[Case]) -> list[Row]:
+    """The table's CSV and part files -> one deduplicated, canonically ordered CSV; parts removed.
+    Of two rows with one key the first is kept, unless it is a failed first-table row (a retry's
+    replaces it); in the other tables the later one (the case's rerun) is kept."""
+    seen: dict[tuple, Row] = {}
+    first = table is protocol.tables[0]
+    for r in table.read(protocol.spec.out):
+        key = table.row_key(r)
+        if key not in seen or not first or protocol.failed(seen[key]):
+            seen[key] = r
+    rows = sorted(seen.values(), key=protocol.order(table, cases))
+    table.write(protocol.spec.out, rows)
+    for p in table.parts(protocol.spec.out):
+        p.unlink()
+    with contextlib.suppress(OSError):
+        (protocol.spec.out / "parts").rmdir()
+    return rows
+
+
+def run_header(protocol: Protocol, d: Dist, device: torch.device, seconds: float) -> dict[str, Any]:
+    """The settings list at the top of summary.md: the label, the date, the protocol's lines, the
+    machine, the device and processes, torch and its threads, the wall time."""
+    spec, mach = protocol.spec, machine_description()
+    h: dict[str, Any] = {"label": spec.label} if spec.label else {}
+    h["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    h.update(protocol.header())
+    h.update({
+        "machine": f"{mach.get('cpu', platform.processor())}, nproc {mach['nproc']}, RAM {mach.get('ram_gib', '?')} GiB"
+                   + (f", GPU {mach['gpu']}" if "gpu" in mach else ""),
+        "device / processes": f"{device} / {d.world}",
+        "torch": mach["torch"],
+        "torch threads": torch.get_num_threads(),
+        "wall time of this invocation": f"{seconds / 60:.1f} min",
+    })
+    return h
+
+
+# --------------------------------------------------------------------------- the folder's record
 
 
 def prior_record(path: str | None) -> dict[str, Any]:
@@ -50,164 +242,12 @@ def load_bench_prior(spec: BenchSpec, device: torch.device):
         raise FileNotFoundError(f"{e}\nPass --prior DIR (e.g. runs/prior/export, the training job's export).") from e
 
 
-def run_job(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray, runs: list[MethodRun], prior, device,
-            done: set[tuple], writer: PartWriter, notes: list[str], log: Callable[[str], None]) -> None:
-    """All methods of one (task, image): measurement once, then every missing row."""
-    op, x, y, meta = measurement(spec, task, image, img)
-    seed = meta["sampler_seed"]
-    dev_op = None
-    for run in runs:
-        ests = estimators(run, spec.samples)
-        keys = [(task.name, image, run.label, e, budget_str(run)) for e in ests]
-        if all(k in done for k in keys):
-            continue
-        reason = not_applicable(run, op)
-        if reason is not None:
-            notes.append(f"{task.name} / {run.label}: skipped, {reason}")
-            continue
-        label = f"{task.name}/{image}/{run.label}" + ("" if run.budget is None else f"@{run.budget}")
-        try:
-            if run.method in CLASSICAL_METHODS:
-                with PeakMemory(torch.device("cpu")) as mem:
-                    t0 = time.perf_counter()
-                    xr = restore_classical(run.method, op, y, spec.sigma_y)
-                    secs = time.perf_counter() - t0
-                outs = {"deterministic": (xr, 0, secs)}
-            else:
-                if dev_op is None:
-                    dev_op = op if device.type == "cpu" else copy.deepcopy(op).to(device)
-                with PeakMemory(device) as mem:
-                    t0 = time.perf_counter()
-                    res = restore(y.to(device), dev_op, prior=prior, method=run.method, config=run.config,
-                                  sigma_y=spec.sigma_y, seed=seed, progress=False,
-                                  num_samples=1 if ests == ["deterministic"] else spec.samples)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    secs = time.perf_counter() - t0
-                if ests == ["deterministic"]:
-                    outs = {"deterministic": (res.image, res.nfe, secs)}
-                elif spec.samples > 1:  # K chains in one call: a sample costs one chain, the mean all K
-                    k = spec.samples
-                    outs = {"sample": (res.samples[0], res.nfe, secs / k), f"mean{k}": (res.image, k * res.nfe, secs)}
-                else:
-                    outs = {"sample": (res.image, res.nfe, secs)}
-            for est, (xr, nfe, row_secs) in outs.items():
-                if (task.name, image, run.label, est, budget_str(run)) in done:
-                    continue
-                met = row_metrics(xr, x)
-                writer.write(result_row(spec, task.name, image, run, est, nfe=nfe, seconds=row_secs, peak_mem_mb=mem.mb,
-                                  seed=seed if run.method not in CLASSICAL_METHODS else "", **met))
-                if spec.save_images:
-                    save_png(spec.out / "images" / task.name / image / f"{run.label.replace(':', '-')}-{est}-{budget_str(run)}.png",
-                              xr[0].detach().cpu().clamp(0, 1))
-                log(f"{label} [{est}] psnr {met['psnr']:.2f} ssim {met['ssim'] if met['ssim'] is not None else float('nan'):.3f} "
-                    f"{secs:.1f}s")
-        except Exception as e:  # noqa: BLE001 - a failing method is a row with a note, not a crashed benchmark
-            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-            for est in ests:
-                writer.write(result_row(spec, task.name, image, run, est, nfe=0 if run.config is None else run.config.nfe, note=msg))
-            log(f"{label}: FAILED {msg}")
-
-
-def run(spec: BenchSpec, log: Callable[[str], None] = print) -> list[dict[str, str]]:
-    """Run (or resume) the grid; returns the merged rows on rank 0 (others: [])."""
-    t_start = time.perf_counter()
-    d = init_distributed(spec.device)
-    device = resolve_device(spec.device, d)
-    out = spec.out
-    cfg_path = out / "config.json"
-    runs = method_runs(spec)
-    needs_prior = any(r.method in DIFFUSION_METHODS for r in runs)
-    # hashed once (config.json and summary.md record the same); a classical-only grid uses no prior
-    prior_info = prior_record(spec.prior) if needs_prior else None
-    # bfloat16 and float32 rows differ: the resolved precision is part of what the folder's rows are
-    precision = resolve_precision(spec.precision, device) if needs_prior else None
-    # every rank checks: an error on one rank only would leave the others waiting
-    existing = all_rows(out)
-    record, notes_on_folder = check_folder_record(
-        spec, cfg_path, folder_record(spec, column_configs(runs), prior_info, precision),
-        {f"{r['method']}@{r['budget']}" for r in existing})
-    all_tasks = task_specs(spec.protocol, spec.size, spec.boundary)
-    unknown = [t for t in spec.tasks if t not in all_tasks]
-    if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(all_tasks)}")
-    images = load_images(spec)
-    # config.json only once everything validated: a refused run leaves the folder as it was
-    d.barrier()
-    if d.rank == 0:
-        for note in notes_on_folder:
-            log(note)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cfg_path, json.dumps({**_saved(cfg_path), **record}, indent=1, default=str))
-    d.barrier()
-    names = [n for n, _ in images]
-    done = {row_key(r) for r in existing if not is_failed(r)}  # failed rows are retried
-    jobs = [(t, n) for t in spec.tasks for n in names]
-    mine = jobs[d.rank::d.world]
-    prior = None
-    notes: list[str] = []
-    prefix = f"[rank {d.rank}] " if d.world > 1 else ""
-    writer = PartWriter(out / "parts" / f"rank{d.rank}.csv")
-    imgs = dict(images)
-    try:
-        for t, n in mine:
-            todo = [r for r in runs for e in estimators(r, spec.samples)
-                    if (t, n, r.label, e, budget_str(r)) not in done]
-            if not todo:
-                continue
-            if needs_prior and prior is None:
-                prior = load_bench_prior(spec, device)
-                with torch.no_grad():  # warm-up call, so that the first timed method pays no set-up cost
-                    prior.denoise(torch.zeros(1, prior.channels, spec.size, spec.size, device=device),
-                                  torch.ones(1, device=device))
-            run_job(spec, all_tasks[t], n, imgs[n], runs, prior, device, done, writer, notes,
-                    lambda s: log(prefix + s))
-    finally:
-        writer.close()
-    # applicability notes are cheap to recompute for the summary (jobs of every rank)
-    if d.rank == 0:
-        for t in spec.tasks:
-            ts = all_tasks[t]
-            op = build_operator(ts.name, spec.size, 0, **ts.params)
-            for r in runs:
-                why = not_applicable(r, op)
-                if why:
-                    notes.append(f"{t} / {r.label}: skipped, {why}")
-    d.barrier()
-    rows: list[dict[str, str]] = []
-    if d.rank == 0:
-        rows = merge_results(spec, names)
-        header = _header(spec, d, device, time.perf_counter() - t_start, names, prior_info)
-        atomic_write_text(cfg_path, json.dumps({**record, "header": header}, indent=1, default=str))
-        # the tables average over this run's images only (results.csv keeps every row of the folder)
-        this_run = set(names)
-        table_rows = [r for r in rows if r["image"] in this_run]
-        others = sorted({r["image"] for r in rows} - this_run)
-        if others:
-            notes.append(f"results.csv also holds rows of {len(others)} image(s) not in this run "
-                         f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); the tables leave them out")
-        plots = make_plots(spec, table_rows, names, log) if spec.plots else []
-        atomic_write_text(out / "summary.md", summary_markdown(spec, table_rows, header, notes, plots))
-        log(f"wrote {out / 'results.csv'} ({len(rows)} rows) and {out / 'summary.md'}")
-    d.barrier()
-    if d.initialised:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    return rows
-
-
-def column_configs(runs: list[MethodRun]) -> dict[str, Any]:
-    """{"label@budget": sampler config} of every diffusion column of the grid."""
-    return {f"{r.label}@{budget_str(r)}": r.config for r in runs if r.config is not None}
-
-
 def folder_record(spec: BenchSpec, configs: dict[str, Any], prior: dict[str, Any] | None,
                   precision: str | None = None) -> dict[str, Any]:
     """What config.json records so that a rerun into the same folder adds rows only of the same
     configuration: the spec's fingerprint, the resolved sampler config of every diffusion column
     (``configs``: "label@budget" -> config dataclass; the row key leaves them out) and the prior's
-    content hash (``prior``: its :func:`prior_record`, None when the grid uses no prior) and the
+    content hash (``prior``: its :func:`prior_record`, None when the run uses no prior) and the
     network's resolved ``precision``."""
     record: dict[str, Any] = {"fingerprint": spec.fingerprint(), "spec": spec_json(spec),
                               "configs": {column: dataclasses.asdict(c) for column, c in configs.items()}}
@@ -222,6 +262,19 @@ def _saved(cfg_path: Path) -> dict[str, Any]:
     return json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
 
 
+def check_protocol(spec: BenchSpec, cfg_path: Path) -> None:
+    """Refuse a folder that holds another protocol's results (its record names the protocol;
+    records of the mixture and calibration protocols written before they had a fingerprint name it
+    by their own keys)."""
+    saved = _saved(cfg_path)
+    if "fingerprint" in saved:
+        old = saved["fingerprint"].get("protocol")
+    else:
+        old = "mixture" if MIXTURE_RECORD_KEY in saved else "calibration" if "settings" in saved else None
+    if old not in (None, spec.protocol):
+        raise ValueError(f"{spec.out} holds results of another protocol ({old}, {cfg_path}); use another --out")
+
+
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys where two JSON values differ, as 'key: old -> new'."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -232,14 +285,13 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
                         columns_with_rows: set[str]) -> tuple[dict[str, Any], list[str]]:
-    """Refuse to mix rows of another configuration into an existing output folder: another spec
-    fingerprint, another prior, or a column ("label@budget") with rows whose sampler config
-    changed (a preset edited since). Columns without rows (an interrupted run) are not compared.
-    Returns the record to save (the configs of the folder's columns that have rows, and this
-    run's) and notes for the log (a folder written before configs were recorded)."""
+    """Refuse to mix rows of another configuration into an existing output folder: another
+    protocol, another spec fingerprint, another prior, or a column ("label@budget") with rows whose
+    sampler config changed (a preset edited since). Columns without rows (an interrupted run) are
+    not compared. Returns the record to save (the configs of the folder's columns that have rows,
+    and this run's) and notes for the log (a folder written before configs were recorded)."""
+    check_protocol(spec, cfg_path)
     saved = _saved(cfg_path)
-    if MIXTURE_RECORD_KEY in saved:  # the mixture protocol's record: its rows have other columns
-        raise ValueError(f"{spec.out} holds results of the mixture protocol ({cfg_path}); use another --out")
     problems, notes = [], []
     old_fp = saved.get("fingerprint")
     if old_fp is not None and old_fp != record["fingerprint"]:
@@ -273,38 +325,3 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
 def spec_json(spec: BenchSpec) -> dict[str, Any]:
     """The spec as JSON-ready values (paths as strings), for config.json."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(spec).items()}
-
-
-def _header(spec: BenchSpec, d: Dist, device: torch.device, seconds: float, names: Sequence[str],
-            prior: dict[str, Any] | None) -> dict[str, Any]:
-    """The settings list at the top of summary.md (``prior``: its :func:`prior_record`, None when
-    the grid uses no network; images, noise, machine, ...)."""
-    mach = machine_description()
-    h: dict[str, Any] = {}
-    if spec.label:
-        h["label"] = spec.label
-    if prior is not None:
-        h["prior"] = prior
-        h["network precision"] = resolve_precision(spec.precision, device)
-    else:
-        h["prior"] = "none (classical methods only)"
-    h.update({
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
-                  + (f", centre crop {spec.size * spec.zoom} px area-averaged by {spec.zoom}"
-                     if spec.protocol == "local" and not spec.images and spec.zoom > 1 else ""),
-        "sigma_y": f"{spec.sigma_y} in [0, 1] units (= {2 * spec.sigma_y:g} in [-1, 1])",
-        "preset / budgets": f"{spec.preset} / {', '.join(map(str, spec.budgets)) or 'preset NFE'}",
-        "samples per image": spec.samples,
-        "seed": spec.seed,
-        "blur boundary": spec.boundary,
-        "machine": f"{mach.get('cpu', platform.processor())}, nproc {mach['nproc']}, RAM {mach.get('ram_gib', '?')} GiB"
-                   + (f", GPU {mach['gpu']}" if "gpu" in mach else ""),
-        "device / processes": f"{device} / {d.world}",
-        "torch": mach["torch"],
-        "wall time of this invocation": f"{seconds / 60:.1f} min",
-        "LPIPS": lpips_status()[1],
-    })
-    if spec.overrides:
-        h["overrides"] = spec.overrides
-    return h

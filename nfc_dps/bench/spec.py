@@ -16,7 +16,7 @@ from ..baselines import applicable
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
 DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
-PROTOCOLS = ("local", "paper", "oracle", "mixture")
+PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration")
 
 FORMAT_VERSION = 1
 
@@ -100,6 +100,11 @@ class BenchSpec:
     label: str = ""
     oracle_alpha: float = 2.0
     oracle_pixel_std: float = 0.5
+    #: the calibration protocol's NFE on the embedded prior, its validation tiles there and the
+    #: coverage its calibrated interval targets
+    embedded_budget: int = 20
+    validation_images: int = 9
+    coverage: float = 0.9
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings that change a row's numbers (an existing OUT must agree on them)."""
@@ -109,6 +114,10 @@ class BenchSpec:
         if self.protocol == "oracle":
             fp.update(num_images=self.num_images, oracle_alpha=self.oracle_alpha,
                       oracle_pixel_std=self.oracle_pixel_std)
+        if self.protocol in ("mixture", "calibration"):
+            fp.update(num_images=self.num_images)
+        if self.protocol == "calibration":
+            fp.update(validation_images=self.validation_images, coverage=self.coverage)
         if self.samples > 1:  # a mean-of-K row's NFE and seconds count all K chains (folders without this key: one chain's NFE)
             fp["mean_rows_count"] = "all chains"
         return fp

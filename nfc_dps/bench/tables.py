@@ -1,10 +1,9 @@
 """The grid's results files and tables: results.csv's columns, the per-rank part files
-(:class:`PartWriter`), their merge into one canonically ordered results.csv
-(:func:`merge_results`), and summary.md (:func:`summary_markdown`)."""
+(:class:`PartWriter`), the canonical row order (:func:`row_order`), and summary.md
+(:func:`summary_markdown`)."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
@@ -14,7 +13,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..io import atomic_write_text
 from .spec import BenchSpec, MethodRun, budget_str
 
 
@@ -41,41 +39,38 @@ def load_results(path: Path) -> list[dict[str, str]]:
         return [dict(r) for r in csv.DictReader(f)]
 
 
-def row_key(row: dict[str, str]) -> tuple[str, ...]:
-    """The columns that identify a row (task, image, method, estimator, budget)."""
-    return tuple(str(row[k]) for k in KEY)
-
-
 def is_failed(row: dict[str, str]) -> bool:
     """A row a method failed to produce: no PSNR, the reason in its note (a rerun retries it)."""
     return not row.get("psnr") and bool(row.get("note"))
 
 
-def _csv_text(rows: list[dict[str, str]]) -> str:
-    """results.csv's text: the header and ``rows`` in COLUMNS order."""
+def csv_text(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
+    """A CSV's text: the header and ``rows`` in ``columns`` order (a missing value empty)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({c: r.get(c, "") for c in COLUMNS})
+        w.writerow({c: r.get(c, "") for c in columns})
     return buf.getvalue()
 
 
 class PartWriter:
-    """Appends rows to OUT/parts/rank{r}.csv, flushed row by row (an interrupted run keeps them)."""
+    """Appends rows to a part file (OUT/parts/rank{r}.csv), flushed row by row (an interrupted run
+    keeps them). Values are written as ``str`` writes them (a float in full precision, None empty)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, columns: Sequence[str] = COLUMNS) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.columns = list(columns)
         new = not self.path.is_file() or self.path.stat().st_size == 0
         self._f = open(self.path, "a", newline="")
-        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n")
         if new:
             self._w.writeheader()
             self._f.flush()
 
-    def write(self, row: dict[str, str]) -> None:
-        self._w.writerow({c: row.get(c, "") for c in COLUMNS})
+    def write(self, row: dict[str, Any]) -> None:
+        self._w.writerow({c: row.get(c, "") for c in self.columns})
         self._f.flush()
         os.fsync(self._f.fileno())
 
@@ -83,15 +78,7 @@ class PartWriter:
         self._f.close()
 
 
-def all_rows(out: Path) -> list[dict[str, str]]:
-    """The rows of OUT/results.csv and of every part file left in OUT/parts."""
-    rows = load_results(out / "results.csv")
-    for part in sorted((out / "parts").glob("rank*.csv")) if (out / "parts").is_dir() else []:
-        rows += load_results(part)
-    return rows
-
-
-def _order(spec: BenchSpec, image_names: Sequence[str]) -> Callable[[dict[str, str]], tuple]:
+def row_order(spec: BenchSpec, image_names: Sequence[str]) -> Callable[[dict[str, str]], tuple]:
     """The canonical sort key of rows: the spec's task, image and method order, then estimator and budget."""
     tasks = {t: i for i, t in enumerate(spec.tasks)}
     images = {n: i for i, n in enumerate(image_names)}
@@ -105,25 +92,6 @@ def _order(spec: BenchSpec, image_names: Sequence[str]) -> Callable[[dict[str, s
                 methods.get(r["method"], len(methods)), r["method"], est_rank(r["estimator"]), int(r["budget"] or 0))
 
     return key
-
-
-def merge_results(spec: BenchSpec, image_names: Sequence[str]) -> list[dict[str, str]]:
-    """results.csv + part files -> one deduplicated, canonically ordered results.csv; parts removed.
-    Of two rows with the same key the first is kept, unless it is a failed row (a retry's replaces it)."""
-    seen: dict[tuple, dict[str, str]] = {}
-    for r in all_rows(spec.out):
-        key = row_key(r)
-        if key not in seen or is_failed(seen[key]):
-            seen[key] = r
-    rows = sorted(seen.values(), key=_order(spec, image_names))
-    atomic_write_text(spec.out / "results.csv", _csv_text(rows))
-    parts = spec.out / "parts"
-    if parts.is_dir():
-        for p in parts.glob("rank*.csv"):
-            p.unlink()
-        with contextlib.suppress(OSError):
-            parts.rmdir()
-    return rows
 
 
 def result_row(spec: BenchSpec, task: str, image: str, run: MethodRun, estimator: str, **vals: Any) -> dict[str, str]:
@@ -167,7 +135,7 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
     timing and memory, notes."""
     groups = group_rows(rows)
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    order = _order(spec, [])
+    order = row_order(spec, [])
     cols = sorted({(g[1], g[2], g[3]) for g in groups},
                   key=lambda k: order({"task": "", "image": "", "method": k[0], "estimator": k[1], "budget": k[2]}))
     L = [f"# Benchmark summary ({spec.protocol} protocol)", ""]

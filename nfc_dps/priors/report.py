@@ -33,7 +33,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -120,20 +119,6 @@ def training_job_pids() -> list[int]:
         if "train-prior" in cmd and int(d.name) != os.getpid():
             pids.append(int(d.name))
     return sorted(pids)
-
-
-def machine_info() -> dict:
-    """The machine the timings ran on, its load, and the training jobs sharing it."""
-    return {
-        "cpu": machine_description().get("cpu"),  # the CPU model (timings compare within one)
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "training_job_pids": training_job_pids(),
-    }
 
 
 # ----------------------------------------------------------------------------- prior loading
@@ -450,7 +435,8 @@ def prior_report(settings: ReportSettings, log: Log = lambda msg: None) -> dict:
         "margins": margins,
         "per_image": per_image,
         "timing": timing,
-        "machine": machine_info(),  # after the work: load average and training job state as timed
+        # after the work: load average and training job state as timed
+        "machine": {**machine_description(), "training_job_pids": training_job_pids()},
         "acceptance": acceptance(margins, timing),
         "wall_seconds": None,
     }

@@ -76,7 +76,7 @@ def markdown(report: dict) -> str:
         + (f"; network precision {p['precision']}" if "precision" in p else "")
         + (f" (as sampled in float32: {tim['tiled_float32']['median_s']:.2f} s, min {tim['tiled_float32']['min_s']:.2f} s)"
            if "tiled_float32" in tim else "")
-        + f"; {m['torch_threads']} torch threads on {m['cpu_count']} cores"
+        + f"; {m['torch_threads']} torch threads on {m['nproc']} cores"
         + (f" ({m['cpu']}, {m['cpu_capability']})" if m.get("cpu") else "") + f", training job {job} "
         f"(load average {m['load_average_1_5_15'][0]:.1f} at the end).",
         "",
