@@ -501,3 +501,13 @@ def test_the_committed_rows_are_seeded_as_the_harness_seeds_them_now():
     assert {r["task"] for r in seeded} >= {"sr_bicubic", "deblur_gaussian"}
     for r in seeded:
         assert int(r["seed"]) == stable_seed(0, "sampler", seed_name(r["task"]), r["image"]), r
+
+
+def test_paper_protocol_takes_photographs_by_name_or_a_folder(tmp_path):
+    """The paper protocol's images: --images, or scikit-image photographs by name (the held-out ones
+    are its test images); neither is an error that names both flags."""
+    spec = BenchSpec(protocol="paper", out=tmp_path, size=32, zoom=1, image_names=("camera", "coffee"))
+    imgs = load_images(spec)
+    assert [n for n, _ in imgs] == ["camera", "coffee"] and all(a.shape == (32, 32, 3) for _, a in imgs)
+    with pytest.raises(ValueError, match="--images DIR.*--image-names"):
+        load_images(BenchSpec(protocol="paper", out=tmp_path, size=32))

@@ -63,8 +63,9 @@ def load_images(spec: BenchSpec) -> list[tuple[str, np.ndarray]]:
     """[(name, (H, W, 3) float32 in [0, 1])] for the protocol."""
     if spec.images:
         imgs = _load_folder(Path(spec.images), spec.size)
-    elif spec.protocol == "paper":
-        raise ValueError("the paper protocol needs --images DIR (e.g. FFHQ 256 validation images)")
+    elif spec.protocol == "paper" and not spec.image_names:
+        raise ValueError("the paper protocol needs --images DIR (e.g. FFHQ 256 validation images) or "
+                         "--image-names (scikit-image photographs, e.g. the held-out astronaut,coffee,chelsea,camera)")
     else:
         names = spec.image_names or HELDOUT_IMAGES
         imgs = [(n, _center_crop_zoom(load_skimage_image(n), spec.size, spec.zoom)) for n in names]
