@@ -189,7 +189,7 @@ def not_applicable(run: MethodRun, op) -> str | None:
     """Why ``run`` cannot restore with ``op`` (a note for the summary), or None."""
     if run.method in CLASSICAL_METHODS:
         return applicable(run.method, op)
-    if run.method == "ddrm" and op.diagonal_basis is None:
+    if run.method == "ddrm" and op.decomposition() is None:
         boundary = op.describe().get("boundary")
         return f"DDRM needs a diagonalisable operator (circulant blur, inpainting, denoising); {type(op).__name__}" \
                f"{f' ({boundary} boundary)' if boundary else ''} is not"

@@ -58,7 +58,7 @@ from .common import (
 from .gaussian_step import (
     conditional_error_variance,
     fit_spectrum_from_measurement,
-    gram_eigenvalues_for_matching,
+    normal_eigenvalues,
     gaussian_conditional,
     is_nonwrapping_blur,
     pixel_coverage,
@@ -330,10 +330,9 @@ def sample_nfc(
     if cfg.prior_covariance == "spectral" and (cfg.inner == "exact" or cfg.final_step == "mean"):
         coverage = pixel_coverage(operator, torch.zeros(image_shape, dtype=y.dtype, device=y.device))
 
-    gram, fft_ordered = None, False
+    gram = None
     if cfg.renoise == "matched":
-        gram, fft_ordered = gram_eigenvalues_for_matching(operator, *image_shape[-2:])
-        gram = gram.to(device=y.device, dtype=y.dtype)
+        gram = normal_eigenvalues(operator, image_shape, y.dtype, y.device)
     if cfg.start == "noise":
         with phase("renoise"):
             x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
@@ -375,7 +374,7 @@ def sample_nfc(
                 x = x0 + sigma_next * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         elif sigma_next > 0 and cfg.renoise == "matched":
             with phase("renoise"):
-                err2 = conditional_error_variance(gram, prob.sigma, prior_var, cfg.inner_temperature, fft_ordered)
+                err2 = conditional_error_variance(gram, prob.sigma, prior_var, cfg.inner_temperature)
                 std = (sigma_next**2 - err2).clamp(min=0).sqrt().to(x0.dtype)
                 x = x0 + std.view(-1, 1, 1, 1) * randn_per_image(x0.shape, generators, x0.dtype, x0.device)
         else:
