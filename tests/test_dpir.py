@@ -211,8 +211,9 @@ def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_pr
     from nfc_dps.samplers.nfc import level_sigmas
 
     cfg, size, sigma_y = get_config("nfc"), 64, 0.05  # sigma_y in model units (0.025 in [0, 1])
-    for name, task in task_specs("local", size, "circular").items():
-        op = build_operator(task.name, size, 0, **task.params)
+    specs = task_specs("local", size, "circular")
+    for name in (*DEFAULT_TASKS, "denoise"):
+        op = build_operator(name, size, 0, **specs[name].params)
         sigmas = level_sigmas(cfg, op, sigma_y, prior_sigma_max=80.0)
         gram = normal_eigenvalues(op, (size, size), torch.float64)
         ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0))

@@ -12,6 +12,7 @@ from ..baselines import CLASSICAL_METHODS
 from ..samplers import METHODS
 from ..samplers import get_config
 from ..baselines import applicable
+from ..operators import TASKS
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
@@ -52,6 +53,8 @@ def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
         TaskSpec("deblur_motion", {**mk, **blur}),
         TaskSpec("denoise", {}),
     ]
+    # every other registered task that reads no file, at its default parameters (opt-in: --tasks)
+    specs += [TaskSpec(name, {}) for name, t in TASKS.items() if not t.reads and name not in {s.name for s in specs}]
     return {s.name: s for s in specs}
 
 
