@@ -17,9 +17,9 @@ class CroppedOperator(LinearOperator):
     it off. Adjoint: zero-pad A^T y. The prox and pseudo-inverse fall back to the base class's
     conjugate gradients (the inner operator's closed forms do not survive the crop).
 
-    Declared structure: the inner operator's family, blur kernel and downsampling factor (what
-    is applied to the image region); ``image_region()`` = (H, W). Not circulant and no pixel
-    mask on the canvas (the crop is diagonal in neither basis), so no diagonal basis.
+    Declared structure: the inner operator's family, channels, blur kernel and downsampling
+    factor (what is applied to the image region); ``image_region()`` = (H, W). Not circulant and
+    no pixel mask on the canvas (the crop is diagonal in neither basis), so no decomposition.
     """
 
     name = "cropped"
