@@ -97,7 +97,7 @@ def as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
 
         def back(x: Tensor) -> np.ndarray:
             a = x[0].permute(1, 2, 0).cpu().numpy()
-            return a[..., 0] if gray else a
+            return a[..., 0] if gray and a.shape[-1] == 1 else a  # a gray measurement may restore to colour
 
         return _unit_float(t), back
     if not isinstance(y, Tensor):
@@ -381,6 +381,9 @@ class _Problem:
             else:
                 raise ValueError(f"measurement has {c} channels but the prior models {pc}")
         image_shape = tuple(operator.image_shape(batch.shape))
+        if image_shape[1] != pc:
+            raise ValueError(f"the operator restores {image_shape[1]}-channel images from this measurement, "
+                             f"but the prior models {pc}")
         h, w = image_shape[-2:]
         mult = prior.size_multiple
         if h % mult or w % mult:  # restore on a padded canvas; the border is filled by the prior

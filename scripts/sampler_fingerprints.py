@@ -24,11 +24,13 @@ from pathlib import Path
 import torch
 
 from nfc_dps import build_operator
+from nfc_dps.operators import TASKS as REGISTRY
 from nfc_dps.baselines import CLASSICAL_METHODS, NotApplicable, restore_classical
 from nfc_dps.priors.gaussian import GaussianSpectralPrior
 from nfc_dps.samplers import METHODS, get_config
 
-TASKS = ("sr_bicubic", "sr_average", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion", "denoise")
+#: every registered task that reads no file
+TASKS = tuple(name for name, task in REGISTRY.items() if not task.reads)
 SIZE = 32
 SIGMA_Y = 0.025
 # the paper presets run hundreds of steps; cap every preset at a few levels/steps for speed
@@ -62,6 +64,8 @@ def fingerprints() -> dict[str, str]:
             if task.startswith("deblur"):
                 params = {"kernel_size": 9}
             op = build_operator(task, image_size=SIZE, seed=0, **params)
+            if op.image_channels not in (None, channels):
+                continue
             y = op.measure(truth, SIGMA_Y, generator=torch.Generator().manual_seed(2))
             for name in CLASSICAL_METHODS:
                 try:

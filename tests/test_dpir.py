@@ -151,20 +151,22 @@ def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
     kernel, stands in (the fast_psnr preset runs on it); an operator with no structure at all is a
     clear error."""
     from nfc_dps.operators import LinearOperator
-    from nfc_dps.samplers.gaussian_step import gram_eigenvalues_for_matching
+    from nfc_dps.samplers.gaussian_step import normal_eigenvalues
 
     kernel = gaussian_kernel(9, 1.5)
     reflect = BlurOperator(kernel, "reflect")
     assert reflect.gram_eigenvalues(SIZE, SIZE) is None
-    gram, fft_ordered = gram_eigenvalues_for_matching(reflect, SIZE, SIZE)
-    assert not fft_ordered and torch.equal(gram, BlurOperator(kernel, "circular").gram_eigenvalues(SIZE, SIZE))
+    gram = normal_eigenvalues(reflect, (SIZE, SIZE), torch.float64)
+    assert gram.decomposition is None  # in no particular order: a spectral prior counts by its mean
+    assert torch.equal(gram.values, BlurOperator(kernel, "circular").gram_eigenvalues(SIZE, SIZE))
     # on a padded canvas (restore() pads to the prior's size multiple) the padding is unobserved
     from nfc_dps.operators import CroppedOperator
 
     cropped = CroppedOperator(reflect, (SIZE - 3, SIZE - 2), (SIZE, SIZE))
-    gram_c, fft_ordered = gram_eigenvalues_for_matching(cropped, SIZE, SIZE)
+    gram_c = normal_eigenvalues(cropped, (SIZE, SIZE), torch.float64)
     inner = BlurOperator(kernel, "circular").gram_eigenvalues(SIZE - 3, SIZE - 2)
-    assert not fft_ordered and torch.equal(gram_c, torch.cat([inner, inner.new_zeros(SIZE * SIZE - inner.numel())]))
+    assert gram_c.decomposition is None
+    assert torch.equal(gram_c.values, torch.cat([inner, inner.new_zeros(SIZE * SIZE - inner.numel())]))
     prior, _, _, x, _ = oracle_problem(1, seed=1)
     y = reflect.measure(((x + 1) / 2).float(), 0.025, torch.Generator().manual_seed(0))
     cfg = get_config("nfc", "fast_psnr", num_levels=4)
@@ -185,7 +187,7 @@ def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
 def test_conditional_error_variance_with_a_spectral_prior_on_a_circulant_operator():
     """Per-frequency C (two images, two spectra) on a circulant blur: the trace of
     (A^T A / sigma_y^2 + C^-1)^-1 per pixel, from dense matrices in the pixel basis."""
-    from nfc_dps.samplers.gaussian_step import conditional_error_variance
+    from nfc_dps.samplers.gaussian_step import conditional_error_variance, normal_eigenvalues
 
     h = w = 6
     op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
@@ -194,13 +196,13 @@ def test_conditional_error_variance_with_a_spectral_prior_on_a_circulant_operato
     spectra = torch.stack([0.5 / (1 + 40 * radius2), 0.2 / (1 + 10 * radius2)])[:, None]  # (2, 1, h, w)
     eye = torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)
     a = op.A(eye).reshape(h * w, -1)
-    got = conditional_error_variance(op.gram_eigenvalues(h, w), 0.1, spectra, 0.5, fft_ordered=True)
+    got = conditional_error_variance(normal_eigenvalues(op, (h, w), torch.float64), 0.1, spectra, 0.5)
     for b in range(2):
         c = torch.fft.ifft2(torch.fft.fft2(eye) * spectra[b]).real.reshape(h * w, -1)  # C in the pixel basis
         cov = torch.linalg.inv(a @ a.T / 0.1**2 + torch.linalg.inv(c))
         assert float(got[b]) == pytest.approx(1.25 * float(cov.trace()) / (h * w), rel=1e-9)
     with pytest.raises(ValueError, match="eigenvalues for a prior variance"):
-        conditional_error_variance(op.gram_eigenvalues(h, w + 2), 0.1, spectra, 0.0, fft_ordered=True)
+        conditional_error_variance(normal_eigenvalues(op, (h, w + 2), torch.float64), 0.1, spectra, 0.0)
 
 
 def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_protocol_tasks():
@@ -208,15 +210,16 @@ def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_pr
     tasks (the docs' reason for keeping renoise "none" there); denoising is the exception."""
     from nfc_dps.bench.spec import DEFAULT_TASKS, task_specs
     from nfc_dps.operators import build_operator
-    from nfc_dps.samplers.gaussian_step import conditional_error_variance
+    from nfc_dps.samplers.gaussian_step import conditional_error_variance, normal_eigenvalues
     from nfc_dps.samplers.nfc_continuation import continuation_sigmas, top_sigma
 
     cfg, size, sigma_y = get_config("nfc"), 64, 0.05  # sigma_y in model units (0.025 in [0, 1])
-    for name, task in task_specs("local", size, "circular").items():
-        op = build_operator(task.name, size, 0, **task.params)
+    specs = task_specs("local", size, "circular")
+    for name in (*DEFAULT_TASKS, "denoise"):
+        op = build_operator(name, size, 0, **specs[name].params)
         sigmas = continuation_sigmas(cfg, top_sigma(cfg.sigma_max, op, sigma_y), sigma_y)
-        gram = op.gram_eigenvalues(size, size)
-        ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0, False))
+        gram = normal_eigenvalues(op, (size, size), torch.float64)
+        ratio = min(float(conditional_error_variance(gram, sigma_y, sigmas[k] ** 2 / cfg.prior_weight, 0.0))
                     / sigmas[k + 1] ** 2 for k in range(cfg.num_levels - 1))
         assert (ratio > 1) == (name in DEFAULT_TASKS), (name, ratio)
 
@@ -225,14 +228,14 @@ def test_matched_renoise_would_add_nothing_to_the_deterministic_preset_on_the_pr
 def test_conditional_error_variance_is_the_trace_of_the_conditional_covariance(temperature):
     """(1 + t^2) tr((A^T A / sigma_y^2 + I / r^2)^-1) / n against dense matrices (inpainting, SR)."""
     from nfc_dps.operators import random_mask
-    from nfc_dps.samplers.gaussian_step import conditional_error_variance
+    from nfc_dps.samplers.gaussian_step import conditional_error_variance, normal_eigenvalues
 
     h = w = 8
     for op in (Inpainting(random_mask(h, w, 0.6, 3)), SuperResolution(2)):
         a = op.A(torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)).reshape(h * w, -1)
         for sigma_y, r2 in ((0.05, 0.1), (0.2, 0.01)):
             cov = torch.linalg.inv(a @ a.T / sigma_y**2 + torch.eye(h * w, dtype=torch.float64) / r2)
-            got = conditional_error_variance(op.gram_eigenvalues(h, w), sigma_y, r2, temperature, fft_ordered=False)
+            got = conditional_error_variance(normal_eigenvalues(op, (h, w), torch.float64), sigma_y, r2, temperature)
             assert float(got) == pytest.approx((1 + temperature**2) * float(cov.trace()) / (h * w), rel=1e-9)
 
 
@@ -287,7 +290,7 @@ def test_nfc_presets_of_either_regime_take_their_own_fields():
     runs either."""
     assert isinstance(get_config("nfc", "deterministic", prior_weight=0.3), ContinuationConfig)
     assert get_config("nfc", "fast", inner_temperature=0.5).inner_temperature == 0.5
-    with pytest.raises(ValueError, match="unknown nfc config keys \\['band'\\]"):
+    with pytest.raises(ValueError, match="unknown nfc config keys \\['band.blend_start'\\]"):
         get_config("nfc", "deterministic", band={"blend_start": 0.2})
     with pytest.raises(ValueError, match="unknown nfc config keys \\['prior_weight'\\]"):
         get_config("nfc", "fast", prior_weight=0.3)

@@ -257,7 +257,7 @@ def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, 
 
 
 @pytest.mark.parametrize("bad", [["--seed", "-1"], ["--image-names", "astronaut,nosuchimage"],
-                                 ["--protocol", "paper"]])
+                                 ["--protocol", "paper", "--image-names", ""]])
 def test_a_refused_bench_run_leaves_its_folder_usable(tmp_path, capsys, bad):
     from nfc_dps.bench.cli import main as bench
 

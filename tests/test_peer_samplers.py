@@ -363,16 +363,21 @@ def test_config_validation(cls, kwargs, field):
 
 def test_ddnm_scaled_rule_on_blur_is_per_frequency():
     """DDNM+'s rule in its SVD form: one lambda per frequency, so the small |H| of a strong blur
-    never amplify the noise; with H = 1 it is the scalar rule."""
-    from nfc_dps.operators import BlurOperator, gaussian_kernel
+    never amplify the noise; with H = 1 it is the scalar rule; on a mask's decomposition the
+    unobserved pixels are dropped (no correction, the full noise level)."""
+    from nfc_dps.operators import BlurOperator, Denoising, gaussian_kernel
     from nfc_dps.priors.gaussian import GaussianSpectralPrior
-    from nfc_dps.samplers.ddnm import DDNMConfig, sample_ddnm, scaled_rule_fourier
+    from nfc_dps.samplers.ddnm import DDNMConfig, sample_ddnm, scaled_rule
 
     r = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    corr, gamma = scaled_rule_fourier(torch.ones(8, 8, dtype=torch.complex128), r, 0.03, 0.05, 3e-2)
+    identity = Denoising().decomposition()
+    corr, gamma = scaled_rule(identity, r, 0.03, 0.05, 3e-2)
     assert torch.allclose(corr, 0.6 * r) and torch.allclose(gamma, torch.zeros_like(gamma))  # lam = 0.03/0.05
-    corr, gamma = scaled_rule_fourier(torch.ones(8, 8, dtype=torch.complex128), r, 0.4, 0.05, 3e-2)
+    corr, gamma = scaled_rule(identity, r, 0.4, 0.05, 3e-2)
     assert torch.allclose(corr, r) and torch.allclose(gamma, torch.full_like(gamma, (0.4**2 - 0.05**2) ** 0.5))
+    mask = random_mask(8, 8, 0.5, 1).double()
+    corr, gamma = scaled_rule(Inpainting(mask).decomposition(), r, 0.03, 0.05, 3e-2)
+    assert torch.allclose(corr, 0.6 * mask * r) and torch.allclose(gamma, 0.03 * (1 - mask))
 
     prior = GaussianSpectralPrior((32, 32), alpha=2.0, pixel_std=0.5, channels=1)
     x = prior.sample(2, torch.Generator().manual_seed(0), dtype=torch.float64)

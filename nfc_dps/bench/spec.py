@@ -12,6 +12,7 @@ from ..baselines import CLASSICAL_METHODS
 from ..samplers import METHODS
 from ..samplers import get_config
 from ..baselines import applicable
+from ..operators import TASKS
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
@@ -52,6 +53,8 @@ def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
         TaskSpec("deblur_motion", {**mk, **blur}),
         TaskSpec("denoise", {}),
     ]
+    # every other registered task that reads no file, at its default parameters (opt-in: --tasks)
+    specs += [TaskSpec(name, {}) for name, t in TASKS.items() if not t.reads and name not in {s.name for s in specs}]
     return {s.name: s for s in specs}
 
 
@@ -198,7 +201,7 @@ def not_applicable(run: MethodRun, op) -> str | None:
     """Why ``run`` cannot restore with ``op`` (a note for the summary), or None."""
     if run.method in CLASSICAL_METHODS:
         return applicable(run.method, op)
-    if run.method == "ddrm" and op.diagonal_basis is None:
+    if run.method == "ddrm" and op.decomposition() is None:
         boundary = op.describe().get("boundary")
         return f"DDRM needs a diagonalisable operator (circulant blur, inpainting, denoising); {type(op).__name__}" \
                f"{f' ({boundary} boundary)' if boundary else ''} is not"

@@ -336,8 +336,9 @@ class RestoreRun:
             operator = operator.to(self.device)
             # the image the measurement is of: factor times larger for SR, larger by the kernel less one
             # for a blur with boundary 'valid' (the scene beyond the frame that the blur mixed in)
-            image_hw = tuple(operator.image_shape((1, 1, h, w))[-2:])
-            expected = tuple(operator.measurement_shape((1, 1, *image_hw))[-2:])
+            image_shape = tuple(operator.image_shape((1, 1 if y.ndim == 2 else y.shape[-1], h, w)))
+            image_hw = image_shape[-2:]
+            expected = tuple(operator.measurement_shape(image_shape)[-2:])
             if expected != (h, w):
                 raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
             for note in input_notes(info, image_hw, operator):

@@ -1,7 +1,9 @@
-"""Linear forward operators (blur, inpainting, super-resolution, denoising, any linear function) and their makers."""
+"""Linear forward operators (blur, inpainting, super-resolution, denoising, any linear function), their
+decompositions and their makers."""
 
-from .base import (LinearOperator, check_image, conjugate_gradient, noise_sigma_problem, per_image, prox_scales,
-                   randn_per_image)
+from .base import (LinearOperator, check_image, conjugate_gradient, noise_sigma_problem, normal_equations_prox,
+                   per_image, prox_scales, randn_per_image)
+from .decomposition import ChannelDecomposition, Decomposition, FourierDecomposition, PixelDecomposition
 from .blur import BlurOperator, mirror_indices
 from .denoising import Denoising
 from .tasks import TASKS, Task, build_operator, check_task_params, task_reading
@@ -13,7 +15,8 @@ from .superres import SuperResolution, bicubic_matrix, keys_cubic
 
 __all__ = [
     "LinearOperator", "check_image", "conjugate_gradient", "noise_sigma_problem", "per_image", "prox_scales",
-    "randn_per_image",
+    "randn_per_image", "normal_equations_prox",
+    "Decomposition", "FourierDecomposition", "PixelDecomposition", "ChannelDecomposition",
     "BlurOperator", "mirror_indices", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
     "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "Task", "build_operator", "check_task_params", "task_reading",

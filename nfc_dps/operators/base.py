@@ -3,11 +3,14 @@
 An operator knows the measurement and nothing of diffusion. Every operator provides:
 
 * ``A(x)`` and ``A_adjoint(y)`` (a true adjoint: <A x, y> = <x, A^T y>);
+* ``decomposition()``: A = U diag(d) V^H in a Fourier, pixel or channel basis where the operator
+  has one (:mod:`~nfc_dps.operators.decomposition`), else None;
 * ``A_pinv(y)``: a pseudo-inverse (A A^+ A = A);
 * ``prox(y, z, sigma_y, r)``: argmin_x ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r^2), the
-  Gaussian-conditional mean; exact in closed form where the operator has one, else conjugate
-  gradients, which stop after ``max_iter`` iterations: where r / sigma_y is large the system is
-  ill-conditioned and the result an early-stopped approximation (see :meth:`LinearOperator.prox`).
+  Gaussian-conditional mean. Both are derived here from the decomposition, in closed form; an
+  operator without one either has its own closed form (SR) or gets conjugate gradients, which stop
+  after ``max_iter`` iterations: where r / sigma_y is large the system is ill-conditioned and the
+  result an early-stopped approximation (see :func:`normal_equations_prox`).
   ``sigma_y`` and ``r`` are floats or (B,) tensors (per image);
 * ``measure(x, sigma_y, generator)``: A x plus seeded Gaussian noise of std ``sigma_y``.
 
@@ -15,13 +18,15 @@ Every operator also *declares its structure*, so samplers and baselines ask it i
 testing its class (the safe defaults of :class:`LinearOperator` say "nothing known"):
 
 * ``family``: what it measures, one of :data:`FAMILIES`;
+* ``image_channels``: the channels of the images it takes where it fixes them (colorization: 3),
+  else None;
 * ``is_circulant``: A = F^-1 diag(H) F on the image grid, H = ``transfer_function(h, w)``;
 * ``pixel_mask()``: the (H, W) 0/1 mask m when A x = m * x (inpainting), else None;
 * ``blur_kernel()``: the (kh, kw) convolution kernel of a blur, else None;
 * ``downsampling_factor``: the integer factor s of a downscaling (SR), else None;
-* ``diagonal_basis``: "fourier" (circulant) or "pixel" (a mask) where A is diagonal, else None;
 * ``gram_eigenvalues(h, w)``: the eigenvalues of A^T A for an (h, w) image (h * w values, the same
-  for every channel), where the structure gives them (Fourier, mask, separable SR), else None;
+  for every channel; C * h * w for an operator that mixes the channels), where the structure gives
+  them (a decomposition, separable SR), else None;
 * ``approximate_gram_eigenvalues(h, w)``: the same where they are declared, else an
   approximation the operator vouches for (a reflect-boundary blur: those of the circular blur
   with its kernel; for a kernel smaller than the image the two operators differ only within its
@@ -42,6 +47,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+
+from .decomposition import Decomposition
 
 
 def per_image(value: float | Tensor, x: Tensor) -> Tensor:
@@ -122,8 +129,6 @@ def prox_scales(sigma_y: float | Tensor, r: float | Tensor, like: Tensor) -> tup
 
 #: operator families (``LinearOperator.family``)
 FAMILIES = ("blur", "sr", "inpaint", "denoise", "other")
-#: bases in which an operator can be diagonal (``LinearOperator.diagonal_basis``)
-DIAGONAL_BASES = ("fourier", "pixel")
 
 
 class LinearOperator(torch.nn.Module):
@@ -140,6 +145,8 @@ class LinearOperator(torch.nn.Module):
     family: str = "other"
     #: True when A = F^-1 diag(H) F on the image grid, H = transfer_function(h, w)
     is_circulant: bool = False
+    #: the number of channels of the images A takes; None: any (A acts on each channel alike)
+    image_channels: int | None = None
 
     def transfer_function(self, h: int, w: int, dtype: torch.dtype = torch.float32,
                           device: torch.device | str | None = None) -> Tensor:
@@ -162,29 +169,18 @@ class LinearOperator(torch.nn.Module):
         """The integer factor s when A downscales (H, W) to (H / s, W / s), else None."""
         return None
 
-    @property
-    def diagonal_basis(self) -> str | None:
-        """Where A is diagonal: "fourier" (circulant: singular values |H|), "pixel" (a mask:
-        singular values m), None when neither is declared."""
-        if self.is_circulant:
-            return "fourier"
-        if self.pixel_mask() is not None:
-            return "pixel"
+    def decomposition(self) -> Decomposition | None:
+        """A = U diag(d) V^H where the operator has it (:mod:`~nfc_dps.operators.decomposition`),
+        else None. The pseudo-inverse and the prox derive from it."""
         return None
 
     def gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
-        """The h * w eigenvalues of A^T A on an (h, w) image (per channel; float64), or None when
-        the operator does not declare them. Default: |H|^2 of a circulant operator, flattened in
-        FFT order (row-major, as ``transfer_function``), and the mask of a pixel-mask one; other
-        operators give them in no particular order."""
-        if self.is_circulant:
-            return self.transfer_function(h, w, dtype=torch.float64).abs().square().flatten()
-        mask = self.pixel_mask()
-        if mask is not None:
-            if tuple(mask.shape[-2:]) != (h, w):
-                raise ValueError(f"the mask is {tuple(mask.shape[-2:])}, not the image's {(h, w)}")
-            return mask.to(torch.float64).flatten()
-        return None
+        """The eigenvalues of A^T A on an (h, w) image (float64), or None when the operator does
+        not declare them: h * w per channel, or C * h * w for an operator that mixes the channels.
+        Default: the decomposition's |d|^2, in its coefficient order (FFT order, row-major, for a
+        circulant operator); operators that override this give them in no particular order."""
+        decomposition = self.decomposition()
+        return None if decomposition is None else decomposition.gram_eigenvalues(h, w)
 
     def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
         """The h * w eigenvalues of A^T A where they are declared (``gram_eigenvalues``), else an
@@ -199,7 +195,7 @@ class LinearOperator(torch.nn.Module):
     def describe(self) -> dict[str, Any]:
         """A JSON-able record of the operator: name, class, family and declared structure."""
         return {"name": self.name, "class": type(self).__name__, "family": self.family,
-                "circulant": bool(self.is_circulant), "diagonal_basis": self.diagonal_basis}
+                "circulant": bool(self.is_circulant), "decomposable": self.decomposition() is not None}
 
     def A(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -219,7 +215,13 @@ class LinearOperator(torch.nn.Module):
         raise NotImplementedError
 
     def A_pinv(self, y: Tensor) -> Tensor:
-        """Pseudo-inverse by conjugate gradients on the normal equations (override when closed form)."""
+        """Pseudo-inverse: from the decomposition where there is one (V(U^H y / d), the smallest
+        singular values dropped: :meth:`Decomposition.pinv`), else the prox at r = 1e4, sigma_y = 1
+        from 0 (conjugate gradients unless the operator has a closed-form prox)."""
+        decomposition = self.decomposition()
+        if decomposition is not None:
+            check_image(y, "y")
+            return decomposition.pinv(y)
         return self.prox(y, torch.zeros(self.image_shape(y.shape), dtype=y.dtype, device=y.device), 1.0, 1e4)
 
     def normal(self, x: Tensor) -> Tensor:
@@ -228,18 +230,21 @@ class LinearOperator(torch.nn.Module):
 
     def prox(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor,
              max_iter: int = 100, tol: float = 1e-6) -> Tensor:
-        """argmin_x ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r^2) by conjugate gradients.
+        """argmin_x ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r^2).
 
-        Solves (A^T A / sigma_y^2 + I / r^2) x = A^T y / sigma_y^2 + z / r^2 per image, from x = z,
-        until the residual is below ``tol`` times the right-hand side or for ``max_iter``
-        iterations. The condition number is about 1 + r^2 ||A^T A|| / sigma_y^2: for r >> sigma_y
-        (a reflect-boundary blur at r = 50, sigma_y = 0.05 on 64 px) 100 iterations stop well short
-        of the minimum, and the result is an early-stopped solve (which regularises, like a
-        smaller r) rather than the exact minimiser; pass a larger ``max_iter`` to get closer.
+        In closed form from the decomposition where there is one (exact; r = inf allowed: the
+        least-squares solution closest to z; max_iter and tol unused), else by
+        :func:`normal_equations_prox`.
         """
+        decomposition = self.decomposition()
+        if decomposition is None:
+            return normal_equations_prox(self, y, z, sigma_y, r, max_iter, tol)
+        check_image(y, "y")
+        check_image(z, "z")
+        if tuple(y.shape) != tuple(self.measurement_shape(z.shape)):
+            raise ValueError(f"y {tuple(y.shape)} is not the measurement of z {tuple(z.shape)} for this operator")
         s2, r2 = prox_scales(sigma_y, r, z)
-        rhs = self.A_adjoint(y) / s2 + z / r2
-        return conjugate_gradient(lambda v: self.normal(v) / s2 + v / r2, rhs, z.clone(), max_iter, tol)
+        return decomposition.gaussian_mean(y, z, s2, r2)
 
     def measure(self, x: Tensor, sigma_y: float | Tensor, generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Tensor:
         """A x + sigma_y * noise, the noise drawn per image from ``generator`` (see randn_per_image).
@@ -254,6 +259,22 @@ class LinearOperator(torch.nn.Module):
         if not bool((s > 0).any()):
             return ax
         return ax + s * randn_per_image(ax.shape, generator, ax.dtype, ax.device)
+
+
+def normal_equations_prox(operator: LinearOperator, y: Tensor, z: Tensor, sigma_y: float | Tensor,
+                          r: float | Tensor, max_iter: int = 100, tol: float = 1e-6) -> Tensor:
+    """argmin_x ||y - A x||^2 / (2 sigma_y^2) + ||x - z||^2 / (2 r^2) by conjugate gradients, for any operator.
+
+    Solves (A^T A / sigma_y^2 + I / r^2) x = A^T y / sigma_y^2 + z / r^2 per image, from x = z,
+    until the residual is below ``tol`` times the right-hand side or for ``max_iter``
+    iterations. The condition number is about 1 + r^2 ||A^T A|| / sigma_y^2: for r >> sigma_y
+    (a reflect-boundary blur at r = 50, sigma_y = 0.05 on 64 px) 100 iterations stop well short
+    of the minimum, and the result is an early-stopped solve (which regularises, like a
+    smaller r) rather than the exact minimiser; pass a larger ``max_iter`` to get closer.
+    """
+    s2, r2 = prox_scales(sigma_y, r, z)
+    rhs = operator.A_adjoint(y) / s2 + z / r2
+    return conjugate_gradient(lambda v: operator.normal(v) / s2 + v / r2, rhs, z.clone(), max_iter, tol)
 
 
 def conjugate_gradient(apply, b: Tensor, x0: Tensor, max_iter: int = 100, tol: float = 1e-6,

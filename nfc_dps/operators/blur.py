@@ -8,8 +8,8 @@ channels, kernel centre at ``(kh // 2, kw // 2)``:
 with out-of-range indices resolved by the boundary rule. The output has the input's size.
 
 * ``boundary="circular"``: periodic wrap (scipy mode ``"grid-wrap"``). Implemented by FFT; the
-  operator is circulant, ``A x = ifft2(H * fft2(x)).real`` with ``H = transfer_function(h, w)``,
-  and prox / pinv are closed form. Kernels larger than the image wrap around.
+  operator is circulant, ``A x = ifft2(H * fft2(x)).real`` with ``H = transfer_function(h, w)``:
+  its decomposition is Fourier, and prox / pinv are closed form. Kernels larger than the image wrap around.
 * ``boundary="reflect"``: mirror padding without repeating the edge pixel (``d c b | a b c d``),
   which is what DPS's ``nn.ReflectionPad2d`` does and scipy calls ``mode="mirror"``. Implemented
   as: gather the mirror-padded image, linear convolution on the padded grid by FFT, crop. Its
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..frequency import fourier_gaussian_mean
-from .base import LinearOperator, check_image, conjugate_gradient, prox_scales
+from .base import LinearOperator, check_image, conjugate_gradient, normal_equations_prox, prox_scales
+from .decomposition import FourierDecomposition
 from .kernels import normalize_kernel
 
 __all__ = ["BlurOperator", "fast_fft_size", "mirror_indices"]
@@ -244,47 +244,33 @@ class BlurOperator(LinearOperator):
         out = y.new_zeros((*y.shape[:-1], pw)).index_add_(-2, ih, zp)
         return y.new_zeros(y.shape).index_add_(-1, iw, out)
 
-    def A_pinv(self, y: Tensor, rcond: float | None = None) -> Tensor:
-        """Pseudo-inverse. Circular: closed form in Fourier, frequencies with
-        |H| <= rcond * max|H| are dropped (default rcond = sqrt(eps) of y's dtype: truncation and
-        round-off errors of A A^+ A then both stay ~sqrt(eps)). Reflect and valid: the base class's
-        unpreconditioned conjugate gradients (100 iterations from 0: an early-stopped, so
-        regularised, pseudo-inverse)."""
-        if self.boundary != "circular":
-            z = torch.zeros(self.image_shape(y.shape), dtype=y.dtype, device=y.device)
-            return LinearOperator.prox(self, y, z, 1.0, 1e4)
-        self._check(y, "y")
-        h, w = y.shape[-2:]
-        H = self._half(h, w, True, y)
-        if rcond is None:
-            rcond = float(torch.finfo(y.dtype).eps) ** 0.5
-        mag = H.abs()
-        keep = mag > rcond * mag.max()
-        inv = torch.where(keep, 1.0 / torch.where(keep, H, torch.ones_like(H)), torch.zeros_like(H))
-        return torch.fft.irfft2(torch.fft.rfft2(y) * inv, s=(h, w))
+    def decomposition(self) -> FourierDecomposition | None:
+        """Circular: F^H diag(H) F (its prox and pseudo-inverse are then closed form). Reflect and
+        valid: None."""
+        return FourierDecomposition(self.transfer_function) if self.boundary == "circular" else None
+
+    def A_pinv(self, y: Tensor) -> Tensor:
+        """Pseudo-inverse. Circular: closed form in Fourier (:meth:`Decomposition.pinv`). Reflect
+        and valid: unpreconditioned conjugate gradients on the normal equations (100 iterations
+        from 0: an early-stopped, so regularised, pseudo-inverse)."""
+        if self.boundary == "circular":
+            return super().A_pinv(y)
+        z = torch.zeros(self.image_shape(y.shape), dtype=y.dtype, device=y.device)
+        return normal_equations_prox(self, y, z, 1.0, 1e4)
 
     def prox(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor,
              max_iter: int = 100, tol: float = PROX_TOL) -> Tensor:
         """argmin_x ||y - A x||^2/(2 sigma_y^2) + ||x - z||^2/(2 r^2).
 
-        Circular: exact, by FFT (max_iter and tol unused; r = inf allowed). Reflect and valid:
+        Circular: exact, in Fourier (max_iter and tol unused; r = inf allowed). Reflect and valid:
         conjugate gradients from z, preconditioned by the circular blur's closed form
         (|H|^2 / sigma_y^2 + 1 / r^2)^-1 on the image grid, until the residual is below ``tol``
         times the right-hand side or for ``max_iter`` iterations (r = inf: unpreconditioned).
         The default ``tol`` (:data:`PROX_TOL`) is what a restoration needs, not machine precision.
         """
-        if self.boundary != "circular":
-            return self._prox_cg(y, z, sigma_y, r, max_iter, tol)
-        self._check(y, "y")
-        self._check(z, "z")
-        if y.shape != z.shape:
-            raise ValueError(f"y and z must have the same shape for a blur, got {tuple(y.shape)} and {tuple(z.shape)}")
-        s2, r2 = prox_scales(sigma_y, r, z)
-        inv_r2 = torch.where(torch.isinf(r2), torch.zeros_like(r2), 1.0 / r2)
-        h, w = z.shape[-2:]
-        H = self._half(h, w, True, z)
-        X = fourier_gaussian_mean(H, torch.fft.rfft2(y), s2, prior_mean=torch.fft.rfft2(z), prior_precision=inv_r2)
-        return torch.fft.irfft2(X, s=(h, w))
+        if self.boundary == "circular":
+            return super().prox(y, z, sigma_y, r)
+        return self._prox_cg(y, z, sigma_y, r, max_iter, tol)
 
     def _prox_cg(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor, max_iter: int,
                  tol: float) -> Tensor:
@@ -294,7 +280,7 @@ class BlurOperator(LinearOperator):
             raise ValueError(f"y {tuple(y.shape)} is not the measurement of z {tuple(z.shape)} for this blur")
         s2, r2 = prox_scales(sigma_y, r, z)
         if bool(torch.isinf(r2).any()):
-            return LinearOperator.prox(self, y, z, sigma_y, r, max_iter, tol)
+            return normal_equations_prox(self, y, z, sigma_y, r, max_iter, tol)
         h, w = z.shape[-2:]
         gram = self._half(h, w, True, z).abs().square()
         gain = 1.0 / (gram / s2 + 1.0 / r2)  # (B, 1, h, w // 2 + 1)

@@ -8,12 +8,15 @@ import torch
 from torch import Tensor
 
 from .base import LinearOperator, check_image, prox_scales
+from .decomposition import FourierDecomposition
 
 __all__ = ["Denoising"]
 
 
 class Denoising(LinearOperator):
-    """A = A^T = A^+ = I. Circulant with transfer function 1; prox in closed form."""
+    """A = A^T = A^+ = I. Circulant with transfer function 1 (its decomposition is Fourier, which
+    samplers that work in a basis use); the pseudo-inverse and the prox, which need no basis, are
+    the identity's own (no FFT)."""
 
     name = "denoise"
     family = "denoise"
@@ -30,6 +33,9 @@ class Denoising(LinearOperator):
         """All-ones (h, w) complex transfer function."""
         cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
         return torch.ones((int(h), int(w)), dtype=cdtype, device=device)
+
+    def decomposition(self) -> FourierDecomposition:
+        return FourierDecomposition(self.transfer_function)
 
     def A(self, x: Tensor) -> Tensor:
         check_image(x, "x")

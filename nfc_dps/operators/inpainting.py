@@ -3,7 +3,8 @@
 mask = 1: pixel observed, 0: missing. The measurement keeps the image's size and is **zero
 outside the mask**: ``measure`` adds noise to the observed pixels only (y = mask * (x + noise)),
 unlike DPS, which adds noise everywhere (harmless for A^T, but it inflates ||y - A x||). The
-operator is a diagonal projection: A = A^T = A^+, and the prox is elementwise.
+operator is a diagonal projection: A = A^T = A^+, and the prox is elementwise (its
+decomposition is the pixel basis).
 
 Mask makers return float32 (H, W) tensors; their randomness comes only from ``generator``
 (a torch.Generator or an int seed), never from a global RNG.
@@ -18,7 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import LinearOperator, check_image, prox_scales
+from .base import LinearOperator, check_image
+from .decomposition import PixelDecomposition
 from .kernels import read_array, squeeze_to_2d
 
 __all__ = ["Inpainting", "box_mask", "random_mask", "load_mask"]
@@ -130,6 +132,10 @@ class Inpainting(LinearOperator):
         """The (H, W) float32 mask (a view of the (1, 1, H, W) ``mask`` buffer)."""
         return self.mask[0, 0]
 
+    def decomposition(self) -> PixelDecomposition:
+        """The pixel basis, d = the mask: the prox is elementwise, A^+ = A."""
+        return PixelDecomposition(self.mask[0, 0])
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "size": list(self.mask.shape[-2:]),
                 "observed_fraction": float(self.mask.mean())}
@@ -152,24 +158,8 @@ class Inpainting(LinearOperator):
     def A_adjoint(self, y: Tensor) -> Tensor:
         return self._m(y, "y") * y
 
-    def A_pinv(self, y: Tensor) -> Tensor:
-        return self._m(y, "y") * y
-
     def normal(self, x: Tensor) -> Tensor:
         return self._m(x, "x") * x
-
-    def prox(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor,
-             max_iter: int = 100, tol: float = 1e-6) -> Tensor:
-        """Elementwise: observed pixels (y/s^2 + z/r^2)/(1/s^2 + 1/r^2), missing pixels z.
-        max_iter and tol are unused."""
-        m = self._m(z, "z")
-        self._m(y, "y")
-        if y.shape != z.shape:
-            raise ValueError(f"y and z must have the same shape, got {tuple(y.shape)} and {tuple(z.shape)}")
-        s2, r2 = prox_scales(sigma_y, r, z)
-        w = m * (r2 / (r2 + s2))  # weight of y; finite for r = inf via the limit below
-        w = torch.where(torch.isinf(r2), m, w)
-        return w * y + (1 - w) * z
 
     def measure(self, x: Tensor, sigma_y: float | Tensor, generator=None) -> Tensor:
         """mask * (x + sigma_y * noise): noise on the observed pixels only, y = 0 elsewhere.

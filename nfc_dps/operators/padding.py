@@ -17,9 +17,9 @@ class CroppedOperator(LinearOperator):
     it off. Adjoint: zero-pad A^T y. The prox and pseudo-inverse fall back to the base class's
     conjugate gradients (the inner operator's closed forms do not survive the crop).
 
-    Declared structure: the inner operator's family, blur kernel and downsampling factor (what
-    is applied to the image region); ``image_region()`` = (H, W). Not circulant and no pixel
-    mask on the canvas (the crop is diagonal in neither basis), so no diagonal basis.
+    Declared structure: the inner operator's family, channels, blur kernel and downsampling
+    factor (what is applied to the image region); ``image_region()`` = (H, W). Not circulant and
+    no pixel mask on the canvas (the crop is diagonal in neither basis), so no decomposition.
     """
 
     name = "cropped"
@@ -43,13 +43,18 @@ class CroppedOperator(LinearOperator):
     def downsampling_factor(self) -> int | None:
         return self.inner.downsampling_factor
 
+    @property
+    def image_channels(self) -> int | None:
+        return self.inner.image_channels
+
     def image_region(self) -> tuple[int, int]:
         """(H, W) of the measured image in the top-left corner of the canvas."""
         return self.h, self.w
 
     def gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
         """A'^T A' is A^T A on the image region and 0 on the padding: the inner operator's
-        eigenvalues and one zero per padded pixel."""
+        eigenvalues and one zero per padded pixel (per padded pixel and channel where the inner
+        operator gives them for every channel)."""
         return self._with_padding(self.inner.gram_eigenvalues, h, w)
 
     def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
@@ -62,7 +67,8 @@ class CroppedOperator(LinearOperator):
         inner = inner_eigenvalues(self.h, self.w)
         if inner is None:
             return None
-        return torch.cat([inner, inner.new_zeros(h * w - self.h * self.w)])
+        channels = inner.numel() // (self.h * self.w)
+        return torch.cat([inner, inner.new_zeros(channels * (h * w - self.h * self.w))])
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "image_hw": [self.h, self.w], "canvas_hw": [self.canvas_h, self.canvas_w],

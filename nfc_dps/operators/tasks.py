@@ -19,6 +19,7 @@ import torch
 
 from .base import LinearOperator
 from .blur import BlurOperator
+from .colorize import Colorization
 from .denoising import Denoising
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
@@ -121,6 +122,7 @@ TASKS: dict[str, Task] = _register(
          lambda h, w, seed, p: BlurOperator(load_kernel(p["kernel_path"]), p["boundary"]), reads="kernel",
          check_size=lambda p: (8, 8)),
     Task("denoise", "denoise", {}, lambda h, w, seed, p: Denoising()),
+    Task("colorize", "other", {}, lambda h, w, seed, p: Colorization()),
 )
 
 

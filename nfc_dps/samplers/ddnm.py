@@ -16,12 +16,13 @@ Range-space correction, ``correction=``:
   lam_i = 1 and gamma_i = sqrt(sigma_{i+1}^2 - sigma_y^2) while sigma_{i+1} >= sigma_y, else
   lam_i = sigma_{i+1} / sigma_y and gamma_i = 0: the correction's noise lam_i A^+ n is counted
   against the next level's noise budget. Where A A^T = c I (inpainting and denoising: c = 1;
-  block-average SR by s: c = 1 / s^2) A^+ n is noise of std sigma_y / sqrt(c) on each
-  orthonormal direction of A's row space, and sigma_y / sqrt(c) is what the rule counts
-  (:func:`row_space_noise`); for bicubic SR it counts sigma_y, an approximation, since A^+
-  amplifies the noise unevenly there (use "prox"). For circulant blur the rule is
-  applied per singular value in Fourier, as DDNM+'s SVD form: lam_k = min(1, s_k sigma_{i+1} /
-  sigma_y), frequencies with s_k <= ``singular_cutoff`` dropped (:func:`scaled_rule_fourier`).
+  one row w of channel weights: c = ||w||^2; block-average SR by s: c = 1 / s^2) A^+ n is noise of std sigma_y / sqrt(c) on each orthonormal direction of A's row space, and
+  sigma_y / sqrt(c) is what the rule counts (:func:`row_space_noise`); gamma_i re-noises A's
+  null space too (:func:`scaled_projection`). Other operators with a decomposition (circulant blur,
+  denoising) take the rule per singular value, as DDNM+'s SVD form: lam_k = min(1, s_k
+  sigma_{i+1} / sigma_y), gamma_k re-noises component k alone, components with
+  s_k <= ``singular_cutoff`` dropped (:func:`scaled_rule`). For bicubic SR the scalar rule counts
+  sigma_y, an approximation, since A^+ amplifies the noise unevenly there (use "prox").
 * ``"prox"`` -- DDNM+ (prox variant), our noise-aware form: x0_hat' = prox(y, x0_hat, sigma_y,
   r = sigma_i) = argmin ||y - A z||^2 / (2 sigma_y^2) + ||z - x0_hat||^2 / (2 sigma_i^2), the
   Gaussian-conditional mean if x0_hat's error had std sigma_i. In a singular basis it takes
@@ -39,8 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..frequency import fourier_filter
 from ..operators.base import LinearOperator, randn_per_image
+from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
 from .common import (StepConfig, Callback, Generators, check_step_settings, counting, ddim_step, schedule_top, sigma_vector,
@@ -58,9 +59,9 @@ class DDNMConfig(StepConfig):
         sqrt(1 - eta^2)); DDNM/DDRM: 0.85.
     correction: "prox" (noise-aware prox, robust on every operator) or "scaled" (DDNM+'s scalar
         rule); see the module docstring. Both are exact null-space DDNM when sigma_y = 0.
-    singular_cutoff: for "scaled" on circulant operators (blur) the rule is applied per
-        frequency (DDNM+'s SVD form, :func:`scaled_rule_fourier`) and frequencies with
-        |H| <= this are dropped, as DDNM's SVD operators (taken from DDRM) do; default 3e-2.
+    singular_cutoff: for "scaled" on circulant operators (blur, denoising) the rule is applied per
+        singular value (DDNM+'s SVD form, :func:`scaled_rule`) and components with |d| <= this
+        are dropped, as DDNM's SVD operators (taken from DDRM) do; default 3e-2.
     sigma_max: top noise level (model units), clamped to 157 and to the prior's sigma_max.
     schedule: "uniform" (DDNM's skip on the DDPM grid), "quad" or "karras".
     """
@@ -89,33 +90,50 @@ PRESETS = {
 }
 
 
-def row_space_noise(operator: LinearOperator, h: int, w: int, noise: float) -> float:
-    """The std of A^+ n on each orthonormal direction of A's row space, for n white of std ``noise``:
-    noise / sqrt(c) when the nonzero eigenvalues of A^T A, as the operator declares them, all equal
-    c (A A^T = c I); ``noise`` itself when they differ or are not declared (an approximation)."""
+def gram_scale(operator: LinearOperator, h: int, w: int) -> float | None:
+    """c when the nonzero eigenvalues of A^T A, as the operator declares them, all equal c
+    (A A^T = c I: a mask, denoising, colour mixing, block-average SR), else None (they differ or
+    are not declared)."""
     lam = operator.gram_eigenvalues(h, w)
     if lam is None or not bool((lam > 0).any()):
-        return noise
+        return None
     nonzero = lam[lam > 1e-12 * lam.max()]
     c = float(nonzero.max())
-    return noise / math.sqrt(c) if float(nonzero.min()) >= c * (1 - 1e-9) else noise
+    return c if float(nonzero.min()) >= c * (1 - 1e-9) else None
 
 
-def scaled_rule_fourier(H: Tensor, residual: Tensor, sigma_next: float, noise: float, cutoff: float
-                        ) -> tuple[Tensor, Tensor]:
-    """DDNM+'s noise-aware rule per singular value of a circulant operator (A = F* diag(H) F).
+def scaled_projection(operator: LinearOperator, h: int, w: int) -> bool:
+    """A A^T = c I and A has a null space (a mask, a row of channel weights, block-average SR). For
+    such an operator DDNM+'s scalar rule and its SVD form agree on the row space and differ on the
+    null space only; elsewhere with a decomposition (blur, denoising) the SVD form is the rule."""
+    lam = operator.gram_eigenvalues(h, w)
+    return gram_scale(operator, h, w) is not None and bool((lam <= 1e-12 * lam.max()).any())
 
-    Component k takes lambda_k = min(1, s_k sigma_next / noise) of A^+ (y - A x0_hat) (s_k = |H_k|;
+
+def row_space_noise(operator: LinearOperator, h: int, w: int, noise: float) -> float:
+    """The std of A^+ n on each orthonormal direction of A's row space, for n white of std ``noise``:
+    noise / sqrt(c) when A A^T = c I (:func:`gram_scale`); ``noise`` itself otherwise (an
+    approximation)."""
+    c = gram_scale(operator, h, w)
+    return noise if c is None else noise / math.sqrt(c)
+
+
+def scaled_rule(decomposition: Decomposition, residual: Tensor, sigma_next: float, noise: float, cutoff: float
+                ) -> tuple[Tensor, Tensor]:
+    """DDNM+'s noise-aware rule per singular value of A = U diag(d) V^H.
+
+    Component k takes lambda_k = min(1, s_k sigma_next / noise) of A^+ (y - A x0_hat) (s_k = |d_k|;
     components with s_k <= cutoff are dropped, as DDNM's SVD operators do) and is re-noised with
     gamma_k = sqrt(sigma_next^2 - (lambda_k noise / s_k)^2), so its total noise stays sigma_next.
-    Returns (correction image, gamma as a real full-grid transfer function).
+    Returns (correction image, gamma, real and broadcastable to the coefficients).
     """
-    s = H.abs()
+    d = decomposition.diagonal(*residual.shape[-2:], residual.dtype, residual.device)
+    s = d.abs()
     keep = s > cutoff
     safe = torch.where(keep, s, torch.ones_like(s))
     lam = torch.where(keep, (safe * sigma_next / noise).clamp(max=1.0), torch.zeros_like(s))
-    inv = torch.where(keep, lam / torch.where(keep, H, torch.ones_like(H)), torch.zeros_like(H))
-    correction = torch.fft.ifft2(torch.fft.fft2(residual) * inv).real
+    inv = torch.where(keep, lam / torch.where(keep, d, torch.ones_like(d)), torch.zeros_like(d))
+    correction = decomposition.backproject(residual, inv)
     gamma = (sigma_next**2 - (lam * noise / safe) ** 2).clamp_min(0).sqrt()
     return correction, gamma
 
@@ -138,8 +156,10 @@ def sample_ddnm(
     noise = 2.0 * float(sigma_y)  # the true noise std in model units (prob.sigma is floored)
     sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
 
-    H = operator.transfer_function(*image_shape[-2:], dtype=y.dtype, device=y.device) if operator.is_circulant else None
-    if cfg.correction == "scaled" and H is None and noise > 0:
+    basis = operator.decomposition()
+    if cfg.correction == "scaled" and scaled_projection(operator, *image_shape[-2:]):
+        basis = None  # DDNM+'s scalar rule, which re-noises the null space with the row space's gamma
+    if cfg.correction == "scaled" and basis is None and noise > 0:
         row_noise = row_space_noise(operator, *image_shape[-2:], noise)
 
     x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
@@ -152,19 +172,18 @@ def sample_ddnm(
             x0_c = x0_hat + operator.A_pinv(prob.y - operator.A(x0_hat))
         elif cfg.correction == "prox":
             x0_c = operator.prox(prob.y, x0_hat, noise, sigma)
-        elif H is not None:  # the SVD form of the scalar rule: one lambda per frequency
-            correction, gamma = scaled_rule_fourier(H, prob.y - operator.A(x0_hat), sigma_next, noise,
-                                                    cfg.singular_cutoff)
+        elif basis is not None:  # the SVD form of the scalar rule: one lambda per singular value
+            correction, gamma = scaled_rule(basis, prob.y - operator.A(x0_hat), sigma_next, noise, cfg.singular_cutoff)
             x0_c = x0_hat + correction
         else:
             lam = 1.0 if sigma_next >= row_noise else sigma_next / row_noise
             gamma = math.sqrt(max(sigma_next**2 - (lam * row_noise) ** 2, 0.0))
             x0_c = x0_hat + lam * operator.A_pinv(prob.y - operator.A(x0_hat))
-        if isinstance(gamma, Tensor):  # per-frequency re-noising weights
+        if isinstance(gamma, Tensor):  # re-noising weights per singular value
             direction = (1 - cfg.eta**2) ** 0.5 * eps
             if cfg.eta > 0 and sigma_next > 0:
                 direction = direction + cfg.eta * randn_per_image(x0_c.shape, generators, x0_c.dtype, x0_c.device)
-            x = x0_c + fourier_filter(direction, gamma)
+            x = x0_c + basis.scale(direction, gamma)
         else:
             x = ddim_step(x0_c, eps, gamma, cfg.eta**2, generators)
         if callback is not None:

@@ -3,8 +3,9 @@
 The inner step of NFC / DAPS draws from (or takes the mean of)
 p(x) ∝ exp(-||W (y - A x)||^2 / (2 sigma_y^2)) N(x; x0_hat, C), with C isotropic (sigma_k^2 I)
 or spectral (Fourier-diagonal, from a power spectrum S: :func:`spectral_prior_variance`).
-Closed form where the operator is circulant (:func:`~nfc_dps.frequency.fourier_gaussian_mean`)
-or the case is isotropic and unweighted (the operator's prox); conjugate gradients otherwise,
+Closed form where the operator's decomposition diagonalises C and the band too (Fourier:
+:func:`~nfc_dps.frequency.fourier_gaussian_mean`) or the case is isotropic and unweighted (the
+operator's prox, itself from its decomposition where it has one); conjugate gradients otherwise,
 preconditioned by :func:`normal_preconditioner` from the operator's :class:`PixelCoverage`.
 All in the prior's [-1, 1] model units.
 """
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from ..frequency import fit_power_law, fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency
 from ..operators.base import Generators, LinearOperator, conjugate_gradient, pixel_gain, randn_per_image
+from ..operators.decomposition import Decomposition
 
 
 def spectral_prior_variance(spectrum: Tensor, sigma: float) -> Tensor:
@@ -46,38 +48,48 @@ def fit_spectrum_from_measurement(operator: LinearOperator, y_m: Tensor, image_s
     return power_law_spectrum(amplitude, alpha, image_shape)
 
 
-def gram_eigenvalues_for_matching(operator: LinearOperator, h: int, w: int) -> tuple[Tensor, bool]:
-    """The eigenvalues of A^T A that matched re-noising averages over, and whether they are in FFT
-    order (a circulant operator): the operator's ``approximate_gram_eigenvalues`` (exact where it
-    declares them; a reflect-boundary blur's are those of the circular blur with its kernel).
-    ValueError for an operator that has none."""
-    gram = operator.approximate_gram_eigenvalues(h, w)
+@dataclass(frozen=True)
+class NormalEigenvalues:
+    """The eigenvalues of A^T A that matched re-noising averages over (one per component), and the
+    operator's decomposition where it has one: the basis the eigenvalues are ordered in."""
+
+    values: Tensor
+    decomposition: Decomposition | None
+
+
+def normal_eigenvalues(operator: LinearOperator, image_shape: Sequence[int], dtype: torch.dtype = torch.float32,
+                       device: torch.device | str | None = None) -> NormalEigenvalues:
+    """The operator's ``approximate_gram_eigenvalues`` on ``image_shape``'s (h, w) (exact where it
+    declares them; a reflect-boundary blur's are those of the circular blur with its kernel), in
+    ``dtype``. ValueError for an operator that has none."""
+    gram = operator.approximate_gram_eigenvalues(*image_shape[-2:])
     if gram is None:
         raise ValueError(f"renoise='matched' needs the eigenvalues of A^T A, which {type(operator).__name__} "
-                         f"({operator.name}, family {operator.family}) does not declare; use renoise='fresh' or 'none'")
-    return gram, bool(operator.is_circulant)
+                         f"({operator.name}, family {operator.family}) does not declare; use renoise='fresh'")
+    return NormalEigenvalues(gram.to(device=device, dtype=dtype), operator.decomposition())
 
 
-def conditional_error_variance(gram: Tensor, sigma_y: float, prior_var: float | Tensor, temperature: float,
-                               fft_ordered: bool) -> Tensor:
+def conditional_error_variance(gram: NormalEigenvalues, sigma_y: float, prior_var: float | Tensor,
+                               temperature: float) -> Tensor:
     """(B|1,) expected squared error per pixel of the inner step's output, under its own Gaussian model.
 
     The model: x ~ N(center, C) and y = A x + sigma_y n; the conditional covariance is
     P = (A^T A / sigma_y^2 + C^-1)^-1. The mean is off by P (trace per pixel), a draw at temperature
-    t by (1 + t^2) P. ``gram``: the H W eigenvalues of A^T A
-    (``LinearOperator.approximate_gram_eigenvalues``).
-    ``prior_var``: r^2, or the spectral C (B|1, 1, H, W) on the FFT grid; C is diagonal in A^T A's
-    basis when the eigenvalues are ``fft_ordered`` (a circulant operator: |H|^2 flattened); else
-    its mean stands for it (the isotropic prior of the same total variance). Not counted: the band
-    weight and the Haar fuse that may follow the step.
+    t by (1 + t^2) P. ``gram``: :func:`normal_eigenvalues`.
+    ``prior_var``: r^2, or the spectral C (B|1, 1, H, W) on the FFT grid; C is diagonal beside the
+    eigenvalues where the decomposition's basis diagonalises it (``stationary_diagonal``: Fourier);
+    else its mean stands for it (the isotropic prior of the same total variance). Not counted: the
+    band weight and the Haar fuse that may follow the step.
     """
+    values = gram.values
     if isinstance(prior_var, Tensor):
-        if fft_ordered and prior_var[0].numel() != gram.numel():
-            raise ValueError(f"{gram.numel()} eigenvalues for a prior variance of shape {tuple(prior_var.shape)}")
-        c = prior_var.flatten(1) if fft_ordered else prior_var.flatten(1).mean(1, keepdim=True)
+        diagonal = None if gram.decomposition is None else gram.decomposition.stationary_diagonal(prior_var)
+        if diagonal is not None and diagonal[0].numel() != values.numel():
+            raise ValueError(f"{values.numel()} eigenvalues for a prior variance of shape {tuple(prior_var.shape)}")
+        c = diagonal.flatten(1) if diagonal is not None else prior_var.flatten(1).mean(1, keepdim=True)
     else:
-        c = torch.tensor([[prior_var]], dtype=gram.dtype, device=gram.device)
-    per_component = 1.0 / (gram[None] / sigma_y**2 + 1.0 / c)
+        c = torch.tensor([[prior_var]], dtype=values.dtype, device=values.device)
+    per_component = 1.0 / (values[None] / sigma_y**2 + 1.0 / c)
     return (1 + temperature**2) * per_component.mean(1)
 
 
@@ -106,8 +118,8 @@ def gaussian_conditional(
             on the operator only, so samplers compute it once per run (computed here if None).
     Perturb-and-solve: x~ = center + C^1/2 e, u~ = W y + sigma_y e', then
     x = argmin ||u~ - W A x||^2 / (2 sigma_y^2) + ||x - x~||_C^-1^2 / 2 is an exact sample.
-    Closed form for circulant blur (Fourier) and for the isotropic, unweighted case (the
-    operator's prox); conjugate gradients otherwise. ``temperature`` t scales both perturbations,
+    Closed form where the operator's decomposition diagonalises C and W (circulant operators: Fourier)
+    and for the isotropic, unweighted case (the operator's prox); conjugate gradients otherwise. ``temperature`` t scales both perturbations,
     so the draw has the same mean and t^2 times the covariance (t = 1: exact; t = 0: the mean).
     """
     spectral = isinstance(prior_var, Tensor)
@@ -124,14 +136,9 @@ def gaussian_conditional(
     if not spectral and band is None:
         return operator.prox(y_t, x_t, sigma_y, prior_var**0.5)
 
-    h, w = center.shape[-2:]
-    if operator.is_circulant:
-        H = operator.transfer_function(h, w, dtype=center.dtype, device=center.device)
-        inv_c = 1.0 / prior_var if spectral else torch.full_like(H.real, 1.0 / prior_var)
-        Wy = torch.fft.fft2(y_t, norm="ortho") * (1.0 if band is None else band)
-        X = fourier_gaussian_mean(H, Wy, sigma_y**2, prior_mean=torch.fft.fft2(x_t, norm="ortho"),
-                                  prior_precision=inv_c, weight2=None if band is None else band**2)
-        return torch.fft.ifft2(X, norm="ortho").real
+    closed = _stationary_gaussian_mean(operator.decomposition(), y_t, x_t, sigma_y, prior_var, band)
+    if closed is not None:
+        return closed
 
     band2 = None if band is None else band**2
     inv_c = 1.0 / prior_var
@@ -148,6 +155,26 @@ def gaussian_conditional(
     if spectral:
         precondition = normal_preconditioner(coverage or pixel_coverage(operator, center), prior_var, sigma_y)
     return conjugate_gradient(normal, rhs, x_t.clone(), max_iter=cg_iters, tol=1e-5, precondition=precondition)
+
+
+def _stationary_gaussian_mean(decomposition: Decomposition | None, y: Tensor, x: Tensor, sigma_y: float,
+                              prior_var: float | Tensor, band: Tensor | None) -> Tensor | None:
+    """The inner step's solve in closed form where the decomposition's basis diagonalises the prior
+    covariance and the band weight too (``stationary_diagonal``: Fourier), else None."""
+    if decomposition is None:
+        return None
+    h, w = x.shape[-2:]
+    inv_c = 1.0 / prior_var if isinstance(prior_var, Tensor) else torch.full((h, w), 1.0 / prior_var, dtype=x.dtype,
+                                                                              device=x.device)
+    inv_c = decomposition.stationary_diagonal(inv_c)
+    weight = None if band is None else decomposition.stationary_diagonal(band)
+    if inv_c is None or (band is not None and weight is None):
+        return None
+    d = decomposition.diagonal(h, w, x.dtype, x.device)
+    X = fourier_gaussian_mean(d, decomposition.U_adjoint(y) * (1.0 if weight is None else weight), sigma_y**2,
+                              prior_mean=decomposition.V_adjoint(x), prior_precision=inv_c,
+                              weight2=None if weight is None else weight**2)
+    return decomposition.V(X)
 
 
 def _dilate(mask: Tensor, size: int) -> Tensor:

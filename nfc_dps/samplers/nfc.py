@@ -54,7 +54,7 @@ from .common import (
 from .gaussian_step import (
     conditional_error_variance,
     fit_spectrum_from_measurement,
-    gram_eigenvalues_for_matching,
+    normal_eigenvalues,
     gaussian_conditional,
     is_nonwrapping_blur,
     pixel_coverage,
@@ -317,11 +317,10 @@ def matched_noise_std(operator: LinearOperator, prob: ModelProblem,
     """(prior variance, sigma_{k+1}) -> per-image std (B|1,) sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) of
     the noise the inner step's output lacks, e_k^2 its expected squared error per pixel
     (``gaussian_step.conditional_error_variance`` over the eigenvalues of A^T A)."""
-    gram, fft_ordered = gram_eigenvalues_for_matching(operator, *prob.image_shape[-2:])
-    gram = gram.to(device=prob.y.device, dtype=prob.y.dtype)
+    gram = normal_eigenvalues(operator, prob.image_shape, prob.y.dtype, prob.y.device)
 
     def std(prior_var: float | Tensor, sigma_next: float) -> Tensor:
-        err2 = conditional_error_variance(gram, prob.sigma, prior_var, temperature, fft_ordered)
+        err2 = conditional_error_variance(gram, prob.sigma, prior_var, temperature)
         return (sigma_next**2 - err2).clamp(min=0).sqrt()
 
     return std
