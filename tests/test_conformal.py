@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from nfc_dps.cli import main
-from nfc_dps.conformal import (DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, interval, load_calibration,
-                               min_images, normalized_scores, prior_fingerprint)
+from nfc_dps.conformal import (DEFAULT_EPS, EDGE_WEIGHTS, Calibration, CalibrationError, edge_strength, fit_quantile,
+                               fit_rule, interval, load_calibration, min_images, normalized_scores, prior_fingerprint)
 from nfc_dps.io import read_image, write_image
 from nfc_dps.samplers import get_config
 
@@ -133,6 +133,66 @@ def _calibration(**kw) -> Calibration:
     return Calibration(**base)
 
 
+# ---------------------------------------------------------------- the edge term and the fitted rule
+
+
+def test_edge_strength_is_the_local_gradient_magnitude():
+    """Zero on a flat or far from an edge; a unit vertical step gives 1/2 beside it after the 3 x 3
+    mean (the Sobel norm / 8 is 1/2 on the two columns next to the step); tensor and array agree,
+    per channel, on any leading shape."""
+    flat = np.full((2, 3, 9, 9), 0.3)
+    assert np.allclose(edge_strength(flat), 0)
+    step = np.zeros((9, 12))
+    step[:, 6:] = 1.0
+    e = edge_strength(step)
+    assert e.shape == step.shape and np.allclose(e[:, :3], 0) and np.allclose(e[:, 9:], 0)
+    assert np.allclose(e[4, 5], e[4, 6]) and 0.3 < e[4, 6] <= 0.5 + 1e-12
+    two = np.stack([step, np.zeros_like(step)])
+    t = edge_strength(torch.from_numpy(two).float())
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
+    assert np.allclose(t.numpy(), edge_strength(two), atol=1e-6) and np.allclose(edge_strength(two)[1], 0)
+
+
+def _edge_error_images(n, scale_by_edge, seed=0):
+    """n images (mean, std, truth) whose errors are Gaussian with std ``0.02 + 0.5 edge`` where
+    scale_by_edge, else ``std``; the images differ in how much edge they hold."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        mean = np.zeros((1, 24, 24))
+        mean[:, :, 12:] = i / n  # a step of height i/n: from no edge to a strong one
+        std = np.full_like(mean, 0.02)
+        err_std = std + 0.5 * edge_strength(mean) if scale_by_edge else std
+        out.append((mean, std, mean + err_std * rng.standard_normal(mean.shape)))
+    return out
+
+
+def test_fit_rule_chooses_the_edge_weight_that_covers_images_evenly():
+    """Errors that grow at edges: a positive edge weight covers the images more evenly than the std
+    alone and the fit takes it; errors the std describes: the fit keeps c = 0. With c = 0 alone the
+    rule is fit_quantile's."""
+    edgy = fit_rule(_edge_error_images(20, True), 0.9)
+    assert edgy.edge_weight > 0 and edgy.spread_by_weight[edgy.edge_weight] < edgy.spread_by_weight[0.0]
+    assert set(edgy.spread_by_weight) == set(EDGE_WEIGHTS) and len(edgy.covered) == 20
+    plain_images = _edge_error_images(20, False)
+    assert fit_rule(plain_images, 0.9).edge_weight == 0.0
+    only = fit_rule(plain_images, 0.9, edge_weights=(0.0,))
+    assert only.q == fit_quantile([normalized_scores(m, s, x) for m, s, x in plain_images], 0.9)
+    with pytest.raises(CalibrationError, match="edge_weights"):
+        fit_rule(plain_images, 0.9, edge_weights=())
+
+
+def test_interval_widens_with_the_edge_weight_and_unclipped_on_request():
+    mean = np.zeros((1, 8, 8))
+    mean[:, :, 4:] = 0.5
+    std = np.full_like(mean, 0.01)
+    lo0, hi0 = interval(mean, std, 2.0)
+    lo1, hi1 = interval(mean, std, 2.0, edge_weight=1.0)
+    assert np.all(hi1 - lo1 >= hi0 - lo0 - 1e-12) and (hi1 - lo1).max() > (hi0 - lo0).max()
+    lo, hi = interval(mean, std, 100.0, clip=False)
+    assert lo.min() < 0 and hi.max() > 1
+
+
 def test_round_trip(tmp_path):
     cal = _calibration(fit={"images": ["a.png"], "coverage_in_sample": 0.9})
     path = cal.save(tmp_path / "cal.json")
@@ -140,6 +200,13 @@ def test_round_trip(tmp_path):
     assert back.to_dict() == cal.to_dict() and back.source == str(path)
     assert load_calibration(back) is back
     assert load_calibration(json.loads(path.read_text())).q == cal.q
+    edged = _calibration(edge_weight=2.0)
+    assert load_calibration(edged.save(tmp_path / "e.json")).edge_weight == 2.0
+    old = {**edged.to_dict(), "version": 1}
+    old.pop("edge_weight")
+    assert load_calibration(old).edge_weight == 0.0  # a version-1 file: the std alone
+    with pytest.raises(CalibrationError, match="edge_weight must be a finite number >= 0"):
+        load_calibration({**edged.to_dict(), "edge_weight": -1})
 
 
 def test_unreadable_files_are_named(tmp_path):

@@ -30,18 +30,19 @@ chain. The split:
   from the same prior with other seeds, are the validation set. Oracle values are not clipped
   (they are not confined to [0, 1]). An exact sampler's calibrated interval should stay at the
   nominal coverage.
-* embedded prior: test images are tiles of the held-out photographs ``EMBEDDED_IMAGES``
-  (astronaut, coffee), validation images tiles of the other two held-out photographs
-  ``VALIDATION_PHOTOS`` (chelsea, camera); the prior was trained on neither
-  (:data:`nfc_dps.priors.training_data.HELDOUT_IMAGES`). A tile is a (size·2)-pixel crop
-  area-averaged to ``size`` px: the first tile of a photograph is its centre crop (the local
-  protocol's image), the next ones adjoin it on a grid (:func:`photo_tiles`), so tiles do not
-  overlap. Validation and test images come from different photographs; tiles of one photograph
-  are not independent, so the test coverage is that of these photographs, not of photographs in
-  general.
+* embedded prior: test images are tiles of the four held-out photographs ``EMBEDDED_IMAGES``
+  (:data:`nfc_dps.priors.training_data.HELDOUT_IMAGES`: astronaut, coffee, chelsea, camera),
+  taken in turn; validation images (:func:`validation_tiles`) are two thirds tiles of
+  ``VALIDATION_PHOTOS`` (scikit-image's motorcycle, left view) and one third textured dead leaves
+  (:func:`nfc_dps.training.leaves.textured_leaves`); the prior was trained on none of them. A tile
+  is a (size·2)-pixel crop area-averaged to ``size`` px: the first tile of a photograph is its
+  centre crop (the local protocol's image), the next ones adjoin it on a grid (:func:`photo_tiles`),
+  so tiles do not overlap. Tiles of one photograph are not independent, so the test coverage is
+  that of these photographs, not of photographs in general.
 
 Before calibration the interval is mean ± 1.645 std (a Gaussian's 90 % interval; the raw
-coverage column), after it mean ± q (std + eps); the width is the mean of upper - lower over the
+coverage column), after it the fitted rule's mean ± q (std + c edge(mean) + eps)
+(:func:`nfc_dps.conformal.fit_rule`: q and the edge weight c fitted on validation); the width is the mean of upper - lower over the
 test pixel values (after clipping to [0, 1] on the embedded prior): at the same coverage, a
 narrower interval is the better uncertainty estimate.
 
@@ -64,7 +65,9 @@ import torch
 from torch import Tensor
 
 from ..api import image_generators, stable_seed
-from ..conformal import DEFAULT_EPS, fit_quantile, interval, normalized_scores
+from ..conformal import DEFAULT_EPS, fit_rule, interval
+from ..priors.training_data import HELDOUT_IMAGES
+from ..training.leaves import textured_leaves
 from ..io import atomic_write_text
 from ..metrics import coverage, expected_coverage
 from ..operators import BlurOperator, build_operator, gaussian_kernel
@@ -93,14 +96,15 @@ ORACLE_MEASUREMENTS = 8
 ORACLE_SIZE = 32
 GAUSSIAN_BLUR_STD = 1.5
 SIGMA_Y = 0.025
-EMBEDDED_IMAGES = ("astronaut", "coffee")
-#: held-out photographs whose tiles are the embedded prior's validation images
-VALIDATION_PHOTOS = ("chelsea", "camera")
+#: the embedded prior's test photographs (taken in turn: the default 2 test tiles are the centre crops of the first two)
+EMBEDDED_IMAGES = HELDOUT_IMAGES
+#: photographs whose tiles are two thirds of the embedded prior's validation images (:func:`validation_tiles`)
+VALIDATION_PHOTOS = ("motorcycle_left",)
 ORACLE_VALIDATION = 20
 DEFAULT_COVERAGE = 0.9
 COLUMNS = ["setting", "method", "budget", "k", "width", "observed", "expected"]
-CONFORMAL_COLUMNS = ["setting", "method", "budget", "k", "nominal", "q", "raw_coverage", "coverage", "width",
-                     "n_validation", "n_test"]
+CONFORMAL_COLUMNS = ["setting", "method", "budget", "k", "nominal", "q", "edge_weight", "raw_coverage", "coverage",
+                     "width", "n_validation", "n_test"]
 
 
 def coverage_curve(samples: Tensor, truth: Tensor, widths: Sequence[float] = WIDTHS, group: int | None = None
@@ -233,18 +237,28 @@ def photo_tiles(photos: Sequence[str], count: int, size: int, zoom: int = 2) -> 
     return out
 
 
+def validation_tiles(count: int, size: int, zoom: int = 2) -> list[tuple[str, np.ndarray]]:
+    """The embedded prior's ``count`` validation images (name, (size, size, 3) float32): the first
+    two thirds tiles of VALIDATION_PHOTOS (:func:`photo_tiles`), the rest textured dead leaves
+    (``leaves<i>``, drawn at size·zoom from seed i and area-averaged by zoom, as the tiles are)."""
+    photos = photo_tiles(VALIDATION_PHOTOS, (2 * count) // 3, size, zoom)
+    leaves = [textured_leaves(size * zoom, np.random.default_rng(i)) for i in range(count - len(photos))]
+    return photos + [(f"leaves{i}", img.reshape(size, zoom, size, zoom, 3).mean((1, 3)).astype(np.float32))
+                     for i, img in enumerate(leaves)]
+
+
 def _embedded_problem(name: str, seed: int, out: Path, size: int = 64, validation_images: int = 0,
                       test_images: int = len(EMBEDDED_IMAGES)) -> dict[str, tuple]:
     """A task's {split: (operators, truths, measurements, image names)}, one entry per image, the
     local protocol's measurements (cached under ``out``, as the harness caches them); splits
-    "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation" (tiles of
-    VALIDATION_PHOTOS)."""
+    "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation"
+    (:func:`validation_tiles`)."""
     spec = BenchSpec(protocol="local", size=size, sigma_y=SIGMA_Y, seed=seed, out=out,
                      image_names=EMBEDDED_IMAGES, save_images=False)
     task = task_specs("local", spec.size, "circular")[name.removeprefix("embedded-")]
     images = {"test": photo_tiles(EMBEDDED_IMAGES, test_images, size, spec.zoom)}
     if validation_images:
-        images["validation"] = photo_tiles(VALIDATION_PHOTOS, validation_images, size, spec.zoom)
+        images["validation"] = validation_tiles(validation_images, size, spec.zoom)
     splits = {}
     for split, imgs in images.items():
         measured = [measurement(spec, task, image, img) for image, img in imgs]
@@ -253,15 +267,15 @@ def _embedded_problem(name: str, seed: int, out: Path, size: int = 64, validatio
     return splits
 
 
-def interval_stats(samples: Sequence[Tensor], truths: Sequence[Tensor], q: float, z: float, clip: bool) -> dict:
+def interval_stats(samples: Sequence[Tensor], truths: Sequence[Tensor], q: float, z: float, clip: bool,
+                   edge_weight: float = 0.0) -> dict:
     """Test-set numbers of one interval rule: per image, the fraction of pixel values inside
-    mean ± q (std + eps) and inside mean ± z std, and the mean width; averaged over images.
-    samples: per image (K, B, C, H, W) unclipped chains; truths: (B, C, H, W)."""
+    mean ± q (std + edge_weight edge(mean) + eps) and inside mean ± z std, and the mean width;
+    averaged over images. samples: per image (K, B, C, H, W) unclipped chains; truths: (B, C, H, W)."""
     cov, raw, width = [], [], []
     for xs, truth in zip(samples, truths):
         mean, std = _mean_std(xs, clip)
-        lo, hi = interval(mean, std, q, DEFAULT_EPS) if clip else (mean - q * (std + DEFAULT_EPS),
-                                                                    mean + q * (std + DEFAULT_EPS))
+        lo, hi = interval(mean, std, q, DEFAULT_EPS, edge_weight, clip=clip)
         cov.append(float(((truth >= lo) & (truth <= hi)).double().mean()))
         raw.append(float(((truth - mean).abs() <= z * std).double().mean()))
         width.append(float((hi - lo).double().mean()))
@@ -278,7 +292,8 @@ def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[
                    test: Sequence[Tensor], test_truths: Sequence[Tensor], coverage: float = DEFAULT_COVERAGE,
                    clip: bool = True) -> list[dict[str, Any]]:
     """Rows of conformal.csv for one (setting, method): for K = 4 (the first 4 chains) and K = all,
-    q fitted on the validation measurements (pooled rule), coverage and width on the test ones.
+    the rule (q and the edge weight, :func:`~nfc_dps.conformal.fit_rule`, pooled) fitted on the
+    validation measurements, coverage and width on the test ones.
     validation / test: per measurement, (K, B, C, H, W) chains; each of the B images is one
     calibration image."""
     k = validation[0].shape[0]
@@ -286,14 +301,15 @@ def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[
     for kk in sorted({4, k}):
         if kk > k:
             continue
-        scores = []
+        images = []
         for xs, truth in zip(validation, val_truths):
             mean, std = _mean_std(xs[:kk], clip)
-            scores += [normalized_scores(mean[b], std[b], truth[b], DEFAULT_EPS) for b in range(truth.shape[0])]
-        q = fit_quantile(scores, coverage, "pooled")
-        st = interval_stats([xs[:kk] for xs in test], test_truths, q, raw_z(coverage), clip)
-        rows.append({"setting": setting, "method": method, "budget": budget, "k": kk, "nominal": coverage, "q": q,
-                     **st, "n_validation": len(scores), "n_test": sum(t.shape[0] for t in test_truths)})
+            images += [(mean[b], std[b], truth[b]) for b in range(truth.shape[0])]
+        fit = fit_rule(images, coverage, "pooled")
+        st = interval_stats([xs[:kk] for xs in test], test_truths, fit.q, raw_z(coverage), clip, fit.edge_weight)
+        rows.append({"setting": setting, "method": method, "budget": budget, "k": kk, "nominal": coverage, "q": fit.q,
+                     "edge_weight": fit.edge_weight, **st, "n_validation": len(images),
+                     "n_test": sum(t.shape[0] for t in test_truths)})
     return rows
 
 
@@ -434,8 +450,10 @@ class Calibration(Protocol):
         return {"K": self.k, "oracle budgets": ", ".join(map(str, self.budgets)), "embedded budget": spec.embedded_budget,
                 "oracle measurements per setting": f"{ORACLE_MEASUREMENTS} test, {ORACLE_VALIDATION} validation",
                 "embedded images": f"test: {self.test_images} tile(s) of {', '.join(EMBEDDED_IMAGES)}; validation: "
-                                   f"{spec.validation_images} tile(s) of {', '.join(VALIDATION_PHOTOS)} ({spec.size} px)",
-                "calibrated coverage": f"{spec.coverage:g} (pooled rule, fitted on validation, measured on test)",
+                                   f"{spec.validation_images} tile(s) of {', '.join(VALIDATION_PHOTOS)} and textured "
+                                   f"leaves ({spec.size} px)",
+                "calibrated coverage": f"{spec.coverage:g} (pooled rule and edge weight fitted on validation, "
+                                       f"measured on test)",
                 "prior": spec.prior or "embedded default", "seed": spec.seed}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:

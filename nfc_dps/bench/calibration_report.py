@@ -28,6 +28,15 @@ def read_calibration_csv(path: Path) -> list[dict[str, Any]]:
                 for r in csv.DictReader(f)]
 
 
+def read_conformal_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of an OUT/conformal.csv (numbers parsed; a file without an edge_weight column is a
+    rule fitted without it: 0)."""
+    ints = ("budget", "k", "n_validation", "n_test")
+    with open(path, newline="") as f:
+        return [{k: v if k in ("setting", "method") else int(v) if k in ints else float(v)
+                 for k, v in {"edge_weight": "0", **r}.items()} for r in csv.DictReader(f)]
+
+
 def mean_rows(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Row-wise mean of ``observed`` over equally laid out row lists (one per image)."""
     return [{**rs[0], "observed": float(np.mean([r["observed"] for r in rs]))} for rs in zip(*parts)]
@@ -55,17 +64,36 @@ def conformal_markdown(crows: list[dict[str, Any]]) -> str:
         return ""
     nominal = crows[0]["nominal"]
     lines = ["", f"## Calibrated {100 * nominal:g} % intervals (fitted on validation, measured on test)", "",
-             f"before: mean ± {raw_z(nominal):.3f} std (a Gaussian's {100 * nominal:g} % interval); after: mean ± q (std + eps), "
-             "q fitted on the validation measurements (pooled rule, nfc_dps.conformal); width: mean of upper − lower "
-             "over the test pixel values ([0, 1] units; oracles in their own units). At the same coverage the "
-             "narrower interval is the better uncertainty estimate.", "",
-             "| setting | method | NFE | K | before % | after % | q | width | validation / test images |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             _conformal_legend(nominal), ""]
+    return "\n".join(lines + conformal_lines(crows)) + "\n"
+
+
+def _conformal_legend(nominal: float) -> str:
+    return (f"before: mean ± {raw_z(nominal):.3f} std (a Gaussian's {100 * nominal:g} % interval); after: mean ± q "
+            "(std + c edge(mean) + eps), q and the edge weight c fitted on the validation measurements (pooled rule, "
+            "nfc_dps.conformal); width: mean of upper − lower over the test pixel values ([0, 1] units; oracles in "
+            "their own units). At the same coverage the narrower interval is the better uncertainty estimate.")
+
+
+def conformal_lines(crows: list[dict[str, Any]]) -> list[str]:
+    """The calibrated-interval table's markdown lines, a row per (setting, method, budget, K)."""
+    lines = ["| setting | method | NFE | K | before % | after % | q | c | width | validation / test images |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in crows:
         lines.append(f"| {r['setting']} | {r['method']} | {r['budget']} | {r['k']} | {100 * r['raw_coverage']:.1f} | "
-                     f"{100 * r['coverage']:.1f} | {r['q']:.3f} | {r['width']:.4f} | {r['n_validation']} / "
-                     f"{r['n_test']} |")
-    return "\n".join(lines) + "\n"
+                     f"{100 * r['coverage']:.1f} | {r['q']:.3f} | {r.get('edge_weight', 0.0):g} | {r['width']:.4f} | "
+                     f"{r['n_validation']} / {r['n_test']} |")
+    return lines
+
+
+def conformal_table(paths: Sequence[Path], bench: Path, link: str) -> str:
+    """The docs' calibrated-interval table from committed conformal.csv files under ``bench``
+    (``link``: the prefix of links to ``bench``)."""
+    crows = [r for p in paths for r in read_conformal_csv(p)]
+    nominal = crows[0]["nominal"]
+    names = [Path(p).relative_to(bench).as_posix() for p in paths]
+    sources = " ".join(f"[`{n}`]({link}{n})" for n in names)
+    return "\n".join(conformal_lines(crows) + ["", _conformal_legend(nominal) + f" Source: {sources}."])
 
 
 def coverage_table(rows: list[dict[str, Any]], columns: Sequence[tuple[str, int]], heads: Sequence[str],

@@ -35,7 +35,7 @@ import numpy as np
 
 from .spec import DEFAULT_TASKS
 from .tables import group_rows, load_results, mean_std, numbers
-from .calibration_report import coverage_table, read_calibration_csv
+from .calibration_report import conformal_table, coverage_table, read_calibration_csv
 from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
@@ -48,7 +48,7 @@ NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
 CLASSICAL = ("wiener", "tv", "bicubic", "biharmonic")
 DPIR_COLUMNS = ("dpir", "dpir:paper")
 MARKER = re.compile(r"(<!-- table:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
-PAGES = ("docs/benchmarks.md", "docs/prior.md", "README.md")
+PAGES = ("docs/benchmarks.md", "docs/prior.md", "docs/uncertainty.md", "README.md")
 
 
 # --------------------------------------------------------------------------- sources
@@ -274,6 +274,30 @@ def which_table(det: Source, stoch: Source, link: str) -> str:
     return "\n".join(L)
 
 
+def per_image_table(src: Source, link: str, method: str = "nfc:deterministic",
+                    against: Sequence[str] = ("dpir", "dpir:paper", "tv")) -> str:
+    """Per task and image: PSNR of ``method`` and of each of ``against``, and ``method`` minus the best
+    of the DPIR rows; then ``method``'s seconds per network call on each task over its SR x4 cost."""
+    groups = {(t, r["image"], m): r for (t, m, _, _), rs in group_rows(src.rows).items() for r in rs}
+    tasks = [t for t in TASKS if any(k[0] == t for k in groups)]
+    images = list(dict.fromkeys(r["image"] for r in src.rows))
+    heads = [row_label(m, "", src.preset) for m in (method, *against)]
+    L = ["| task | image | " + " | ".join(heads) + " | − best DPIR |", "|---|---|" + "---|" * (len(heads) + 1)]
+    for t in tasks:
+        for im in images:
+            vals = [float(groups[(t, im, m)]["psnr"]) if (t, im, m) in groups else None for m in (method, *against)]
+            dpir = [v for m, v in zip(against, vals[1:]) if m.startswith("dpir") and v is not None]
+            gap = f"{vals[0] - max(dpir):+.2f}" if dpir and vals[0] is not None else "–"
+            L.append(f"| {TASK_LABELS.get(t, t)} | {im} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in vals)
+                     + f" | {gap} |")
+    cost = {t: np.mean([float(r["seconds"]) / int(r["nfe"]) for (tt, _, m), r in groups.items() if tt == t and m == method])
+            for t in tasks}
+    ratios = ", ".join(f"{TASK_LABELS.get(t, t)} {cost[t] / cost['sr_bicubic']:.2f}×" for t in tasks if t != "sr_bicubic")
+    L += ["", f"PSNR in dB per image. Seconds per network call of `{method}` relative to SR ×4: {ratios}. "
+              "Source: " + _caption(src, link)]
+    return "\n".join(L)
+
+
 def calibration_table(paths: Sequence[Path], link: str) -> str:
     """Coverage of the K-sample std map at ±1 / ±2 std, the largest K of each file, per setting
     (:func:`~nfc_dps.bench.calibration_report.coverage_table`)."""
@@ -400,6 +424,8 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "glance": lambda: glance_table([("256 px", src("local256_det")), ("64 px", src("local64_det"))], blink),
         "local256": lambda: grid_table([src("local256_det"), src("local256_50nfe")], blink),
         "local256_seed1": lambda: grid_table([src("local256_seed1")], blink),
+        "paper256": lambda: grid_table([src("paper256_det")], blink),
+        "paper256_per_image": lambda: per_image_table(src("paper256_det"), blink),
         "local64": lambda: grid_table([src("local64_det"), src("local_nfe")], blink),
         "local_k4_25": lambda: grid_table([src("local_k4_25")], blink),
         "local100": lambda: grid_table([src("local")], blink),
@@ -407,6 +433,9 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "which": lambda: which_table(src("local256_det"), src("local256_50nfe"), blink),
         "calibration": lambda: calibration_table([bench / "calibration" / "calibration.csv",
                                                   bench / "calibration_nfc100" / "calibration.csv"], blink),
+        "conformal_oracles": lambda: conformal_table([bench / "conformal_oracles" / "conformal.csv"], bench, blink),
+        "conformal_nfc_fast": lambda: conformal_table([bench / "conformal_nfc_fast" / t / "conformal.csv" for t in
+                                                       ("sr_bicubic", "inpaint_random", "deblur_gaussian")], bench, blink),
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),

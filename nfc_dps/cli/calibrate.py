@@ -19,7 +19,7 @@ from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .simulate import simulated_measurement
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
-from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_quantile, min_images, normalized_scores, prior_fingerprint, sampler_fields
+from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_rule, min_images, prior_fingerprint, sampler_fields
 from ..samplers.common import PriorRangeError
 from ..api import as_batch, restore, stable_seed
 
@@ -72,23 +72,25 @@ def cmd_calibrate(args) -> int:
     log.info(f"calibrating {sampler.method}/{sampler.preset} K={args.samples} on {len(images)} image(s) of "
              f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
     names = input_names(images, folder)
-    scores = _scores(args, task, sampler, seed, images, names, prior, device, first)
+    restored = _restored(args, task, sampler, seed, images, names, prior, device, first)
     try:
-        q = fit_quantile(scores, args.coverage, args.rule)
+        fit = fit_rule(restored, args.coverage, args.rule)
     except CalibrationError as e:
         raise UsageError(str(e)) from e
-    inside = [float(np.mean(s <= q)) for s in scores]
+    q, inside = fit.q, fit.covered
     info = prior_key(args.prior)
     cal = Calibration(
-        q=q, coverage=float(args.coverage), rule=args.rule, eps=DEFAULT_EPS, n_images=len(scores),
+        q=q, coverage=float(args.coverage), rule=args.rule, eps=DEFAULT_EPS, n_images=len(restored),
         num_samples=int(args.samples), method=sampler.method, preset=sampler.preset,
         sampler=sampler_fields(sampler.config),
         prior={"fingerprint": prior_fingerprint(prior), "path": info["path"],
                "embedded_default": args.prior is None, "precision": prior.precision},
-        task=task.as_dict(),
+        task=task.as_dict(), edge_weight=fit.edge_weight,
         fit={"images": names, "folder": str(folder.resolve()), "seed": int(seed),
              "coverage_in_sample": float(np.mean(inside)), "coverage_in_sample_per_image": inside,
-             "units": "images in [0, 1]; interval = clip(mean -/+ q (std + eps), 0, 1) per pixel and channel"},
+             "per_image_spread_by_edge_weight": {str(c): v for c, v in fit.spread_by_weight.items()},
+             "units": "images in [0, 1]; interval = clip(mean -/+ q (std + edge_weight edge(mean) + eps), 0, 1) "
+                      "per pixel and channel (nfc_dps.conformal)"},
     )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +102,8 @@ def cmd_calibrate(args) -> int:
         log.info(f"note: {task.task} draws its operator at random; restore measurements simulated with it "
                  f"(restore --config <simulate output>/simulation.json) to apply this file; a {flag} of "
                  f"another origin is another task")
-    log.info(f"q = {q:.4g} (rule {args.rule}): {100 * np.mean(inside):.1f} % of the calibration pixel values inside "
-             f"mean ± q (std + {DEFAULT_EPS:.4g}) -> {out}")
+    log.info(f"q = {q:.4g}, edge weight {fit.edge_weight:g} (rule {args.rule}): {100 * np.mean(inside):.1f} % of the "
+             f"calibration pixel values inside mean ± q (std + {fit.edge_weight:g} edge + {DEFAULT_EPS:.4g}) -> {out}")
     return EXIT_OK
 
 
@@ -139,15 +141,15 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
     return task, sampler, resolve_seed(args, bundle), images, out
 
 
-def _scores(args, task: TaskConfig, sampler: ResolvedSampler, seed: int, images: list[Path], names: list[str],
-            prior, device, first: FirstImage | None) -> list[np.ndarray]:
-    """Each image's normalised scores: its measurement as ``simulate`` takes it, restored with K
-    samples. UsageError naming an image that cannot be read or restored."""
+def _restored(args, task: TaskConfig, sampler: ResolvedSampler, seed: int, images: list[Path], names: list[str],
+              prior, device, first: FirstImage | None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each image's (mean, std, truth) as (C, H, W) float64: its measurement as ``simulate`` takes
+    it, restored with K samples. UsageError naming an image that cannot be read or restored."""
     from tqdm.auto import tqdm
 
     source = OperatorSource(task)
     max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
-    scores = []
+    restored = []
     for path, name in zip(tqdm(images, desc="calibrate", unit="img", disable=args.quiet), names):
         try:
             x = first.image if first is not None and first.path == path else nio.read_image(path)[0]
@@ -167,5 +169,5 @@ def _scores(args, task: TaskConfig, sampler: ResolvedSampler, seed: int, images:
             raise UsageError(f"--method {sampler.method} with this prior: {e}") from e
         except ValueError as e:
             raise UsageError(f"calibration image {path}: {e}") from e
-        scores.append(normalized_scores(res.image, res.std, truth, DEFAULT_EPS))
-    return scores
+        restored.append(tuple(np.asarray(t[0].detach().cpu(), dtype=np.float64) for t in (res.image, res.std, truth)))
+    return restored
