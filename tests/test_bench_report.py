@@ -108,3 +108,21 @@ def test_committed_docs_are_generated_from_the_committed_result_files(tmp_path: 
     # and every page that the report serves has at least one table in it
     for rel in ("docs/benchmarks.md", "docs/prior.md"):
         assert "<!-- table:" in (REPO / rel).read_text()
+
+
+def test_per_image_table_takes_the_best_dpir_and_the_cost_per_call() -> None:
+    """NFC minus the better DPIR row per image (a missing DPIR row is left out, both missing: "–"),
+    and NFC's seconds per network call on each task over its SR x4 cost."""
+    def row(task, image, method, psnr, seconds="1.0", nfe="16"):
+        return {"task": task, "image": image, "method": method, "estimator": "deterministic", "budget": nfe,
+                "nfe": nfe, "psnr": psnr, "seconds": seconds}
+
+    rows = [row("sr_bicubic", "a", "nfc:deterministic", "25.0", "1.6"), row("sr_bicubic", "a", "dpir", "24.0", "1", "8"),
+            row("sr_bicubic", "a", "dpir:paper", "25.5", "3", "24"),
+            row("deblur_motion", "a", "nfc:deterministic", "27.0", "2.4"), row("deblur_motion", "a", "dpir", "26.0", "1", "8"),
+            row("deblur_motion", "b", "nfc:deterministic", "28.0", "2.4")]
+    text = report.per_image_table(report.Source(Path("x_results.csv"), rows, {"preset / budgets": "fast"}), "")
+    lines = {tuple(c.strip() for c in l.split("|")[1:3]): l for l in text.splitlines() if l.startswith("| ")}
+    assert lines[("SR ×4", "a")].endswith("| -0.50 |") and lines[("motion deblur", "a")].endswith("| +1.00 |")
+    assert lines[("motion deblur", "b")].endswith("| – |")
+    assert "motion deblur 1.50×" in text
