@@ -54,7 +54,7 @@ class Restoration:
         sample, or with ``keep_samples=False``): numpy (K, h, w[, C]), tensors (K, C, h, w) or
         (K, B, C, h, w).
     nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
-    lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + eps), clipped to
+    lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + c·edge(image) + eps), clipped to
         [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
     """
 

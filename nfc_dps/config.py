@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 from .operators import TASKS, check_task_params, noise_sigma_problem, build_operator
 from .overrides import ConfigError, coerce, coerce_overrides, flatten
-from .samplers import METHODS, get_config
+from .samplers import METHODS, get_config, with_preset_hint
 
 __all__ = [
     "ConfigError", "TaskConfig", "SamplerSpec", "ResolvedSampler", "ConfigBundle", "DEFAULT_NOISE_SIGMA", "KIND_RUN", "PER_IMAGE_SEED",
@@ -247,7 +247,7 @@ def _validate_overrides(method: str, preset: str | None, overrides: Mapping[str,
     try:
         return coerce_overrides(cls, overrides, method)
     except ConfigError as e:
-        raise ConfigError(f"{_source(e.key, provenance)}: {e}", e.key) from None
+        raise ConfigError(f"{_source(e.key, provenance)}: {with_preset_hint(method, cls, e)}", e.key) from None
 
 
 @dataclass(frozen=True)

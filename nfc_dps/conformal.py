@@ -313,6 +313,11 @@ class Calibration:
         if method != self.method:
             raise self._mismatch("method", method, self.method)
         fields = sampler_fields(config)
+        gone = sorted(set(self.sampler) - set(fields))
+        if gone and not set(fields) - set(self.sampler):
+            raise CalibrationError(f"calibration {self.source} records sampler fields that {self.method}/{self.preset} no "
+                                   f"longer has ({', '.join(gone[:6])}): it was fitted by an earlier nfc_dps; "
+                                   f"calibrate again")
         if fields != self.sampler:
             diff = sorted(k for k in set(fields) | set(self.sampler) if fields.get(k) != self.sampler.get(k))
             shown = ", ".join(f"{k}={fields.get(k)!r} (calibrated {self.sampler.get(k)!r})" for k in diff[:4])

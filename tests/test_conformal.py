@@ -253,6 +253,10 @@ def test_check_refuses_every_other_run():
             cal.check(**kw)
     # a restore of simulated measurements matches on the simulated task
     cal.check("nfc", cfg, 4, "abc", task=[{"task": "inpaint_mask"}, task])
+    # a file that records fields the config no longer has was fitted by an earlier nfc_dps
+    old = _calibration(sampler={**cal.sampler, "cg_iterations": 20})
+    with pytest.raises(CalibrationError, match="no longer has \\(cg_iterations\\).*earlier nfc_dps"):
+        old.check("nfc", cfg, 4, "abc", task=task)
 
 
 def test_prior_fingerprint_follows_the_weights():

@@ -303,6 +303,12 @@ def test_nfc_presets_of_either_regime_take_their_own_fields():
     assert torch.equal(post, sample_nfc(prior, op, y, 0.025, y.shape, fast, [torch.Generator().manual_seed(0)]))
     with pytest.raises(TypeError, match="sample_nfc_continuation"):
         sample_nfc(prior, op, y, 0.025, y.shape, get_config("nfc"))
+    with pytest.raises(TypeError, match="sample_nfc_continuation takes a ContinuationConfig"):
+        sample_nfc_continuation(prior, op, y, 0.025, y.shape, fast)
+    with pytest.raises(TypeError, match="sample_daps takes an NFCConfig"):
+        METHODS["daps"].sample(prior, op, y, 0.025, y.shape, get_config("nfc"))
+    with pytest.raises(ValueError, match="'renoise' is a field of preset .*preset: fast"):
+        get_config("nfc", None, renoise="fresh")
 
 
 def test_default_presets():

@@ -22,7 +22,8 @@ K = 16 (68.3 / 95.4 % as K grows). K = 4 is measured on disjoint groups of 4 of 
 
 Conformal calibration (:mod:`nfc_dps.conformal`, the ``pooled`` rule at ``coverage``, 90 % by
 default) is measured on a validation / test split: q is fitted on validation measurements and
-the interval mean ± q (std + eps) is scored on test measurements never used for the fit. K = 4
+the interval mean ± q (std + c edge(mean) + eps) is scored on test measurements never used for
+the fit. K = 4
 uses the first 4 chains (what ``restore --samples 4`` draws with the same seed), K = all every
 chain. The split:
 
@@ -96,8 +97,10 @@ ORACLE_MEASUREMENTS = 8
 ORACLE_SIZE = 32
 GAUSSIAN_BLUR_STD = 1.5
 SIGMA_Y = 0.025
-#: the embedded prior's test photographs (taken in turn: the default 2 test tiles are the centre crops of the first two)
+#: the embedded prior's test photographs, taken in turn
 EMBEDDED_IMAGES = HELDOUT_IMAGES
+#: embedded test tiles without --num-images: the centre crops of the first two test photographs
+DEFAULT_TEST_IMAGES = 2
 #: photographs whose tiles are two thirds of the embedded prior's validation images (:func:`validation_tiles`)
 VALIDATION_PHOTOS = ("motorcycle_left",)
 ORACLE_VALIDATION = 20
@@ -248,7 +251,7 @@ def validation_tiles(count: int, size: int, zoom: int = 2) -> list[tuple[str, np
 
 
 def _embedded_problem(name: str, seed: int, out: Path, size: int = 64, validation_images: int = 0,
-                      test_images: int = len(EMBEDDED_IMAGES)) -> dict[str, tuple]:
+                      test_images: int = DEFAULT_TEST_IMAGES) -> dict[str, tuple]:
     """A task's {split: (operators, truths, measurements, image names)}, one entry per image, the
     local protocol's measurements (cached under ``out``, as the harness caches them); splits
     "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation"
@@ -357,7 +360,7 @@ class Calibration(Protocol):
         if self.k % 4:
             raise ValueError(f"--samples must be a multiple of 4 (K = 4 is measured on groups of 4), got {self.k}")
         self.budgets = tuple(spec.budgets) or DEFAULT_BUDGETS
-        self.test_images = spec.num_images or len(EMBEDDED_IMAGES)
+        self.test_images = spec.num_images or DEFAULT_TEST_IMAGES
         self.embedded = [s for s in self.settings if s.startswith("embedded-")]
         self.prior_info = prior_record(spec.prior) if self.embedded else None
         self.prior = None
@@ -365,7 +368,10 @@ class Calibration(Protocol):
     def record(self) -> dict[str, Any]:
         budgets = self.budgets + ((self.spec.embedded_budget,) if self.embedded else ())
         configs = {f"{m}@{b}": cfg for b in dict.fromkeys(budgets) for m, cfg in _stochastic_runs(b, self.spec.methods)}
-        return folder_record(self.spec, configs, self.prior_info)
+        split = {"test": list(EMBEDDED_IMAGES), "validation": [*VALIDATION_PHOTOS, "textured leaves"],
+                 "test tiles": self.test_images}
+        return {**folder_record(self.spec, configs, self.prior_info),
+                "protocol_settings": {"embedded split": split} if self.embedded else {}}
 
     def _case(self, name: str, method: str, budget: int, item: Any = None) -> Case:
         keys = tuple((name, method, str(budget), str(kk), str(c)) for kk in sorted({4, self.k}) for c in WIDTHS)

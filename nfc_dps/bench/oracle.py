@@ -8,6 +8,7 @@ unclipped estimators). A case is one method at one budget over all images in one
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -125,9 +126,7 @@ class Oracle(Protocol):
             g = torch.Generator(device=device).manual_seed(stable_seed(self.spec.seed, "oracle-exact-sample"))
             return (c.prior.posterior_sample(2 * c.y - 1, c.H, c.sig_m, g) + 1) / 2, 0
         if case.item is None:
-            xr = CLASSICAL[label](c.op.cpu(), c.y.cpu(), self.spec.sigma_y).to(device)
-            c.op.to(device)
-            return xr, 0
+            return CLASSICAL[label](copy.deepcopy(c.op).cpu(), c.y.cpu(), self.spec.sigma_y).to(device), 0
         method, cfg = case.item
         counted = counting(c.prior)
         xr = get_method(method).sample(counted, c.op, c.y, self.spec.sigma_y, tuple(c.x.shape), cfg,

@@ -67,7 +67,9 @@ def _timed_prior(inner, device: torch.device, totals: dict[str, float]):
 def run_profile(spec: BenchSpec, log: Callable[[str], None] = print, reps: int = 5) -> dict[str, Any]:
     """Per-NFE cost of each diffusion method against the bare network forward (target <= 1.1x),
     with a phase breakdown for NFC/DAPS. Writes profile.md and profile.json (rank 0 only). Each
-    method runs once, under ``torch.profiler`` (CPU activity: its per-operator cost is in the times)."""
+    method runs twice: once as is (the per-NFE and network times), once under ``torch.profiler``
+    (the phase breakdown, CPU activity: host time, so on a GPU a phase is its launch time, and the
+    profiler's per-operator cost is in it)."""
     d = init_distributed(spec.device)
     device = resolve_device(spec.device, d)
     try:
@@ -121,24 +123,31 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
     for run in columns:
         m, cfg = run.label, run.config
         totals: dict[str, float] = {}
-        timed = _timed_prior(prior, device, totals)
-        try:
+        traced: dict[str, float] = {}
+
+        def timed_run(into: dict[str, float], cfg=cfg, run=run) -> Any:
+            return restore(y, op, prior=_timed_prior(prior, device, into), method=run.method, config=cfg,
+                           sigma_y=spec.sigma_y, seed=0, progress=False)
+
+        try:  # the headline times without the profiler; the phases from a second, profiled run
             sync()
             t0 = time.perf_counter()
-            res, phases = profiled_phases(lambda: restore(y, op, prior=timed, method=run.method, config=cfg,
-                                                          sigma_y=spec.sigma_y, seed=0, progress=False))
+            res = timed_run(totals)
             sync()
             total = time.perf_counter() - t0
+            _, phases = profiled_phases(lambda: timed_run(traced))
+            sync()
+            traced_total = time.perf_counter() - t0 - total
         except Exception as e:  # noqa: BLE001
             result["methods"][m] = {"error": f"{type(e).__name__}: {e}"}
             log(f"{m}: FAILED {e}")
             continue
         per = total / max(1, res.nfe)
         net = totals.get("network", 0.0)
-        phases = {"network": net, **phases}
+        phases = {"network": traced.get("network", 0.0), **phases}
         if "predictor" in phases:
-            phases["predictor (non-network)"] = phases.pop("predictor") - net
-        phases["other"] = total - sum(v for v in phases.values())
+            phases["predictor (non-network)"] = phases.pop("predictor") - phases["network"]
+        phases["other"] = traced_total - sum(v for v in phases.values())
         result["methods"][m] = {"nfe": res.nfe, "total_s": total, "per_nfe_s": per,
                                 "network_per_call_s": net / max(1, res.nfe), "overhead_ratio": total / max(net, 1e-12),
                                 "ratio": per / sweep, "phases_s": phases, "config": dataclasses.asdict(cfg)}
@@ -171,7 +180,7 @@ def profile_markdown(result: dict[str, Any]) -> str:
             continue
         L.append(f"| {m} | {r['nfe']} | {r['total_s']:.2f} | {r['per_nfe_s'] * 1000:.1f} | "
                  f"{r['network_per_call_s'] * 1000:.1f} | **{r['overhead_ratio']:.3f}x** | {r['ratio']:.2f}x |")
-    L += ["", "Breakdown (seconds, whole run under torch.profiler; a phase is the host time of its "
+    L += ["", "Breakdown (seconds, a second run under torch.profiler, whose own cost is in these times; a phase is the host time of its "
           "`record_function` range; the network is timed inside the predictor; for DPS 'other' is mostly "
           "the backward pass through the network):", "",
           "| method | " + " | ".join(["network", "predictor (non-network)", "inner (exact)", "inner (langevin)",

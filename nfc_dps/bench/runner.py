@@ -303,6 +303,9 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
     old_prec, new_prec = saved.get("precision"), record.get("precision")
     if diffusion_rows and old_prec and new_prec and old_prec != new_prec:
         problems.append(f"network precision: {old_prec} -> {new_prec} (--precision)")
+    old_settings, new_settings = saved.get("protocol_settings"), record.get("protocol_settings")
+    if columns_with_rows and new_settings and old_settings != new_settings:  # e.g. the calibration's image split
+        problems.append(f"protocol settings: {old_settings} -> {new_settings}")
     old_configs = {k: v for k, v in saved.get("configs", {}).items() if k in columns_with_rows}
     for column, cfg in record["configs"].items():
         if column in old_configs and old_configs[column] != cfg:

@@ -27,10 +27,11 @@ from ..api import as_batch, restore, stable_seed
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``calibrate`` subcommand and its arguments."""
     c = sub.add_parser(
-        "calibrate", help="fit calibrated per-pixel intervals (mean ± q·std) on clean calibration images",
+        "calibrate", help="fit calibrated per-pixel intervals (mean ± q (std + c·edge)) on clean calibration images",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Simulates a measurement of each clean image in --images with the task's operator and noise,\n"
-                    "restores it with --samples K posterior samples, and fits q so that mean ± q (std + eps)\n"
+                    "restores it with --samples K posterior samples, and fits q and an edge weight c so that\n"
+                    "mean ± q (std + c·edge(mean) + eps)\n"
                     "covers --coverage of the pixel values (docs/uncertainty.md says what the coverage means).\n"
                     "Writes --out FILE.json; restore --samples K --calibration FILE.json then writes\n"
                     "<name>_lower.png and <name>_upper.png. The file only applies to the same task (parameters,\n"

@@ -5,6 +5,7 @@ from .base import (LinearOperator, check_image, conjugate_gradient, noise_sigma_
                    per_image, prox_scales, randn_per_image)
 from .decomposition import ChannelDecomposition, Decomposition, FourierDecomposition, PixelDecomposition
 from .blur import BlurOperator, mirror_indices
+from .colorize import LUMA_WEIGHTS, Colorization
 from .denoising import Denoising
 from .tasks import TASKS, Task, build_operator, check_task_params, task_reading
 from .function import FunctionOperator
@@ -17,7 +18,7 @@ __all__ = [
     "LinearOperator", "check_image", "conjugate_gradient", "noise_sigma_problem", "per_image", "prox_scales",
     "randn_per_image", "normal_equations_prox",
     "Decomposition", "FourierDecomposition", "PixelDecomposition", "ChannelDecomposition",
-    "BlurOperator", "mirror_indices", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
+    "BlurOperator", "mirror_indices", "Colorization", "LUMA_WEIGHTS", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
     "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "Task", "build_operator", "check_task_params", "task_reading",
     "CroppedOperator", "padded_size", "FunctionOperator",

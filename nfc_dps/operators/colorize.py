@@ -40,6 +40,7 @@ class Colorization(LinearOperator):
         if len(w) != 3 or not all(math.isfinite(v) and v >= 0 for v in w) or sum(w) <= 0:
             raise ValueError(f"weights must be three finite numbers >= 0 with a positive sum, got {tuple(weights)!r}")
         self.register_buffer("weights", torch.tensor(w, dtype=torch.float64))
+        self._decomposition = ChannelDecomposition(self.weights[None].numpy())  # built once, on the CPU weights
 
     def extra_repr(self) -> str:
         return f"weights={tuple(self.weights.tolist())}"
@@ -48,7 +49,7 @@ class Colorization(LinearOperator):
         return {**super().describe(), "weights": self.weights.tolist()}
 
     def decomposition(self) -> ChannelDecomposition:
-        return ChannelDecomposition(self.weights[None].numpy())
+        return self._decomposition
 
     def _w(self, like: Tensor) -> Tensor:
         return self.weights.to(dtype=like.dtype, device=like.device).view(1, 3, 1, 1)

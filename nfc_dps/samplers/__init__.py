@@ -9,7 +9,7 @@ DAPS's named configs. A method is registered in :data:`METHODS` below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from ..overrides import ConfigError, apply_overrides
@@ -85,6 +85,18 @@ def get_config(method: str, preset: str | None = None, **overrides: Any) -> Any:
     return override_config(method, m.presets[preset], **overrides)
 
 
+def with_preset_hint(method: str, config_class: type, error: ConfigError) -> ConfigError:
+    """``error`` for an override of a ``config_class`` config, with a hint when its key is a field
+    of another preset of ``method`` (NFC's posterior presets against its deterministic continuation)."""
+    key = (error.key or "").split(".")[0]
+    others = [name for name, p in get_method(method).presets.items()
+              if type(p) is not config_class and key in {f.name for f in fields(p)}]
+    if not others:
+        return error
+    return ConfigError(f"{error} ({key!r} is a field of preset {', '.join(others)}: set that preset, e.g. "
+                       f"preset: {'fast' if 'fast' in others else others[0]})", error.key)
+
+
 def override_config(method: str, config: Any, **overrides: Any) -> Any:
     """``config`` (an instance of ``method``'s config class) with field overrides, each value
     coerced to its field's type (:func:`nfc_dps.overrides.apply_overrides`: ``band={"cutoff_start":
@@ -98,7 +110,10 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
     if not isinstance(config, m.config_classes):
         names = " or ".join(c.__name__ for c in m.config_classes)
         raise TypeError(f"a {method} config must be a {names}, got {type(config).__name__}")
-    new = apply_overrides(config, overrides, owner=method)
+    try:
+        new = apply_overrides(config, overrides, owner=method)
+    except ConfigError as e:
+        raise with_preset_hint(method, type(config), e) from None
     changed = sorted(f for f in m.fixed_fields if getattr(new, f) != getattr(config, f))
     if changed:
         raise ConfigError(f"{method} sets {changed} itself (DAPS is NFC with the band and the Haar commitment off); "
@@ -106,6 +121,6 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
     return new
 
 
-__all__ = ["METHODS", "Method", "get_method", "get_config", "override_config", "CountingPrior", "counting",
+__all__ = ["METHODS", "Method", "get_method", "get_config", "override_config", "with_preset_hint", "CountingPrior", "counting",
            "NFCConfig", "sample_nfc", "sample_daps", "ContinuationConfig", "sample_nfc_continuation", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
            "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm", "DPIRConfig", "sample_dpir"]

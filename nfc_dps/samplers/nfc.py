@@ -76,7 +76,8 @@ ODE_SIGMA_MIN = 0.01
 #: LANGEVIN_STEP * LANGEVIN_DECAY at the last level (DAPS's)
 LANGEVIN_STEP, LANGEVIN_DECAY = 0.5, 0.01
 #: cap on the conjugate-gradient iterations of the exact inner step where it has no closed form
-#: (spectral covariance with inpainting, SR, a reflect-boundary blur)
+#: (spectral covariance with an operator that has no Fourier decomposition: inpainting, SR, a
+#: reflect-boundary blur, colorization)
 CG_ITERATIONS = 20
 #: the ``torch.profiler.record_function`` ranges of NFC's building blocks ("nfc.<phase>")
 PHASES = ("spectrum", "predictor", "inner_exact", "inner_langevin", "band", "haar", "renoise")
@@ -398,4 +399,6 @@ def spectrum_for(source: str, prior: Prior, operator: LinearOperator, y_m: Tenso
 def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],
                 config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None) -> Tensor:
     """DAPS (Zhang et al. 2025): :func:`sample_nfc` with the band and the Haar commitment off."""
+    if not isinstance(config, NFCConfig):
+        raise TypeError(f"sample_daps takes an NFCConfig, got {type(config).__name__}")
     return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback)

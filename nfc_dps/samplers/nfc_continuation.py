@@ -127,6 +127,9 @@ def sample_nfc_continuation(
     """The continuation's estimate per image (deterministic; ``generators`` unused). y: (B, C, h, w)
     in [0, 1]; sigma_y in [0, 1] units; image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1]
     units (unclipped)."""
+    if not isinstance(config, ContinuationConfig):
+        raise TypeError(f"sample_nfc_continuation takes a ContinuationConfig, got {type(config).__name__} (the "
+                        f"posterior presets' NFCConfig runs with sample_nfc, or as method 'nfc')")
     prior = counting(prior)
     cfg = config
     prob = to_model_units(operator, y, sigma_y, image_shape)

@@ -23,8 +23,7 @@ NFC_PRESETS: dict[str, NFCConfig | ContinuationConfig] = {
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
         detail=DetailSchedule(levels=1, detail_weight=0.2, unlock_start=0.05),
     ),
-    # 100 NFE as 50 levels x 2 Euler steps (chosen against 20 x 5 and 100 x 1 on the local protocol;
-    # the probe is in git history).
+    # 100 NFE as 50 levels x 2 Euler steps (rather than 20 x 5 or 100 x 1).
     "fast": NFCConfig(
         num_levels=50, ode_steps=2, inner="exact", prior_covariance="spectral",
         band=BandSchedule(cutoff="linear", cutoff_start=0.4, blend_start=0.35),
