@@ -436,6 +436,8 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "conformal_oracles": lambda: conformal_table([bench / "conformal_oracles" / "conformal.csv"], bench, blink),
         "conformal_nfc_fast": lambda: conformal_table([bench / "conformal_nfc_fast" / t / "conformal.csv" for t in
                                                        ("sr_bicubic", "inpaint_random", "deblur_gaussian")], bench, blink),
+        "conformal_methods_sr": lambda: conformal_table([bench / "conformal_nfc_fast" / "sr_bicubic" / "conformal.csv",
+                                                         bench / "conformal_methods_sr" / "conformal.csv"], bench, blink),
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),
