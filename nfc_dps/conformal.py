@@ -122,10 +122,16 @@ def spread(mean: Any, std: Any, eps: float = DEFAULT_EPS, edge_weight: float = 0
 def normalized_scores(mean: Any, std: Any, truth: Any, eps: float = DEFAULT_EPS, edge_weight: float = 0.0
                       ) -> np.ndarray:
     """|truth - mean| / u (:func:`spread`), flattened to a float64 vector (one score per pixel value)."""
+    m, s, x = _checked(mean, std, truth)
+    return (np.abs(x - m) / spread(m, s, eps, edge_weight)).ravel()
+
+
+def _checked(mean: Any, std: Any, truth: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three as float64 arrays of one shape (CalibrationError otherwise)."""
     m, s, x = (_numpy(a) for a in (mean, std, truth))
     if not (m.shape == s.shape == x.shape):
         raise CalibrationError(f"mean, std and truth must have one shape, got {m.shape}, {s.shape}, {x.shape}")
-    return (np.abs(x - m) / spread(m, s, eps, edge_weight)).ravel()
+    return m, s, x
 
 
 def fit_quantile(scores: Sequence[np.ndarray], coverage: float, rule: str = "pooled") -> float:
@@ -178,9 +184,13 @@ def fit_rule(images: Sequence[tuple[Any, Any, Any]], coverage: float, rule: str 
     :func:`fit_quantile`; the c whose per-image covered fractions spread least (the smaller c on a tie)."""
     if not edge_weights:
         raise CalibrationError("edge_weights is empty")
+    parts = []  # per image, what every c's scores are made of (:func:`spread`): |x - mean|, std, edge(mean)
+    for m, sd, x in images:
+        m, sd, x = _checked(m, sd, x)
+        parts.append((np.abs(x - m), sd, edge_strength(m)))
     best, spreads = None, {}
     for c in edge_weights:
-        scores = [normalized_scores(m, s, x, eps, c) for m, s, x in images]
+        scores = [(err / (sd + eps if c == 0 else sd + c * edge + eps)).ravel() for err, sd, edge in parts]
         q = fit_quantile(scores, coverage, rule)
         covered = [float(np.mean(sc <= q)) for sc in scores]
         spreads[float(c)] = float(np.std(covered))

@@ -29,18 +29,21 @@ from .presets import DAPS_PRESETS, NFC_PRESETS
 @dataclass(frozen=True)
 class Method:
     """A sampler, its config class, its named presets and the one used when none is named;
-    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error);
-    ``steps_field``: the field that ``--steps`` sets (annealing levels or sampler steps). A preset may
-    be of another config class (NFC's deterministic continuation): ``sample`` takes each."""
+    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error).
+    A preset may be of another config class (NFC's deterministic continuation): ``sample`` takes each."""
 
     sample: Callable[..., Any]
     config_class: type
     presets: dict[str, Any]
     default_preset: str = "fast"
     fixed_fields: frozenset[str] = frozenset()
-    steps_field: str = "num_steps"
     #: why the method cannot restore an operator (None: it can); checked before a run starts
     operator_problem: Callable[[Any], str | None] = lambda operator: None
+
+    @property
+    def steps_field(self) -> str:
+        """The field ``--steps`` sets: the config class's ``steps_field``."""
+        return self.config_class.steps_field
 
     @property
     def config_classes(self) -> tuple[type, ...]:
@@ -56,10 +59,9 @@ def sample_nfc_method(prior, operator, y, sigma_y, image_shape, config, generato
 
 
 METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, default_preset="deterministic", steps_field="num_levels"),
+    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
     # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
-    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"}),
-                   steps_field="num_levels"),
+    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"})),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
     "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS),

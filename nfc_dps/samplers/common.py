@@ -11,8 +11,8 @@ where this happens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -31,20 +31,21 @@ MIN_LIKELIHOOD_SIGMA = 1e-3
 class StepConfig:
     """What every sampler config tells its callers: its NFE, its number of steps (callback calls,
     the progress bar's length), whether it draws anything at random, and itself at another NFE
-    budget. This base serves the configs with one network call per ``num_steps`` step; NFC's
-    config overrides all four."""
+    budget. This base serves the configs with one network call per step, their step count the
+    field ``steps_field`` names (the one ``--steps`` sets); NFC's posterior config overrides the NFE."""
 
-    num_steps: int
+    #: the field holding the number of steps (annealing levels or sampler steps)
+    steps_field: ClassVar[str] = "num_steps"
 
     @property
     def nfe(self) -> int:
         """Network evaluations per chain."""
-        return self.num_steps
+        return self.steps
 
     @property
     def steps(self) -> int:
         """Sampler steps per chain (the callback is called once per step)."""
-        return self.num_steps
+        return getattr(self, self.steps_field)
 
     @property
     def is_deterministic(self) -> bool:
@@ -52,10 +53,8 @@ class StepConfig:
         return False
 
     def with_nfe(self, budget: int):
-        """This config with NFE = ``budget`` (>= 1)."""
-        from dataclasses import replace
-
-        return replace(self, num_steps=check_budget(budget))
+        """This config with NFE = ``budget`` (>= 1) steps."""
+        return replace(self, **{self.steps_field: check_budget(budget)})
 
 
 def check_budget(budget: int) -> int:

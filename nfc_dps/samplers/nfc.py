@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -158,10 +158,7 @@ class NFCConfig(StepConfig):
         is that low), so the counted NFE of a run (``RestoreResult.nfe``) can be lower."""
         return self.num_levels * self.ode_steps
 
-    @property
-    def steps(self) -> int:
-        """Levels per chain (the callback is called once per level)."""
-        return self.num_levels
+    steps_field: ClassVar[str] = "num_levels"  # the callback is called once per level
 
     def with_nfe(self, budget: int) -> "NFCConfig":
         """This config with NFE = ``budget``: ode_steps = the largest divisor of the budget not above

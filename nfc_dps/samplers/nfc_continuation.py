@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 from torch.profiler import record_function
@@ -28,7 +29,7 @@ from torch.profiler import record_function
 from ..operators.base import Generators, LinearOperator
 from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
-from .common import Callback, StepConfig, check_budget, check_flag, counting, initial_estimate, pf_ode_predict
+from .common import Callback, StepConfig, check_flag, counting, initial_estimate, pf_ode_predict
 from .common import schedule_top
 from .common import to_image_units, to_model_units
 from .nfc import ODE_SIGMA_MIN, RHO, spectrum_for
@@ -79,24 +80,12 @@ class ContinuationConfig(StepConfig):
         if isinstance(self.num_levels, bool) or not isinstance(self.num_levels, int) or self.num_levels < 1:
             raise ValueError(f"num_levels must be an int >= 1, got {self.num_levels!r}")
 
-    @property
-    def nfe(self) -> int:
-        """Network evaluations per chain: one per level."""
-        return self.num_levels
-
-    @property
-    def steps(self) -> int:
-        """Levels per chain (the callback is called once per level)."""
-        return self.num_levels
+    steps_field: ClassVar[str] = "num_levels"  # one network call per level
 
     @property
     def is_deterministic(self) -> bool:
         """No random draw anywhere: K samples are K copies."""
         return True
-
-    def with_nfe(self, budget: int) -> "ContinuationConfig":
-        """This config with NFE = ``budget`` levels."""
-        return replace(self, num_levels=check_budget(budget))
 
 
 def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) -> float:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .. import io as nio
+from ..overrides import flatten
 from ..priors.archs import DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
 from .data import BUILTIN, BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, TrainingError
 from .leaves import DEFAULT_SYNTHETIC
@@ -54,19 +55,9 @@ def legacy_fingerprint(args: Any) -> dict:
                        BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, None)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def differences(saved: dict, wanted: dict) -> list[str]:
     """'key: X in the work folder, Y now' for every differing (dotted) fingerprint key."""
-    a, b = _flat(saved), _flat(wanted)
+    a, b = flatten(saved), flatten(wanted)
     return [f"{k}: {a.get(k, '(absent)')!r} in the work folder, {b.get(k, '(absent)')!r} now"
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
