@@ -443,6 +443,7 @@ def test_bad_flags_are_one_line_errors(tiny_prior, tmp_path, capsys):
         (["--methods", "tv", "--set", "tv.lam=5"], "a classical method has no sampler settings"),
         (["--methods", "nfc", "--set", "nfcc.inner=langevin"], "not a diffusion column"),
         (["--methods", "nfc", "--set", "nfc.num_levels=abc"], "num_levels"),
+        (["--methods", "nfc:deterministic", "--set", "nfc.prior_weight=0.3"], "not a diffusion column"),
     ]
     for extra, message in cases:
         args = base_args(tiny_prior, tmp_path / "x", "--no-images", "--no-plots")
@@ -511,3 +512,17 @@ def test_paper_protocol_takes_photographs_by_name_or_a_folder(tmp_path):
     assert [n for n, _ in imgs] == ["camera", "coffee"] and all(a.shape == (32, 32, 3) for _, a in imgs)
     with pytest.raises(ValueError, match="--images DIR.*--image-names"):
         load_images(BenchSpec(protocol="paper", out=tmp_path, size=32))
+
+
+def test_a_set_changes_the_column_it_names_only():
+    """--set nfc.KEY is the bare nfc column's (at --preset), --set nfc:deterministic.KEY that preset's
+    column: a key of one sampler's config never reaches another preset's (another config class)."""
+    from nfc_dps.bench.spec import BenchSpec, method_runs
+
+    spec = BenchSpec(methods=("nfc", "nfc:deterministic"), budgets=(25,),
+                     overrides={"nfc": {"inner_temperature": 0.0}, "nfc:deterministic": {"prior_weight": 0.4}})
+    bare, det = method_runs(spec)
+    assert bare.config.inner_temperature == 0.0 and det.config.prior_weight == 0.4
+    assert not hasattr(det.config, "inner_temperature")
+    plain = {r.preset: r.config for r in method_runs(BenchSpec(methods=("nfc", "nfc:deterministic"), budgets=(25,)))}
+    assert plain[None].inner_temperature != 0.0 and plain["deterministic"].prior_weight != 0.4

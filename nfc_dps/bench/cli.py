@@ -100,7 +100,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="prior network compute precision (auto: bfloat16 where the hardware has it natively)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
-                   help="config override, e.g. nfc.inner=langevin or nfc.band.blend_start=0.2 (repeatable)")
+                   help="override of one column of --methods, e.g. nfc.inner=langevin (the bare nfc column) or "
+                        "nfc:deterministic.prior_weight=0.3 (that preset's column) (repeatable)")
     p.add_argument("--oracle-alpha", type=float, default=2.0, help="oracle: power-law exponent of the Gaussian prior")
     p.add_argument("--oracle-pixel-std", type=float, default=0.5, help="oracle: per-pixel std of the prior (model units)")
     p.add_argument("--embedded-budget", type=int, default=20, help="calibration: NFE budget on the embedded prior")

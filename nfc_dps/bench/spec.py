@@ -174,10 +174,10 @@ def method_config(method: str, preset: str, budget: int | None, overrides: dict[
 
 def method_runs(spec: BenchSpec) -> list[MethodRun]:
     """The grid's columns: each classical method once, each diffusion method at every budget.
-    Every ``--set`` must name a diffusion column of the grid (``nfc``, or ``nfc:deterministic``)."""
-    columns = set(spec.methods) | {entry.partition(":")[0] for entry in spec.methods}
+    Every ``--set`` names one diffusion column of the grid and changes that column only: ``nfc``
+    the bare method at --preset, ``nfc:deterministic`` that preset."""
     for key in spec.overrides:
-        if key.partition(":")[0] not in DIFFUSION_METHODS or key not in columns:
+        if key.partition(":")[0] not in DIFFUSION_METHODS or key not in spec.methods:
             what = "a classical method has no sampler settings" if key in CLASSICAL_METHODS else \
                 f"not a diffusion column of --methods {','.join(spec.methods)}"
             raise ValueError(f"--set {key}.{next(iter(spec.overrides[key]))}=...: {what}")
@@ -187,7 +187,7 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
         if m in CLASSICAL_METHODS and not preset:
             runs.append(MethodRun(m, None))
         elif m in DIFFUSION_METHODS:
-            overrides = {**spec.overrides.get(m, {}), **(spec.overrides.get(entry, {}) if preset else {})}
+            overrides = spec.overrides.get(entry, {})
             for b in spec.budgets or (None,):
                 cfg = method_config(m, preset or spec.preset, b, overrides)
                 runs.append(MethodRun(m, int(cfg.nfe), cfg, preset or None))
