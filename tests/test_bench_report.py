@@ -126,3 +126,50 @@ def test_per_image_table_takes_the_best_dpir_and_the_cost_per_call() -> None:
     assert lines[("SR ×4", "a")].endswith("| -0.50 |") and lines[("motion deblur", "a")].endswith("| +1.00 |")
     assert lines[("motion deblur", "b")].endswith("| – |")
     assert "motion deblur 1.50×" in text
+
+
+# --------------------------------------------------------------------------- the documented commands
+
+def _documented_bench_commands(page: Path) -> list[list[str]]:
+    """The arguments of every `nfc-dps bench` run a page's code blocks show (`bench NAME ...` through
+    docs/benchmarks.md's helper, `nfc-dps bench ...`, `torchrun ... -m nfc_dps bench ...`), with the
+    blocks' shell variables expanded (a loop's first value; the placeholder TASK as sr_bicubic)."""
+    import re
+    import shlex
+
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", page.read_text(), re.S)
+    out = []
+    for block in blocks:
+        text = block.replace("\\\n", " ")
+        env = {"a": "2"}
+        for line in text.splitlines():
+            line = line.split(" #")[0].strip()
+            if "bench()" in line or "${@" in line:  # the helper's definition
+                continue
+            for name, value in re.findall(r"(?:^|;\s*)([A-Z]+)=(\"[^\"]*\"|[^\s;]+)", line):
+                env[name] = re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), ""), value.strip('"'))
+            line = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), line)
+            line = re.sub(r"\bTASK\b", "sr_bicubic", line)  # docs/uncertainty.md's placeholder
+            if line.startswith("bench ") and not line.startswith("bench()"):
+                words = shlex.split(line)
+                out.append(["--out", f"runs/bench/{words[1]}", *words[2:]])
+            elif m := re.search(r"(?:nfc-dps|-m nfc_dps) bench (?!report)(.*?)(?:&&|;|$)", line):
+                out.append(shlex.split(m.group(1)))
+    return out
+
+
+@pytest.mark.parametrize("page", ["docs/benchmarks.md", "docs/uncertainty.md"])
+def test_the_documented_bench_commands_parse_and_build_their_columns(page):
+    """Every benchmark command the docs tell a user to run is accepted: its flags parse, its spec
+    builds, and on the grid protocols every column's sampler config resolves (a renamed flag or a
+    preset key that moved would otherwise surface only when someone reruns a table)."""
+    from nfc_dps.bench.cli import build_parser, spec_from_args
+    from nfc_dps.bench.spec import method_runs
+
+    root = Path(__file__).resolve().parents[1]
+    commands = _documented_bench_commands(root / page)
+    assert len(commands) >= (8 if page.endswith("benchmarks.md") else 3), commands
+    for argv in commands:
+        spec = spec_from_args(build_parser().parse_args(argv))
+        if spec.protocol in ("local", "paper"):
+            assert method_runs(spec), argv
