@@ -47,7 +47,7 @@ SCHEDULES = ("uniform", "quad", "karras")
 DPIR_SIGMA_MAX = 2 * 49 / 255
 #: the deterministic continuation's first level for inpainting, model units (see
 #: :func:`nfc_dps.samplers.nfc_continuation.top_sigma`)
-AUTO_SIGMA_MAX_INPAINT = 0.1
+AUTO_SIGMA_MAX_INPAINT = 0.2
 
 
 def _log_sigmas_ddpm() -> Tensor:

@@ -240,11 +240,11 @@ def test_conditional_error_variance_is_the_trace_of_the_conditional_covariance(t
 
 
 def test_auto_range_starts_inpainting_lower():
-    """sigma_max "auto": DPIR's 49/255 ([0, 1] units) for blur and SR, 0.1 (model units) for
+    """sigma_max "auto": DPIR's 49/255 ([0, 1] units) for blur and SR, 0.2 (model units) for
     inpainting; a number is used as it is."""
     from nfc_dps.samplers.nfc_continuation import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_INPAINT, top_sigma
 
-    assert AUTO_SIGMA_MAX == pytest.approx(2 * 49 / 255) and AUTO_SIGMA_MAX_INPAINT == pytest.approx(0.1)
+    assert AUTO_SIGMA_MAX == pytest.approx(2 * 49 / 255) and AUTO_SIGMA_MAX_INPAINT == pytest.approx(0.2)
     box, blur = Inpainting(box_mask(SIZE, SIZE, SIZE // 2, 2)), BlurOperator(gaussian_kernel(9, 1.5))
     assert top_sigma("auto", box, 0.05) == AUTO_SIGMA_MAX_INPAINT
     assert top_sigma("auto", box, 0.3) == 0.3  # never below the measurement noise

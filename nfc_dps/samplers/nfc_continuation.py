@@ -61,7 +61,7 @@ class ContinuationConfig(StepConfig):
     sigma_max: float | str = "auto"
     sigma_min: float = 0.02
     noise_floor: float = 0.5
-    prior_weight: float = 0.26
+    prior_weight: float = 0.30
     self_ensemble: bool = True
 
     def __post_init__(self) -> None:

@@ -36,9 +36,9 @@ NFC_PRESETS: dict[str, NFCConfig | ContinuationConfig] = {
 # each with "fast")
 NFC_PRESETS["fast_psnr"] = replace(NFC_PRESETS["fast"], inner_temperature=0.0, renoise="matched", self_ensemble=True)
 # the deterministic continuation: its config's defaults (ContinuationConfig): a Wiener start, no
-# re-noising, conditional-mean data steps weighted as DPIR's HQS with lam = 0.26 (DPIR's is 0.23;
-# chosen for the shipped prior), 16 levels from sigma_max "auto" (DPIR's 49/255 in [0, 1] units;
-# for inpainting 0.1 in model units, nfc_continuation.top_sigma) down to half the measurement
+# re-noising, conditional-mean data steps weighted as DPIR's HQS with lam = 0.30 (DPIR's is 0.23;
+# chosen on validation images), 16 levels from sigma_max "auto" (DPIR's 49/255 in [0, 1] units;
+# for inpainting 0.2 in model units, nfc_continuation.top_sigma) down to half the measurement
 # noise or sigma_min 0.02, whichever is larger, with DPIR's periodical geometric self-ensemble
 # (docs/notes/presets.md; its results: docs/benchmarks.md, the 256-px tier)
 NFC_PRESETS["deterministic"] = ContinuationConfig()
