@@ -436,8 +436,9 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "conformal_oracles": lambda: conformal_table([bench / "conformal_oracles" / "conformal.csv"], bench, blink),
         "conformal_nfc_fast": lambda: conformal_table([bench / "conformal_nfc_fast" / t / "conformal.csv" for t in
                                                        ("sr_bicubic", "inpaint_random", "deblur_gaussian")], bench, blink),
-        "conformal_methods_sr": lambda: conformal_table([bench / "conformal_nfc_fast" / "sr_bicubic" / "conformal.csv",
-                                                         bench / "conformal_methods_sr" / "conformal.csv"], bench, blink),
+        **{f"conformal_methods_{k}": lambda t=t, k=k: conformal_table(  # NFC's rows, then every other sampler's
+            [bench / "conformal_nfc_fast" / t / "conformal.csv", bench / f"conformal_methods_{k}" / "conformal.csv"],
+            bench, blink) for k, t in (("sr", "sr_bicubic"), ("inpaint_random", "inpaint_random"))},
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),
