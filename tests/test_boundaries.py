@@ -114,6 +114,33 @@ def _flat_plus_edge(n: int) -> torch.Tensor:
     return x
 
 
+def test_mirrored_prior_precision_is_the_prior_on_the_symmetric_extension():
+    """Q v against the dense matrix E^T F^-1 diag(1/S) F E / 4 on a small odd-sized grid (E the
+    half-sample symmetric extension, F the orthonormal DFT of the 2h x 2w grid); a vertical ramp,
+    whose extension has no jump, costs less under Q than under the periodic grid's prior."""
+    from nfc_dps.samplers.gaussian_step import _spectrum_on_grid, mirrored_prior_precision
+
+    h, w = 5, 6
+    f = lambda n: torch.fft.fftfreq(n, dtype=torch.float64)
+    spectrum = (1e-3 + f(h)[:, None] ** 2 + f(w)[None, :] ** 2).pow(-1.3).view(1, 1, h, w)
+    rows = [*range(h), *reversed(range(h))]
+    cols = [*range(w), *reversed(range(w))]
+    E = torch.zeros(4 * h * w, h * w, dtype=torch.float64)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            E[i * 2 * w + j, r * w + c] = 1.0
+    Fh, Fw = (torch.fft.fft(torch.eye(n, dtype=torch.complex128), norm="ortho") for n in (2 * h, 2 * w))
+    F = torch.kron(Fh, Fw)
+    inv = 1.0 / _spectrum_on_grid(spectrum, 2 * h, 2 * w).flatten().to(torch.complex128)
+    dense = (E.T.to(torch.complex128) @ F.conj().T @ torch.diag(inv) @ F @ E.to(torch.complex128)).real / 4
+    v = torch.randn(2, 1, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    q = mirrored_prior_precision(spectrum, h, w)
+    torch.testing.assert_close(q(v).flatten(1), v.flatten(1) @ dense.T)
+    ramp = torch.linspace(0, 1, h, dtype=torch.float64).view(1, 1, h, 1).expand(1, 1, h, w)
+    periodic = (torch.fft.fft2(ramp, norm="ortho").abs().square() / spectrum).sum()
+    assert float((ramp * q(ramp)).sum()) < 0.5 * float(periodic)
+
+
 @pytest.mark.parametrize("kernel", ["gaussian", "motion"])
 def test_wiener_start_on_a_reflect_blur_is_no_worse_than_the_adjoint(kernel):
     """NFC's default start on a flat-plus-edge image blurred with reflect boundary: the Wiener

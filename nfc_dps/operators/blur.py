@@ -46,10 +46,11 @@ from .kernels import normalize_kernel
 __all__ = ["BlurOperator", "fast_fft_size", "mirror_indices"]
 
 _BOUNDARIES = ("circular", "reflect", "valid")
-#: relative residual at which the conjugate-gradient prox of a reflect or valid blur stops: tight
-#: enough that NFC's and DPIR's restorations keep the PSNR of a converged solve, loose enough that
-#: the solve costs a fraction of a network call
-PROX_TOL = 1e-4
+#: relative residual at which the conjugate-gradient prox of a reflect or valid blur stops, per
+#: boundary: tight enough that NFC's and DPIR's restorations keep the PSNR of a converged solve,
+#: loose enough that the solve costs a fraction of a network call. A valid blur's band beyond the
+#: measured pixels is determined only weakly and needs the tighter solve.
+PROX_TOL = {"reflect": 3e-4, "valid": 1e-4}
 
 
 def mirror_indices(n: int, before: int, after: int) -> np.ndarray:
@@ -212,6 +213,9 @@ class BlurOperator(LinearOperator):
         if self.boundary == "valid":  # linear convolution of the image; its valid part
             self.measurement_shape(x.shape)
             return self._linear_valid(x)
+        t, b, l, r = self._pads()
+        if x.ndim in (3, 4) and max(t, b) < h and max(l, r) < w:  # one reflection: torch's own padding
+            return self._linear_valid(torch.nn.functional.pad(x, (l, r, t, b), mode="reflect"))
         ih, iw = self._mirror(h, w, x.device)
         return self._linear_valid(x.index_select(-2, ih).index_select(-1, iw))
 
@@ -259,18 +263,18 @@ class BlurOperator(LinearOperator):
         return normal_equations_prox(self, y, z, 1.0, 1e4)
 
     def prox(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor,
-             max_iter: int = 100, tol: float = PROX_TOL) -> Tensor:
+             max_iter: int = 100, tol: float | None = None) -> Tensor:
         """argmin_x ||y - A x||^2/(2 sigma_y^2) + ||x - z||^2/(2 r^2).
 
         Circular: exact, in Fourier (max_iter and tol unused; r = inf allowed). Reflect and valid:
         conjugate gradients from z, preconditioned by the circular blur's closed form
         (|H|^2 / sigma_y^2 + 1 / r^2)^-1 on the image grid, until the residual is below ``tol``
         times the right-hand side or for ``max_iter`` iterations (r = inf: unpreconditioned).
-        The default ``tol`` (:data:`PROX_TOL`) is what a restoration needs, not machine precision.
+        ``tol`` None: the boundary's :data:`PROX_TOL`, what a restoration needs, not machine precision.
         """
         if self.boundary == "circular":
             return super().prox(y, z, sigma_y, r)
-        return self._prox_cg(y, z, sigma_y, r, max_iter, tol)
+        return self._prox_cg(y, z, sigma_y, r, max_iter, PROX_TOL[self.boundary] if tol is None else tol)
 
     def _prox_cg(self, y: Tensor, z: Tensor, sigma_y: float | Tensor, r: float | Tensor, max_iter: int,
                  tol: float) -> Tensor:

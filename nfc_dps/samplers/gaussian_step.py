@@ -250,14 +250,6 @@ def is_nonwrapping_blur(operator: LinearOperator) -> bool:
     return operator.blur_kernel() is not None and not operator.is_circulant and operator.image_region() is None
 
 
-def _mirror_extension(n: int) -> Tensor:
-    """Source index of each sample of a length-n axis extended by mirroring to its period
-    2(n - 1) (``d c b | a b c d | c b``): a periodic signal with no jump anywhere."""
-    from ..operators.blur import mirror_indices
-
-    return torch.from_numpy(mirror_indices(n, 0, max(n - 2, 0)))
-
-
 def _spectrum_on_grid(spectrum: Tensor, gh: int, gw: int) -> Tensor:
     """A spectrum given on an (h, w) FFT grid read on a (gh, gw) one at the nearest frequency (the
     power spectrum of a stationary process, orthonormal FFT, does not depend on the grid size)."""
@@ -272,20 +264,20 @@ def _spectrum_on_grid(spectrum: Tensor, gh: int, gw: int) -> Tensor:
 
 def mirrored_prior_precision(spectrum: Tensor, h: int, w: int) -> Callable[[Tensor], Tensor]:
     """v -> Q v, the precision of a stationary Gaussian prior with power spectrum S seen on the
-    image's mirror extension (period 2(h - 1) x 2(w - 1)) rather than on its own periodic grid:
-    Q = E^T F^-1 diag(1 / S) F E / 4, E the extension (four copies of each interior pixel). The
-    periodic grid's prior joins each border to the opposite one and so penalises the jump between
-    them; a photograph's opposite borders are unrelated, and a non-circulant blur measures them as
-    such. ``spectrum`` (B|1, 1, h, w), finite and > 0."""
-    ih, iw = _mirror_extension(h).to(spectrum.device), _mirror_extension(w).to(spectrum.device)
-    gh, gw = ih.numel(), iw.numel()
-    inv = 1.0 / _spectrum_on_grid(spectrum, gh, gw)[..., : gw // 2 + 1]
+    image's symmetric extension rather than on its own periodic grid: the image mirrored about each
+    border with the edge sample repeated (``c b a | a b c | c b a``, the DCT-II's extension, period
+    2h x 2w, no jump anywhere), Q = E^T F^-1 diag(1 / S) F E / 4 with E the extension (four copies of
+    each pixel, E^T E = 4). The periodic grid's prior joins each border to the opposite one and so
+    penalises the jump between them; a photograph's opposite borders are unrelated, and a
+    non-circulant blur measures them as such. ``spectrum`` (B|1, 1, h, w), finite and > 0."""
+    inv = 1.0 / _spectrum_on_grid(spectrum, 2 * h, 2 * w)[..., : w + 1]
 
     def apply(v: Tensor) -> Tensor:
-        ext = v.index_select(-2, ih).index_select(-1, iw)
-        out = torch.fft.irfft2(torch.fft.rfft2(ext, norm="ortho") * inv, s=(gh, gw), norm="ortho")
-        rows = v.new_zeros((*v.shape[:-2], h, gw)).index_add_(-2, ih, out)
-        return v.new_zeros(v.shape).index_add_(-1, iw, rows) / 4.0
+        rows = torch.cat([v, v.flip(-2)], -2)
+        ext = torch.cat([rows, rows.flip(-1)], -1)
+        out = torch.fft.irfft2(torch.fft.rfft2(ext, norm="ortho") * inv, s=(2 * h, 2 * w), norm="ortho")
+        out = out[..., :h, :] + out[..., h:, :].flip(-2)
+        return (out[..., :w] + out[..., w:].flip(-1)) / 4.0
 
     return apply
 
