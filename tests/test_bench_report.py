@@ -128,6 +128,26 @@ def test_per_image_table_takes_the_best_dpir_and_the_cost_per_call() -> None:
     assert "motion deblur 1.50×" in text
 
 
+def test_cost_table_divides_each_method_by_its_own_sr_cost(tmp_path: Path) -> None:
+    """Each method's time per network call over the same method's on SR x4; a method without an SR
+    run gets "–"."""
+    import json
+
+    def write(task, methods):
+        f = tmp_path / f"{task}.json"
+        f.write_text(json.dumps({"task": task, "size": 256, "device": "cpu", "machine": {"torch_threads": 1, "cpu": "x"},
+                                 "methods": {m: {"per_nfe_s": t, "network_per_call_s": 0.3} for m, t in methods.items()}}))
+        return f
+
+    files = [write("sr_bicubic", {"nfc:deterministic": 0.4, "dpir:paper": 0.5}),
+             write("deblur_motion", {"nfc:deterministic": 0.5, "dpir:paper": 0.55, "daps": 0.9})]
+    rows = {tuple(c.strip() for c in l.split("|")[1:3]): l for l in report.cost_table(files, "").splitlines()
+            if l.startswith("| ") and "---" not in l}
+    assert rows[("motion deblur", "NFC `deterministic`")].endswith("| 500 | 300 | 1.25× |")
+    assert rows[("motion deblur", "DPIR `paper`")].endswith("| 1.10× |")
+    assert rows[("motion deblur", "DAPS `fast`")].endswith("| – |")
+
+
 # --------------------------------------------------------------------------- the documented commands
 
 def _documented_bench_commands(page: Path) -> list[list[str]]:
@@ -146,6 +166,8 @@ def _documented_bench_commands(page: Path) -> list[list[str]]:
             line = line.split(" #")[0].strip()
             if "bench()" in line or "${@" in line:  # the helper's definition
                 continue
+            if loop := re.match(r"for (\w+) in (\S+)", line):
+                env[loop.group(1)] = loop.group(2)
             for name, value in re.findall(r"(?:^|;\s*)([A-Z]+)=(\"[^\"]*\"|[^\s;]+)", line):
                 env[name] = re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), ""), value.strip('"'))
             line = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), line)

@@ -298,6 +298,25 @@ def per_image_table(src: Source, link: str, method: str = "nfc:deterministic",
     return "\n".join(L)
 
 
+def cost_table(files: Sequence[Path], link: str) -> str:
+    """Per task and method, a single process's time per network call (``bench --profile``'s JSON, one file
+    per task) and that time over the same method's on SR x4."""
+    runs = [json.loads(f.read_text()) for f in files]
+    sr = next((r for r in runs if r["task"] == "sr_bicubic"), None)
+    L = ["| task | method | ms per network call | network ms per call | relative to SR ×4 |", "|---|---|---|---|---|"]
+    for run in runs:
+        for m, v in run["methods"].items():
+            base = sr["methods"].get(m) if sr else None
+            rel = f"{v['per_nfe_s'] / base['per_nfe_s']:.2f}×" if base else "–"
+            L.append(f"| {TASK_LABELS.get(run['task'], run['task'])} | {row_label(m, '', 'fast')} | "
+                     f"{1000 * v['per_nfe_s']:.0f} | {1000 * v['network_per_call_s']:.0f} | {rel} |")
+    machine = runs[0]["machine"]
+    L += ["", f"{runs[0]['size']} px, one image, one process of {machine['torch_threads']} thread(s) on "
+              f"{machine['cpu']} ({runs[0]['device']}). Source: " + " ".join(f"[`{f.name}`]({link}{f.parent.name}/{f.name})"
+                                                                        for f in files) + "."]
+    return "\n".join(L)
+
+
 def calibration_table(paths: Sequence[Path], link: str) -> str:
     """Coverage of the K-sample std map at ±1 / ±2 std, the largest K of each file, per setting
     (:func:`~nfc_dps.bench.calibration_report.coverage_table`)."""
@@ -426,6 +445,8 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "local256_seed1": lambda: grid_table([src("local256_seed1")], blink),
         "paper256": lambda: grid_table([src("paper256_det")], blink),
         "paper256_per_image": lambda: per_image_table(src("paper256_det"), blink),
+        "paper256_cost": lambda: cost_table([bench / "profile_paper" / f"{t}.json" for t in
+                                             ("sr_bicubic", "deblur_gaussian", "deblur_motion")], blink),
         "local64": lambda: grid_table([src("local64_det"), src("local_nfe")], blink),
         "local_k4_25": lambda: grid_table([src("local_k4_25")], blink),
         "local100": lambda: grid_table([src("local")], blink),
