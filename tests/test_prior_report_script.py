@@ -65,6 +65,11 @@ def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path):
     text = json.dumps(rows)
     assert "NaN" not in text and "Infinity" not in text
     assert rows["prior"]["parameters"] > 0
+    # TV at its best weight per image is at least TV at the weight tuned on training crops (same grid),
+    # and the harder margin is measured against it
+    r = rows["rows"]
+    assert r["tv_per_image"]["0.1"] >= r["tv"]["0.1"] - 1e-9
+    assert rows["margin_per_image_tv"]["0.1"] == pytest.approx(r["tiled"]["0.1"] - r["tv_per_image"]["0.1"])
     assert rows["machine"]["cpu_capability"] and "cpu" in rows["machine"]  # timings name their machine
     assert rows["command"].startswith("nfc-dps prior-report --prior ")  # the command that reproduces it
 

@@ -411,6 +411,9 @@ def prior_table(report: Path, link: str) -> str:
     for key, vals in d.get("margins", {}).items():
         L.append(f"| **margin: {d['row_labels'].get(key, key)} − best of TV / wavelet** | "
                  + " | ".join(f"**{vals[s]:+.2f}**" for s in sig) + " |")
+    if d.get("margin_per_image_tv"):
+        L.append(f"| **margin: {d['row_labels'].get('tiled', 'tiled')} − TV picked per image** | "
+                 + " | ".join(f"**{d['margin_per_image_tv'][s]:+.2f}**" for s in sig) + " |")
     t, m, p = d.get("timing", {}), d.get("machine", {}), d.get("prior", {})
     L.append("")
     bits = [f"Prior `{p.get('label', '')}` ({p.get('parameters', 0):,} parameters, "
