@@ -214,7 +214,7 @@ class BlurOperator(LinearOperator):
             self.measurement_shape(x.shape)
             return self._linear_valid(x)
         t, b, l, r = self._pads()
-        if x.ndim in (3, 4) and max(t, b) < h and max(l, r) < w:  # one reflection: torch's own padding
+        if max(t, b) < h and max(l, r) < w:  # one reflection: torch's own padding
             return self._linear_valid(torch.nn.functional.pad(x, (l, r, t, b), mode="reflect"))
         ih, iw = self._mirror(h, w, x.device)
         return self._linear_valid(x.index_select(-2, ih).index_select(-1, iw))
