@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from itertools import product
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,8 @@ def test_cost_table_divides_each_method_by_its_own_sr_cost(tmp_path: Path) -> No
 def _documented_bench_commands(page: Path) -> list[list[str]]:
     """The arguments of every `nfc-dps bench` run a page's code blocks show (`bench NAME ...` through
     docs/benchmarks.md's helper, `nfc-dps bench ...`, `torchrun ... -m nfc_dps bench ...`), with the
-    blocks' shell variables expanded (a loop's first value; the placeholder TASK as sr_bicubic)."""
+    blocks' shell variables expanded (a `for` loop's every value: one command each; the placeholder
+    TASK as sr_bicubic)."""
     import re
     import shlex
 
@@ -161,23 +163,33 @@ def _documented_bench_commands(page: Path) -> list[list[str]]:
     out = []
     for block in blocks:
         text = block.replace("\\\n", " ")
-        env = {"a": "2"}
+        env, loops = {"a": "2"}, {}
         for line in text.splitlines():
             line = line.split(" #")[0].strip()
             if "bench()" in line or "${@" in line:  # the helper's definition
                 continue
-            if loop := re.match(r"for (\w+) in (\S+)", line):
-                env[loop.group(1)] = loop.group(2)
+            if loop := re.match(r"for (\w+) in ([^;]+);", line):
+                loops[loop.group(1)] = loop.group(2).split()
             for name, value in re.findall(r"(?:^|;\s*)([A-Z]+)=(\"[^\"]*\"|[^\s;]+)", line):
                 env[name] = re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), ""), value.strip('"'))
-            line = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), line)
-            line = re.sub(r"\bTASK\b", "sr_bicubic", line)  # docs/uncertainty.md's placeholder
-            if line.startswith("bench ") and not line.startswith("bench()"):
-                words = shlex.split(line)
-                out.append(["--out", f"runs/bench/{words[1]}", *words[2:]])
-            elif m := re.search(r"(?:nfc-dps|-m nfc_dps) bench (?!report)(.*?)(?:&&|;|$)", line):
-                out.append(shlex.split(m.group(1)))
+            used = [v for v in loops if re.search(rf"\$\{{?{v}\b", line)]
+            for values in product(*(loops[v] for v in used)):
+                here = {**env, **dict(zip(used, values))}
+                cmd = re.sub(r"\$\{?(\w+)\}?", lambda m: here.get(m.group(1), m.group(0)), line)
+                cmd = re.sub(r"\bTASK\b", "sr_bicubic", cmd)  # docs/uncertainty.md's placeholder
+                if cmd.startswith("bench ") and not cmd.startswith("bench()"):
+                    words = shlex.split(cmd)
+                    out.append(["--out", f"runs/bench/{words[1]}", *words[2:]])
+                elif m := re.search(r"(?:nfc-dps|-m nfc_dps) bench (?!report)(.*?)(?:&&|;|$)", cmd):
+                    out.append(shlex.split(m.group(1)))
     return out
+
+
+def test_documented_commands_expand_every_loop_value(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```bash\nfor t in sr_bicubic deblur_motion; do\n  nfc-dps bench --tasks $t --out runs/$t\ndone\n```\n")
+    assert _documented_bench_commands(page) == [["--tasks", "sr_bicubic", "--out", "runs/sr_bicubic"],
+                                                ["--tasks", "deblur_motion", "--out", "runs/deblur_motion"]]
 
 
 @pytest.mark.parametrize("page", ["docs/benchmarks.md", "docs/uncertainty.md"])

@@ -114,29 +114,50 @@ def _flat_plus_edge(n: int) -> torch.Tensor:
     return x
 
 
-def test_mirrored_prior_precision_is_the_prior_on_the_symmetric_extension():
-    """Q v against the dense matrix E^T F^-1 diag(1/S) F E / 4 on a small odd-sized grid (E the
-    half-sample symmetric extension, F the orthonormal DFT of the 2h x 2w grid); a vertical ramp,
-    whose extension has no jump, costs less under Q than under the periodic grid's prior."""
-    from nfc_dps.samplers.gaussian_step import _spectrum_on_grid, mirrored_prior_precision
+def _two_sided(n: int, g: int) -> torch.Tensor:
+    """|k| of each frequency of a g-point grid, in units of an n-point grid's spacing."""
+    return (torch.fft.fftfreq(g, dtype=torch.float64) * n).abs()
 
-    h, w = 5, 6
-    f = lambda n: torch.fft.fftfreq(n, dtype=torch.float64)
-    spectrum = (1e-3 + f(h)[:, None] ** 2 + f(w)[None, :] ** 2).pow(-1.3).view(1, 1, h, w)
-    rows = [*range(h), *reversed(range(h))]
-    cols = [*range(w), *reversed(range(w))]
-    E = torch.zeros(4 * h * w, h * w, dtype=torch.float64)
+
+def test_spectrum_on_another_grid_interpolates_log_linearly():
+    """A spectrum exp(-a|k1| - b|k2|) is log-linear between grid points, so read on any grid it is
+    that function of the new grid's frequencies exactly (both signs, across DC and Nyquist; even
+    grids, whose Nyquist frequency bounds every frequency of the new grid)."""
+    from nfc_dps.samplers.gaussian_step import _spectrum_on_grid
+
+    h, w = 6, 4
+    spectrum = torch.exp(-0.7 * _two_sided(h, h)[:, None] - 0.3 * _two_sided(w, w)[None, :]).view(1, 1, h, w)
+    torch.testing.assert_close(_spectrum_on_grid(spectrum, h, w), spectrum)
+    for gh, gw in ((12, 8), (10, 6), (17, 13)):
+        expected = torch.exp(-0.7 * _two_sided(h, gh)[:, None] - 0.3 * _two_sided(w, gw)[None, :])
+        torch.testing.assert_close(_spectrum_on_grid(spectrum, gh, gw)[0, 0], expected)
+
+
+def test_symmetric_prior_precision_is_the_prior_on_the_symmetric_extension():
+    """Q v against the dense matrix E^T F^-1 diag(1/S) F E / 4 (F the orthonormal DFT of the
+    extension's grid) on a grid whose rows extend without repeating the edge (10: period 18 beats
+    20) and whose columns with it (6: period 12 beats 10); a vertical ramp, whose extension has no
+    jump, costs less than half as much under Q as under the periodic grid's prior."""
+    from nfc_dps.samplers.gaussian_step import _half_sample, symmetric_prior_precision
+
+    assert [_half_sample(n) for n in (10, 6, 256, 316)] == [False, True, True, False]  # 316: 630 = 2.3.3.5.7, 632 = 8.79
+    h, w = 10, 6
+    spectrum = torch.exp(-0.7 * _two_sided(h, h)[:, None] - 0.3 * _two_sided(w, w)[None, :]).view(1, 1, h, w)
+    rows = [*range(h), *range(h - 2, 0, -1)]  # whole-sample: period 2(h - 1)
+    cols = [*range(w), *reversed(range(w))]  # half-sample: period 2w
+    E = torch.zeros(len(rows) * len(cols), h * w, dtype=torch.float64)
     for i, r in enumerate(rows):
         for j, c in enumerate(cols):
-            E[i * 2 * w + j, r * w + c] = 1.0
-    Fh, Fw = (torch.fft.fft(torch.eye(n, dtype=torch.complex128), norm="ortho") for n in (2 * h, 2 * w))
+            E[i * len(cols) + j, r * w + c] = 1.0
+    Fh, Fw = (torch.fft.fft(torch.eye(n, dtype=torch.complex128), norm="ortho") for n in (len(rows), len(cols)))
     F = torch.kron(Fh, Fw)
-    inv = 1.0 / _spectrum_on_grid(spectrum, 2 * h, 2 * w).flatten().to(torch.complex128)
-    dense = (E.T.to(torch.complex128) @ F.conj().T @ torch.diag(inv) @ F @ E.to(torch.complex128)).real / 4
+    grid = torch.exp(-0.7 * _two_sided(h, len(rows))[:, None] - 0.3 * _two_sided(w, len(cols))[None, :])
+    Ec = E.to(torch.complex128)
+    dense = (Ec.T @ F.conj().T @ torch.diag(1.0 / grid.flatten().to(torch.complex128)) @ F @ Ec).real / 4
     v = torch.randn(2, 1, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    q = mirrored_prior_precision(spectrum, h, w)
+    q = symmetric_prior_precision(spectrum, h, w)
     torch.testing.assert_close(q(v).flatten(1), v.flatten(1) @ dense.T)
-    ramp = torch.linspace(0, 1, h, dtype=torch.float64).view(1, 1, h, 1).expand(1, 1, h, w)
+    ramp = torch.linspace(-0.5, 0.5, h, dtype=torch.float64).view(1, 1, h, 1).expand(1, 1, h, w)  # zero mean
     periodic = (torch.fft.fft2(ramp, norm="ortho").abs().square() / spectrum).sum()
     assert float((ramp * q(ramp)).sum()) < 0.5 * float(periodic)
 

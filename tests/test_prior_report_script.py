@@ -65,11 +65,16 @@ def test_report_runs_on_a_gray_untiled_prior_and_whole_images(tmp_path):
     text = json.dumps(rows)
     assert "NaN" not in text and "Infinity" not in text
     assert rows["prior"]["parameters"] > 0
-    # TV at its best weight per image is at least TV at the weight tuned on training crops (same grid),
-    # and the harder margin is measured against it
-    r = rows["rows"]
-    assert r["tv_per_image"]["0.1"] >= r["tv"]["0.1"] - 1e-9
-    assert rows["margin_per_image_tv"]["0.1"] == pytest.approx(r["tiled"]["0.1"] - r["tv_per_image"]["0.1"])
+    # the oracle TV row: each image's recorded best weight, its margin row in the report's markdown
+    # and in the docs' table, and the acceptance flag that goes with it
+    from nfc_dps.bench.report import prior_table
+
+    each = rows["per_image"][rows["eval"]["images"][0]]["0.1"]
+    assert each["tv_oracle_factor"] in report.TV_FACTORS and each["tv_oracle"] >= each["tv"]
+    margin = rows["margin_over_tv_oracle"]["0.1"]
+    assert rows["acceptance"]["strong_margin_over_tv_oracle"] == (margin >= report.STRONG_MARGIN_DB)
+    assert f"**{margin:+.2f}**" in rows["markdown"].split("TV at its best weight per image** |")[1].splitlines()[0]
+    assert "TV at its best weight per image** | " + f"**{margin:+.2f}** |" in prior_table(out, "")
     assert rows["machine"]["cpu_capability"] and "cpu" in rows["machine"]  # timings name their machine
     assert rows["command"].startswith("nfc-dps prior-report --prior ")  # the command that reproduces it
 

@@ -115,7 +115,8 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
         sweep = float(np.mean([forward_time(float(s)) for s in np.geomspace(0.01, 80.0, 2 * reps)]))
     log(f"bare network forward ({spec.size}x{spec.size}, 1 image): {bare * 1000:.1f} ms at sigma 1 (median of {reps}), "
         f"{sweep * 1000:.1f} ms mean over a sigma sweep")
-    result: dict[str, Any] = {"size": spec.size, "task": task.name, "device": str(device), "bare_forward_s": bare,
+    result: dict[str, Any] = {"size": spec.size, "task": task.name, "image": name, "device": str(device),
+                              "bare_forward_s": bare,
                               "bare_forward_sweep_s": sweep, "machine": machine_description(),
                               "prior": prior_record(spec.prior), "precision": prior.precision, "methods": {}}
     # the harness's columns (``nfc:deterministic`` included) at the first budget; classical ones use no network
@@ -163,7 +164,7 @@ def profile_markdown(result: dict[str, Any]) -> str:
     """profile.md: the per-NFE table and the phase breakdown of :func:`run_profile`'s result."""
     mach = result["machine"]
     L = ["# Profile: time per network evaluation", "",
-         f"- image {result['size']}x{result['size']}, task {result['task']}, device {result['device']}, "
+         f"- image {result['image']} {result['size']}x{result['size']}, task {result['task']}, device {result['device']}, "
          f"{mach.get('cpu', '')} (nproc {mach.get('nproc')})",
          f"- prior: {result['prior'].get('path')} (sha256 {result['prior'].get('sha256', '?')})",
          f"- bare network forward (the prior's denoise, batch 1): {result['bare_forward_s'] * 1000:.1f} ms at sigma 1 "

@@ -299,21 +299,29 @@ def per_image_table(src: Source, link: str, method: str = "nfc:deterministic",
 
 
 def cost_table(files: Sequence[Path], link: str) -> str:
-    """Per task and method, a single process's time per network call (``bench --profile``'s JSON, one file
-    per task) and that time over the same method's on SR x4."""
+    """Per task and method, a single process's time per network call (``bench --profile``'s JSON,
+    one file per task, all of one image size, image and machine), what of it is the network, and
+    that time over the same method's on SR x4."""
     runs = [json.loads(f.read_text()) for f in files]
-    sr = next((r for r in runs if r["task"] == "sr_bicubic"), None)
-    L = ["| task | method | ms per network call | network ms per call | relative to SR ×4 |", "|---|---|---|---|---|"]
+    setting = {(r["size"], r.get("image"), r["device"], json.dumps(r["machine"].get("cpu"))) for r in runs}
+    if len(setting) > 1:
+        raise ValueError(f"{', '.join(f.name for f in files)}: profiles of different sizes, images or machines")
+    sr = next((r["methods"] for r in runs if r["task"] == "sr_bicubic"), {})
+    L = ["| task | method | ms per NFE (whole run) | of which network | relative to SR ×4 |", "|---|---|---|---|---|"]
     for run in runs:
         for m, v in run["methods"].items():
-            base = sr["methods"].get(m) if sr else None
-            rel = f"{v['per_nfe_s'] / base['per_nfe_s']:.2f}×" if base else "–"
-            L.append(f"| {TASK_LABELS.get(run['task'], run['task'])} | {row_label(m, '', 'fast')} | "
-                     f"{1000 * v['per_nfe_s']:.0f} | {1000 * v['network_per_call_s']:.0f} | {rel} |")
-    machine = runs[0]["machine"]
-    L += ["", f"{runs[0]['size']} px, one image, one process of {machine['torch_threads']} thread(s) on "
-              f"{machine['cpu']} ({runs[0]['device']}). Source: " + " ".join(f"[`{f.name}`]({link}{f.parent.name}/{f.name})"
-                                                                        for f in files) + "."]
+            name = f"| {TASK_LABELS.get(run['task'], run['task'])} | {row_label(m, '', 'fast')} |"
+            if "error" in v:
+                L.append(f"{name} failed | – | – |")
+                continue
+            base = sr.get(m, {}).get("per_nfe_s")
+            rel = f"{v['per_nfe_s'] / base:.2f}×" if base else "–"
+            L.append(f"{name} {1000 * v['per_nfe_s']:.0f} | {1000 * v['network_per_call_s']:.0f} | {rel} |")
+    r0 = runs[0]
+    where = f"{r0['size']} px, image {r0['image']}" if r0.get("image") else f"{r0['size']} px, one image"
+    threads = r0["machine"]["torch_threads"]
+    L += ["", f"{where}, one process, {threads} torch thread{'s' * (threads != 1)}, {r0['machine']['cpu']} "
+              f"({r0['device']}). Source: " + " ".join(f"[`{f.name}`]({link}{f.parent.name}/{f.name})" for f in files) + "."]
     return "\n".join(L)
 
 
@@ -411,9 +419,9 @@ def prior_table(report: Path, link: str) -> str:
     for key, vals in d.get("margins", {}).items():
         L.append(f"| **margin: {d['row_labels'].get(key, key)} − best of TV / wavelet** | "
                  + " | ".join(f"**{vals[s]:+.2f}**" for s in sig) + " |")
-    if d.get("margin_per_image_tv"):
-        L.append(f"| **margin: {d['row_labels'].get('tiled', 'tiled')} − TV picked per image** | "
-                 + " | ".join(f"**{d['margin_per_image_tv'][s]:+.2f}**" for s in sig) + " |")
+    if d.get("margin_over_tv_oracle"):
+        L.append(f"| **margin: {d['row_labels'].get('tiled', 'tiled')} − TV at its best weight per image** | "
+                 + " | ".join(f"**{d['margin_over_tv_oracle'][s]:+.2f}**" for s in sig) + " |")
     t, m, p = d.get("timing", {}), d.get("machine", {}), d.get("prior", {})
     L.append("")
     bits = [f"Prior `{p.get('label', '')}` ({p.get('parameters', 0):,} parameters, "

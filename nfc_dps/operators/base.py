@@ -90,9 +90,8 @@ def check_image(x: Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} must have shape (B, C, H, W), got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    # a finite sum implies every element is finite: one reduction on the operators' hot path
-    # (0.02 ms instead of 0.3 ms at 3 x 256^2); only when the sum overflows or is NaN does the exact
-    # elementwise test decide
+    # a finite sum implies every element is finite: one reduction on the operators' hot path, far
+    # cheaper than an elementwise test; only when the sum overflows or is NaN does that test decide
     if not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or Inf")
 

@@ -129,7 +129,7 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
       ``spectrum`` S (B|1, 1, H, W) (a power law: the prior's or the measurement's): a Wiener
       filter for circulant blur, a smooth interpolation of the holes for inpainting; conjugate
       gradients (``START_CG_ITERATIONS``) where there is no closed form. For a blur that does not
-      wrap (reflect or valid boundary) C is stationary on the image's mirror extension instead,
+      wrap (reflect or valid boundary) C is stationary on the image's symmetric extension instead,
       so that it does not join opposite borders either (``gaussian_step.blur_wiener_estimate``).
     Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
     """

@@ -251,33 +251,71 @@ def is_nonwrapping_blur(operator: LinearOperator) -> bool:
 
 
 def _spectrum_on_grid(spectrum: Tensor, gh: int, gw: int) -> Tensor:
-    """A spectrum given on an (h, w) FFT grid read on a (gh, gw) one at the nearest frequency (the
-    power spectrum of a stationary process, orthonormal FFT, does not depend on the grid size)."""
-    h, w = spectrum.shape[-2:]
+    """A spectrum given on an (h, w) FFT grid read on a (gh, gw) one (the power spectrum of a
+    stationary process, orthonormal FFT, does not depend on the grid size): at each frequency of
+    the new grid, the log-linear interpolation of the two nearest frequencies of the old one along
+    each axis (a power law stays a power law between them)."""
+    log = spectrum.log()
+    for dim, g in ((-2, gh), (-1, gw)):
+        n = log.shape[dim]
+        pos = torch.fft.fftfreq(g, dtype=torch.float64) * n  # position on the old grid, signed
+        low = torch.floor(pos)
+        t = (pos - low).to(log.dtype).to(log.device)
+        shape = [1] * log.ndim
+        shape[dim] = g
+        i0, i1 = (low.long() % n).to(log.device), ((low.long() + 1) % n).to(log.device)
+        log = log.index_select(dim, i0) * (1 - t).view(shape) + log.index_select(dim, i1) * t.view(shape)
+    return log.exp()
 
-    def nearest(n: int, g: int) -> Tensor:
-        f = torch.fft.fftfreq(g, dtype=torch.float64)  # cycles per sample
-        return torch.round(f * n).long() % n
 
-    return spectrum.index_select(-2, nearest(h, gh).to(spectrum.device)).index_select(-1, nearest(w, gw).to(spectrum.device))
+def _largest_prime_factor(m: int) -> int:
+    p, largest = 2, 1
+    while m > 1:
+        while m % p == 0:
+            m, largest = m // p, p
+        p += 1
+    return largest
 
 
-def mirrored_prior_precision(spectrum: Tensor, h: int, w: int) -> Callable[[Tensor], Tensor]:
+def _half_sample(n: int) -> bool:
+    """Whether an axis of length n extends by half-sample symmetry (``c b a | a b c``, period 2n)
+    rather than whole-sample symmetry (``c b | a b c``, period 2(n - 1)): the one whose period is
+    the faster FFT length (the smaller largest prime factor), half-sample on a tie or when n < 3."""
+    return n < 3 or _largest_prime_factor(2 * n) <= _largest_prime_factor(2 * (n - 1))
+
+
+def _extend(v: Tensor, dim: int, half: bool) -> Tensor:
+    """v followed by its reflection along ``dim`` (one period of the symmetric extension)."""
+    back = v.flip(dim)
+    return torch.cat([v, back if half else back.narrow(dim, 1, v.shape[dim] - 2)], dim)
+
+
+def _fold(u: Tensor, dim: int, n: int, half: bool) -> Tensor:
+    """The adjoint of :func:`_extend`: each pixel's copies summed back onto it."""
+    front, back = u.narrow(dim, 0, n), u.narrow(dim, n, u.shape[dim] - n).flip(dim)
+    if half:
+        return front + back
+    front = front.clone()
+    front.narrow(dim, 1, n - 2).add_(back)
+    return front
+
+
+def symmetric_prior_precision(spectrum: Tensor, h: int, w: int) -> Callable[[Tensor], Tensor]:
     """v -> Q v, the precision of a stationary Gaussian prior with power spectrum S seen on the
-    image's symmetric extension rather than on its own periodic grid: the image mirrored about each
-    border with the edge sample repeated (``c b a | a b c | c b a``, the DCT-II's extension, period
-    2h x 2w, no jump anywhere), Q = E^T F^-1 diag(1 / S) F E / 4 with E the extension (four copies of
-    each pixel, E^T E = 4). The periodic grid's prior joins each border to the opposite one and so
-    penalises the jump between them; a photograph's opposite borders are unrelated, and a
+    image's symmetric extension rather than on its own periodic grid: the image reflected about
+    each border (periodic, no jump anywhere), Q = E^T F^-1 diag(1 / S) F E / 4 with E the extension.
+    Each axis reflects with or without repeating its edge sample, whichever period is the faster
+    FFT length (:func:`_half_sample`). The periodic grid's prior joins each border to the opposite
+    one and so penalises the jump between them; a photograph's opposite borders are unrelated, and a
     non-circulant blur measures them as such. ``spectrum`` (B|1, 1, h, w), finite and > 0."""
-    inv = 1.0 / _spectrum_on_grid(spectrum, 2 * h, 2 * w)[..., : w + 1]
+    hh, hw = _half_sample(h), _half_sample(w)
+    gh, gw = (2 * h if hh else 2 * (h - 1)), (2 * w if hw else 2 * (w - 1))
+    inv = 1.0 / _spectrum_on_grid(spectrum, gh, gw)[..., : gw // 2 + 1]
 
     def apply(v: Tensor) -> Tensor:
-        rows = torch.cat([v, v.flip(-2)], -2)
-        ext = torch.cat([rows, rows.flip(-1)], -1)
-        out = torch.fft.irfft2(torch.fft.rfft2(ext, norm="ortho") * inv, s=(2 * h, 2 * w), norm="ortho")
-        out = out[..., :h, :] + out[..., h:, :].flip(-2)
-        return (out[..., :w] + out[..., w:].flip(-1)) / 4.0
+        ext = _extend(_extend(v, -2, hh), -1, hw)
+        out = torch.fft.irfft2(torch.fft.rfft2(ext, norm="ortho") * inv, s=(gh, gw), norm="ortho")
+        return _fold(_fold(out, -2, h, hh), -1, w, hw) / 4.0
 
     return apply
 
@@ -285,14 +323,14 @@ def mirrored_prior_precision(spectrum: Tensor, h: int, w: int) -> Callable[[Tens
 def blur_wiener_estimate(operator: LinearOperator, y: Tensor, level: Tensor, sigma_y: float, spectrum: Tensor,
                          max_iter: int, tol: float = 1e-5) -> Tensor:
     """E[x | y] for a blur that does not wrap (:func:`is_nonwrapping_blur`) under
-    x ~ N(level, Q^-1) with Q :func:`mirrored_prior_precision`: conjugate gradients on
+    x ~ N(level, Q^-1) with Q :func:`symmetric_prior_precision`: conjugate gradients on
     (A^T A / sigma_y^2 + Q) x = A^T y / sigma_y^2 + Q level, preconditioned by the circulant
     Wiener filter (|H|^2 / sigma_y^2 + 1 / S)^-1 of the circular blur with the same kernel.
     ``level`` (B, C, H, W), ``spectrum`` (B|1, 1, H, W) finite and > 0."""
     from ..operators.blur import BlurOperator
 
     h, w = level.shape[-2:]
-    q = mirrored_prior_precision(spectrum, h, w)
+    q = symmetric_prior_precision(spectrum, h, w)
     gram = BlurOperator(operator.blur_kernel(), "circular").transfer_function(h, w, level.dtype, level.device).abs().square()
     gain = 1.0 / (gram / sigma_y**2 + 1.0 / spectrum)
     rhs = operator.A_adjoint(y) / sigma_y**2 + q(level)
