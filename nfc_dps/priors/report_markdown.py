@@ -1,7 +1,10 @@
-"""The markdown of a prior report (:mod:`nfc_dps.priors.report`) and the summary of a training
-run's loss log (``nfc-dps prior-report --loss-csv``)."""
+"""The markdown of a prior report (:mod:`nfc_dps.priors.report`): its own section and the docs' table
+(:func:`prior_table`), and the summary of a training run's loss log (``nfc-dps prior-report --loss-csv``)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -98,3 +101,36 @@ def markdown(report: dict) -> str:
                       + "".join(f"; σ = {k}: {v:+.2f}" + (f" (short by {strong - v:.2f})" if v < strong else "")
                                 for k, v in report["margin_over_tv_oracle"].items()) + ".")
     return "\n".join(lines)
+
+
+def prior_table(report: Path, link: str) -> str:
+    """The one-step denoising report of the shipped prior (``nfc-dps prior-report``'s JSON)."""
+    d = json.loads(report.read_text())
+    sig = [str(s) for s in d["sigmas"]]
+    L = ["| method | " + " | ".join(f"σ = {s}" for s in sig) + " |", "| --- |" + " ---: |" * len(sig)]
+    for key, label in d["row_labels"].items():
+        vals = d["rows"][key]
+        cells = [f"{vals[s]:.2f}" for s in sig]
+        if key == "tiled":
+            cells = [f"**{c}**" for c in cells]
+        L.append(f"| {label} | " + " | ".join(cells) + " |")
+    for key, vals in d.get("margins", {}).items():
+        L.append(f"| **margin: {d['row_labels'].get(key, key)} − best of TV / wavelet** | "
+                 + " | ".join(f"**{vals[s]:+.2f}**" for s in sig) + " |")
+    if d.get("margin_over_tv_oracle"):
+        L.append(f"| **margin: {d['row_labels'].get('tiled', 'tiled')} − TV at its best weight per image** | "
+                 + " | ".join(f"**{d['margin_over_tv_oracle'][s]:+.2f}**" for s in sig) + " |")
+    t, m, p = d.get("timing", {}), d.get("machine", {}), d.get("prior", {})
+    L.append("")
+    bits = [f"Prior `{p.get('label', '')}` ({p.get('parameters', 0):,} parameters, "
+            f"{p.get('disk_bytes', 0) / 1e6:.1f} MB on disk, network in {p.get('precision', '?')})",
+            f"{len(d['eval']['images'])} held-out photos ({', '.join(d['eval']['images'])}), "
+            f"{d['eval']['crop']} × {d['eval']['crop']} centre crops"]
+    if "tiled" in t:
+        ft = t.get("tiled_float32", {})
+        bits.append(f"a 256 × 256 forward pass takes {t['tiled']['median_s']:.2f} s"
+                    + (f" ({ft['median_s']:.2f} s in float32)" if ft else "")
+                    + f" on {m.get('torch_threads', '?')} threads of an {m.get('cpu', 'unknown CPU')}")
+    bits.append(f"measured {d.get('created', '')[:10]}; source [`{report.name}`]({link}{report.name})")
+    L.append("; ".join(bits) + ".")
+    return "\n".join(L)
