@@ -16,9 +16,9 @@ Gaussian oracle's ``docs/bench/oracle*_summary.md`` and the default prior's
 error. Running it twice changes nothing. ``--check`` writes nothing and exits 1 when a page
 differs from what the result files give (tests/test_bench_report.py runs it on the repository).
 
-A new prior or preset: rerun the protocols (docs/benchmarks.md names each command), copy their
-results.csv / summary.md into docs/bench under the names below, run ``nfc-dps bench report``,
-commit.
+A new prior or preset: ``scripts/rerun_tables.sh`` reruns the protocols and copies their result
+files into docs/bench under the names below (docs/benchmarks.md names each command); then run
+``nfc-dps bench report`` and commit.
 """
 
 from __future__ import annotations
