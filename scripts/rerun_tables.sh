@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rerun every generated table that depends on the embedded prior or a preset, and copy its result files
+# Rerun every generated table (and the README's demo grid) that depends on the embedded prior or a preset, and copy its result files
 # into docs/bench/ (then: nfc-dps bench report, a CHANGELOG entry, commit). Run it after shipping new
 # weights in assets/default_prior or changing a preset.
 #
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 TABLES=(paper256_det profile_paper prior_report local256_det local256_seed1 local64_det
         conformal_nfc_fast calibration calibration_nfc100 local_k4_25 local_nfe local local_default
-        local256_50nfe conformal_methods_sr conformal_methods_inpaint_random)
+        local256_50nfe conformal_methods_sr conformal_methods_inpaint_random demo_grid)
 if [[ "${1:-}" == "--list" ]]; then printf '%s\n' "${TABLES[@]}"; exit 0; fi
 names=("$@"); [[ ${#names[@]} -gt 0 ]] || names=("${TABLES[@]}")
 for name in "${names[@]}"; do  # every name checked before hours of work start
@@ -77,16 +77,19 @@ run_table() {
     local_k4_25) bench local_k4_25 --budgets 25 --samples 4 --set nfc.inner_temperature=0 \
         --methods nfc,nfc:deterministic,ddnm,ddrm,diffpir,dpir,$C ;;
     local) bench local --budgets 100 --methods $A,nfc:fast_psnr ;;
+    demo_grid)  # README's picture of every standard task
+        rm -rf "$ROOT/demo" && nfc-dps demo --tasks all --output "$ROOT/demo" && cp "$ROOT/demo/grid.png" docs/demo_grid.png ;;
     local_default) bench local_default --preset paper --image-names astronaut --methods $A ;;
     calibration)
         rm -rf "$ROOT/calibration"
         nfc-dps bench --protocol calibration --out "$ROOT/calibration" --threads 2
-        rm -rf docs/bench/calibration && cp -r "$ROOT/calibration" docs/bench/calibration ;;
+        cp "$ROOT/calibration"/{calibration.csv,config.json,summary.md} docs/bench/calibration/
+        cp "$ROOT/calibration/reliability.png" docs/calibration_reliability.png ;;
     calibration_nfc100)
         rm -rf "$ROOT/calibration_nfc100"
         nfc-dps bench --protocol calibration --out "$ROOT/calibration_nfc100" --methods nfc --embedded-budget 100 \
             --tasks embedded-sr_bicubic,embedded-inpaint_random,embedded-deblur_gaussian --threads 2
-        rm -rf docs/bench/calibration_nfc100 && cp -r "$ROOT/calibration_nfc100" docs/bench/calibration_nfc100 ;;
+        cp "$ROOT/calibration_nfc100"/{calibration.csv,config.json,summary.md} docs/bench/calibration_nfc100/ ;;
     conformal_nfc_fast)  # one process per task, two at a time
         conformal conformal_sr_bicubic conformal_nfc_fast/sr_bicubic \
             nfc-dps bench --tasks embedded-sr_bicubic --methods nfc &

@@ -37,6 +37,7 @@ def prior_dependent_tables() -> set[str]:
     if (BENCH / "profile_paper").is_dir():
         names.add("profile_paper")
     names.add("prior_report")  # docs/prior_report.json
+    names.add("demo_grid")  # docs/demo_grid.png, README's picture
     return names
 
 
