@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 
 from nfc_dps.bench.calibration import _oracle_problems, calibration_rows, coverage_curve
 from nfc_dps.bench.cli import main
+from nfc_dps.conformal import fit_rule
 from nfc_dps.metrics import expected_coverage
 
 
@@ -68,6 +70,27 @@ def test_calibration_protocol_end_to_end_and_resumed(tmp_path):
     assert main(args) == 0
     assert {name: (tmp_path / name).read_text() for name in first} == first
     assert main([*args, "--samples", "8"]) == 2  # another K in the same folder is refused
+
+
+@pytest.mark.slow  # loads the validation photographs and samples 11 tiles
+def test_embedded_draws_are_saved_and_refit_to_the_tables_rule(tmp_path, tiny_prior):
+    """An embedded setting keeps every tile's chains (OUT/chains/*.npz): refitting the rule on the
+    saved validation draws gives back conformal.csv's q and edge weight, and the saved truths are
+    the tiles the coverage was measured on."""
+    out = tmp_path / "cal"
+    assert main(["--protocol", "calibration", "--out", str(out), "--tasks", "embedded-sr_bicubic", "--methods", "nfc",
+                 "--prior", str(tiny_prior), "--size", "16", "--samples", "4", "--embedded-budget", "2",
+                 "--validation-images", "9", "--num-images", "2", "--threads", "1", "--device", "cpu"]) == 0
+    saved = np.load(out / "chains" / "embedded-sr_bicubic_nfc@2.npz")
+    assert saved["validation_chains"].shape == (9, 4, 1, 3, 16, 16) and saved["validation_truth"].shape == (9, 1, 3, 16, 16)
+    assert saved["test_chains"].shape == (2, 4, 1, 3, 16, 16)
+    row = next(r for r in read_csv(out / "conformal.csv") if r["k"] == "4")
+    images = [(np.clip(xs.mean(0), 0, 1)[0], xs.std(0, ddof=1)[0], x[0])
+              for xs, x in zip(saved["validation_chains"].astype(np.float64), saved["validation_truth"])]
+    fit = fit_rule(images, 0.9)
+    assert float(row["edge_weight"]) == fit.edge_weight
+    assert float(row["q"]) == pytest.approx(fit.q, rel=1e-3)
+    assert 0 <= saved["test_truth"].min() and saved["test_truth"].max() <= 1
 
 
 def test_calibration_refusals_name_the_flag(tmp_path, capsys):

@@ -50,13 +50,15 @@ narrower interval is the better uncertainty estimate.
 Writes OUT/calibration.csv (setting, method, budget, k, width, observed, expected: one row per
 width, the mean over measurements), OUT/conformal.csv (setting, method, budget, k, nominal, q,
 raw_coverage, coverage, width, n_validation, n_test), OUT/summary.md (the ±1 / ±2 table and the
-calibrated-interval table) and OUT/reliability.png (observed against expected coverage at every
-width, K = all chains).
+calibrated-interval table), OUT/reliability.png (observed against expected coverage at every
+width, K = all chains) and, per embedded (setting, method), its draws in
+OUT/chains/SETTING_METHOD@BUDGET.npz (:func:`save_chains`: refit a rule without sampling again).
 """
 
 from __future__ import annotations
 
 import math
+import io
 import time
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Sequence
@@ -69,7 +71,7 @@ from ..api import image_generators, stable_seed
 from ..conformal import DEFAULT_EPS, fit_rule, interval
 from ..priors.training_data import HELDOUT_IMAGES
 from ..training.leaves import textured_leaves
-from ..io import atomic_write_text
+from ..io import atomic_write_bytes, atomic_write_text
 from ..metrics import coverage, expected_coverage
 from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
@@ -85,7 +87,7 @@ from .calibration_report import (calibration_markdown, conformal_markdown, confo
 
 __all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "Calibration",
            "calibration_markdown", "reliability_plot", "read_calibration_csv", "photo_tiles", "conformal_rows",
-           "conformal_markdown", "interval_stats"]
+           "conformal_markdown", "interval_stats", "save_chains"]
 
 #: the widths c (in sample stds) of the reliability curve; 1 and 2 are the table's
 WIDTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 31))
@@ -291,6 +293,19 @@ def _mean_std(xs: Tensor, clip: bool) -> tuple[Tensor, Tensor]:
     return (mean.clamp(0, 1) if clip else mean), xs.std(0)
 
 
+def save_chains(path: Path, chains: dict[str, list[Tensor]], truths: dict[str, Sequence[Tensor]]) -> None:
+    """One embedded (setting, method)'s draws, to refit an interval rule without sampling again:
+    per split ("test", "validation"), ``SPLIT_chains`` (N, K, B, C, H, W) and ``SPLIT_truth``
+    (N, B, C, H, W), float32 in [0, 1] units (chains unclipped), N measurements of B images."""
+    arrays = {}
+    for split, xs in chains.items():
+        arrays[f"{split}_chains"] = np.stack([x.float().cpu().numpy() for x in xs])
+        arrays[f"{split}_truth"] = np.stack([t.float().cpu().numpy() for t in truths[split]])
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[Tensor], val_truths: Sequence[Tensor],
                    test: Sequence[Tensor], test_truths: Sequence[Tensor], coverage: float = DEFAULT_COVERAGE,
                    clip: bool = True) -> list[dict[str, Any]]:
@@ -445,6 +460,8 @@ class Calibration(Protocol):
                 chains[split].append(xs)
                 if split == "test":
                     parts.append(calibration_rows(name, method, budget, xs, truth.double()))
+        save_chains(self.spec.out / "chains" / f"{name}_{method.replace(':', '-')}@{budget}.npz", chains,
+                    {split: s[1] for split, s in splits.items()})
         if "validation" not in splits:
             return mean_rows(parts), []
         return mean_rows(parts), conformal_rows(
