@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +12,10 @@ import torch
 
 from nfc_dps.bench.calibration import _oracle_problems, calibration_rows, coverage_curve
 from nfc_dps.bench.cli import main
-from nfc_dps.conformal import fit_rule
+from nfc_dps.conformal import EDGE_WEIGHTS, fit_rule
 from nfc_dps.metrics import expected_coverage
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("setting", ["gaussian", "mixture-well-mild-lo"])
@@ -91,6 +95,17 @@ def test_embedded_draws_are_saved_and_refit_to_the_tables_rule(tmp_path, tiny_pr
     assert float(row["edge_weight"]) == fit.edge_weight
     assert float(row["q"]) == pytest.approx(fit.q, rel=1e-3)
     assert 0 <= saved["test_truth"].min() and saved["test_truth"].max() <= 1
+    # scripts/refit_intervals.py measures the refitted rule on the saved test draws as the run did
+    spec = importlib.util.spec_from_file_location("refit_intervals", ROOT / "scripts" / "refit_intervals.py")
+    refit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(refit)
+    again = {r["k"]: r for r in refit.refit(out / "chains" / "embedded-sr_bicubic_nfc@2.npz", 0.9, "pooled",
+                                            list(EDGE_WEIGHTS))}
+    assert again[4]["coverage"] == pytest.approx(float(row["coverage"]), abs=2e-3)
+    assert 0 < again[4]["validation_coverage"] <= 1
+    assert refit.main([str(out)]) == 0
+    wider = refit.refit(out / "chains" / "embedded-sr_bicubic_nfc@2.npz", 0.9, "risk-control", [0.0])
+    assert {r["edge_weight"] for r in wider} == {0.0} and wider[0]["q"] >= 0
 
 
 def test_calibration_refusals_name_the_flag(tmp_path, capsys):

@@ -68,7 +68,7 @@ import torch
 from torch import Tensor
 
 from ..api import image_generators, stable_seed
-from ..conformal import DEFAULT_EPS, fit_rule, interval
+from ..conformal import DEFAULT_EPS, EDGE_WEIGHTS, fit_rule, interval
 from ..priors.training_data import HELDOUT_IMAGES
 from ..training.leaves import textured_leaves
 from ..io import atomic_write_bytes, atomic_write_text
@@ -308,9 +308,10 @@ def save_chains(path: Path, chains: dict[str, list[Tensor]], truths: dict[str, S
 
 def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[Tensor], val_truths: Sequence[Tensor],
                    test: Sequence[Tensor], test_truths: Sequence[Tensor], coverage: float = DEFAULT_COVERAGE,
-                   clip: bool = True) -> list[dict[str, Any]]:
+                   clip: bool = True, rule: str = "pooled",
+                   edge_weights: Sequence[float] = EDGE_WEIGHTS) -> list[dict[str, Any]]:
     """Rows of conformal.csv for one (setting, method): for K = 4 (the first 4 chains) and K = all,
-    the rule (q and the edge weight, :func:`~nfc_dps.conformal.fit_rule`, pooled) fitted on the
+    the rule (q and the edge weight, :func:`~nfc_dps.conformal.fit_rule`) fitted on the
     validation measurements, coverage and width on the test ones.
     validation / test: per measurement, (K, B, C, H, W) chains; each of the B images is one
     calibration image."""
@@ -323,7 +324,7 @@ def conformal_rows(setting: str, method: str, budget: int, validation: Sequence[
         for xs, truth in zip(validation, val_truths):
             mean, std = _mean_std(xs[:kk], clip)
             images += [(mean[b], std[b], truth[b]) for b in range(truth.shape[0])]
-        fit = fit_rule(images, coverage, "pooled")
+        fit = fit_rule(images, coverage, rule, edge_weights=edge_weights)
         st = interval_stats([xs[:kk] for xs in test], test_truths, fit.q, raw_z(coverage), clip, fit.edge_weight)
         rows.append({"setting": setting, "method": method, "budget": budget, "k": kk, "nominal": coverage, "q": fit.q,
                      "edge_weight": fit.edge_weight, **st, "n_validation": len(images),
