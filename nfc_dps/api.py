@@ -110,8 +110,8 @@ def as_batch(y: Tensor | np.ndarray) -> tuple[Tensor, Callable[[Tensor], Any]]:
 
 
 def range_tolerance(sigma_y: float) -> float:
-    """How far outside [0, 1] a measurement may reach: 6 noise stds plus 0.05 (the overshoot of
-    bicubic downsampling is about 0.013)."""
+    """How far outside [0, 1] a measurement may reach: 6 noise stds plus 0.05 (room for the
+    overshoot of bicubic downsampling at sharp edges)."""
     return 6.0 * sigma_y + 0.05
 
 
@@ -177,8 +177,8 @@ def chain_generators(seeds: Sequence[int], num_samples: int, lo: int, hi: int,
 
 class _SampleStats:
     """Running per-pixel mean and variance of each image's K chains, merged a chunk at a time
-    (Chan et al.'s parallel form of Welford's update, in float64): memory of two images per
-    image, whatever K."""
+    (Chan et al.'s parallel form of Welford's update, in float64; float32 on MPS, which has no
+    float64): memory of two images per image, whatever K."""
 
     def __init__(self, b: int, num_samples: int) -> None:
         self.k, self.n = num_samples, [0] * b
@@ -187,12 +187,13 @@ class _SampleStats:
 
     def add(self, x: Tensor, lo: int) -> None:
         """Chains ``lo .. lo + len(x) - 1`` (image-major order), unclipped."""
+        wide = torch.float32 if x.device.type == "mps" else torch.float64  # MPS has no float64
         if self.mean is None:
-            self.mean = x.new_zeros((len(self.n), *x.shape[1:]), dtype=torch.float64)
+            self.mean = x.new_zeros((len(self.n), *x.shape[1:]), dtype=wide)
             self.m2 = torch.zeros_like(self.mean)
         image = torch.arange(lo, lo + len(x)) // self.k
         for i in image.unique().tolist():
-            xs = x[image == i].double()
+            xs = x[image == i].to(wide)
             nb, na = len(xs), self.n[i]
             mb = xs.mean(0)
             m2b = (xs - mb).square().sum(0)

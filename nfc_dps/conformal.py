@@ -297,6 +297,17 @@ class Calibration:
         c = d.get("edge_weight", 0.0) if d["version"] >= 2 else 0.0
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
             raise CalibrationError(f"{source}: edge_weight must be a finite number >= 0, got {c!r}")
+        eps = d["eps"]
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+            raise CalibrationError(f"{source}: eps must be a finite number > 0, got {eps!r}")
+        if d["rule"] not in RULES:
+            raise CalibrationError(f"{source}: rule must be one of {', '.join(RULES)}, got {d['rule']!r}")
+        for key in ("method", "preset"):
+            if not isinstance(d[key], str):
+                raise CalibrationError(f"{source}: {key} must be a string, got {d[key]!r}")
+        for key in ("sampler", "prior", "task"):
+            if not isinstance(d.get(key), dict) and not (key == "task" and d.get(key) is None):
+                raise CalibrationError(f"{source}: {key} must be an object (JSON {{...}}), got {d.get(key)!r}")
         kw = {k: d[k] for k in need}
         return cls(**kw, task=d.get("task"), edge_weight=float(c), fit=d.get("fit") or {}, source=source)
 

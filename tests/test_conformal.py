@@ -219,7 +219,11 @@ def test_unreadable_files_are_named(tmp_path):
     with pytest.raises(CalibrationError, match="other.json: not a calibration file"):
         load_calibration(tmp_path / "other.json")
     d = _calibration().to_dict()
-    for key, value, match in (("q", -1, "q must be"), ("coverage", 1.2, "coverage"), ("num_samples", 1, "num_samples")):
+    for key, value, match in (("q", -1, "q must be"), ("coverage", 1.2, "coverage"), ("num_samples", 1, "num_samples"),
+                              ("eps", None, "eps must be a finite number > 0, got None"), ("eps", "0.004", "eps must"),
+                              ("eps", -0.1, "eps must"), ("rule", "median", "rule must be one of"),
+                              ("method", 3, "method must be a string"), ("prior", "x", "prior must be an object"),
+                              ("sampler", [1], "sampler must be an object"), ("task", "sr", "task must be an object")):
         (tmp_path / "x.json").write_text(json.dumps({**d, key: value}))
         with pytest.raises(CalibrationError, match=match):
             load_calibration(tmp_path / "x.json")

@@ -422,3 +422,33 @@ def test_train_prior_names_a_symlink_loop_and_trains_on_the_rest(tmp_path, capsy
                  *tiny]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "loop.png" in err and (tmp_path / "work" / "state.pt").is_file()
+
+
+def test_simulate_stops_on_a_full_disk_and_records_what_it_finished(tmp_path, monkeypatch, capsys):
+    """A full disk stops simulate at the image it hits (every later one would fail alike); the
+    simulation record lists the images finished before it, and the error says what to do."""
+    from test_cli import _full_disk
+
+    make_images(tmp_path / "in", 3)
+    out = tmp_path / "sim"
+    _full_disk(monkeypatch, "im1.png")
+    assert run("simulate", "-i", tmp_path / "in", "-o", out, "--task", "denoise") == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "stopped after 1 of 3 image(s)" in err and "Traceback" not in err
+    record = json.loads((out / "simulation.json").read_text())
+    assert [r["name"] for r in record["images"]] == ["im0.png"]
+
+
+def test_demo_names_the_task_on_a_nan_restoration_or_a_full_disk(tmp_path, prior_dir, monkeypatch, capsys):
+    from nfc_dps.cli import demo
+    from test_cli import _full_disk
+
+    with monkeypatch.context() as m:
+        m.setattr(demo, "restore", lambda *a, **k: (_ for _ in ()).throw(FloatingPointError("NaN/Inf in the output")))
+        assert run("demo", "-o", tmp_path / "demo", "--size", "32", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert "demo sr_bicubic: NaN/Inf in the output" in err and "Traceback" not in err
+    _full_disk(monkeypatch, "grid.png")
+    assert run("demo", "-o", tmp_path / "demo", "--size", "32", "--tasks", "sr_bicubic", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert "grid.png: No space left on device" in err and "Traceback" not in err

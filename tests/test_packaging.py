@@ -109,3 +109,13 @@ def test_the_installed_console_script_prints_the_version():
     assert out == f"nfc-dps {nfc_dps.__version__}\n"
     assert subprocess.run([sys.executable, "-m", "nfc_dps", "--version"], capture_output=True, text=True, timeout=120,
                           check=True).stdout == out
+
+
+def test_a_missing_folder_named_by_the_variable_is_named_and_an_empty_path_is_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError, match=rf"\${ENV_VAR}=.*gone: no such prior folder"):
+        load_prior()
+    monkeypatch.delenv(ENV_VAR)
+    assert prior_identity("")["embedded_default"]
+    monkeypatch.chdir(tmp_path)  # "" is the default prior, not the working folder
+    assert load_prior("").channels == 3

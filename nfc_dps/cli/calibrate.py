@@ -16,6 +16,7 @@ from ..config import ResolvedSampler, TaskConfig, load_config
 from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, input_names, open_prior, read_inputs,
                      parse_device, prior_key, set_threads)
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
+from .outputs import check_output_file
 from .simulate import simulated_measurement
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
@@ -61,6 +62,8 @@ def cmd_calibrate(args) -> int:
     log = Log(args.quiet)
     task, sampler, seed, images, out = _settings(args)
     folder = Path(args.images)
+    _check_inputs(images, input_names(images, folder), task, seed)
+    check_output_file(out, "--out")
     first = first_image(images)
     if first is not None:
         check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], folder)[0],
@@ -137,9 +140,31 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise UsageError(f"--out {out}: the calibration file must end in .json")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; name the .json file to write")
     return task, sampler, resolve_seed(args, bundle), images, out
+
+
+def _simulate(path: Path, name: str, source: OperatorSource, task: TaskConfig, seed: int, x=None):
+    """(truth, operator, y) of one calibration image: read (unless ``x`` is given) and measured as
+    ``simulate`` measures it. UsageError naming the image."""
+    try:
+        x = nio.read_image(path)[0] if x is None else x
+        x, _, op, y, _, _ = simulated_measurement(x, path.name, name, source, task.noise_sigma, seed)
+    except (nio.ImageReadError, OSError, ValueError) as e:
+        raise UsageError(f"calibration image {path}: {e}") from e
+    return as_batch(x)[0], op, y.clamp(0, 1)
+
+
+def _check_inputs(images: list[Path], names: list[str], task: TaskConfig, seed: int) -> None:
+    """Read and measure every calibration image before any sampling; one UsageError naming each that fails."""
+    source, bad = OperatorSource(task), []
+    for path, name in zip(images, names):
+        try:
+            _simulate(path, name, source, task, seed)
+        except UsageError as e:
+            bad.append(str(e))
+    if bad:
+        raise UsageError(f"{len(bad)} of {len(images)} calibration image(s) cannot be used (nothing was sampled):\n  "
+                         + "\n  ".join(bad))
 
 
 def _restored(args, task: TaskConfig, sampler: ResolvedSampler, seed: int, images: list[Path], names: list[str],
@@ -152,23 +177,15 @@ def _restored(args, task: TaskConfig, sampler: ResolvedSampler, seed: int, image
     max_batch = args.max_batch or max(DEFAULT_MAX_BATCH, args.samples)
     restored = []
     for path, name in zip(tqdm(images, desc="calibrate", unit="img", disable=args.quiet), names):
-        try:
-            x = first.image if first is not None and first.path == path else nio.read_image(path)[0]
-        except (nio.ImageReadError, OSError) as e:
-            raise UsageError(f"calibration image {path}: {e}") from e
-        try:  # the measurement simulate takes of it
-            x, _, op, y, _, _ = simulated_measurement(x, path.name, name, source, task.noise_sigma, seed)
-        except ValueError as e:
-            raise UsageError(f"calibration image {path}: {e}") from e
-        truth = as_batch(x)[0]
-        y = y.clamp(0, 1)
+        truth, op, y = _simulate(path, name, source, task, seed,
+                                 first.image if first is not None and first.path == path else None)
         try:
             res = restore(y.to(device), op.to(device), prior=prior, method=sampler.method, sigma_y=task.noise_sigma,
                           seed=stable_seed(seed, "calibrate", name), num_samples=args.samples, progress=False,
                           config=sampler.config, max_batch=max_batch, keep_samples=False)
         except PriorRangeError as e:
             raise UsageError(f"--method {sampler.method} with this prior: {e}") from e
-        except ValueError as e:
-            raise UsageError(f"calibration image {path}: {e}") from e
+        except (ValueError, FloatingPointError, RuntimeError) as e:  # NaN in a restoration, out of memory
+            raise UsageError(f"calibration image {path}: {type(e).__name__}: {e}") from e
         restored.append(tuple(np.asarray(t[0].detach().cpu(), dtype=np.float64) for t in (res.image, res.std, truth)))
     return restored

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import io as nio
-from ..locking import LOCK_FILE  # noqa: F401 - the name the CLI's records and tests use
+from ..locking import LOCK_FILE  # noqa: F401 - the lock file's name, for the CLI's users and tests
 from ..priors.base import Prior
 from ..priors.default import load_prior, prior_identity
 from ..api import as_batch, stable_seed

@@ -18,7 +18,7 @@ from ..operators import TASKS
 from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noise_seed, open_prior, parse_device,
                      prior_key, set_threads, to_numpy)
 from .flags import common_flags, prior_flags
-from .outputs import check_output_folder, folder_lock
+from .outputs import cannot_write, check_output_folder, folder_lock
 from .preflight import check_prior_fits
 from ..bench.spec import DEFAULT_TASKS, task_specs
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
@@ -123,20 +123,28 @@ def cmd_demo(args) -> int:
     with folder_lock(out):
         nio.remove_stale_temp_files(out)
         for task_name, params in tasks:
-            rows, grid_row = _demo_task(args, task_name, params, images, prior, sampler, device, out, log)
+            try:
+                rows, grid_row = _demo_task(args, task_name, params, images, prior, sampler, device, out, log)
+            except FloatingPointError as e:  # a prior that returns NaN
+                raise UsageError(f"demo {task_name}: {e}; try another --prior or --precision float32") from e
+            except OSError as e:
+                raise UsageError(f"demo {task_name}: {cannot_write(e)}") from e
             rows_csv += rows
             grid_rows.append(grid_row)
         top = [f"{n}: {c}" if c == "measurement" else c for n in DEMO_IMAGES for c in ("measurement", "restored", "truth")]
-        nio.write_image(out / "grid.png", _grid(grid_rows, top, [t for t, _ in tasks]))
         fields = ["task", "image", "psnr_measurement", "psnr", "ssim_measurement", "ssim", "nfe", "seconds"]
-        nio.write_csv(out / "metrics.csv", rows_csv, fields)
-        nio.write_json(out / RESOLVED_JSON, resolved_config(
-            None, sampler, args.seed, 1, prior=prior_key(args.prior)["path"], command="demo",
-            per_image_seed="seed + index of the image in the demo batch",
-            device=str(device), images=list(DEMO_IMAGES), note={
-                "size": args.size, "noise_sigma": DEFAULT_NOISE_SIGMA,
-                "tasks": {t: {"task": t, **p} for t, p in tasks},
-                "measurement column": "nearest-neighbour upsampled for SR"}))
+        try:
+            nio.write_image(out / "grid.png", _grid(grid_rows, top, [t for t, _ in tasks]))
+            nio.write_csv(out / "metrics.csv", rows_csv, fields)
+            nio.write_json(out / RESOLVED_JSON, resolved_config(
+                None, sampler, args.seed, 1, prior=prior_key(args.prior)["path"], command="demo",
+                per_image_seed="seed + index of the image in the demo batch",
+                device=str(device), images=list(DEMO_IMAGES), note={
+                    "size": args.size, "noise_sigma": DEFAULT_NOISE_SIGMA,
+                    "tasks": {t: {"task": t, **p} for t, p in tasks},
+                    "measurement column": "nearest-neighbour upsampled for SR"}))
+        except OSError as e:
+            raise UsageError(cannot_write(e)) from e
     total = time.perf_counter() - t_start
     if not args.quiet:
         print(f"{'task':<16} {'image':<10} {'PSNR in':>8} {'PSNR out':>9} {'SSIM out':>9}")

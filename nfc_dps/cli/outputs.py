@@ -61,6 +61,18 @@ def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]], writes
     return out
 
 
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse (exit 2) a file the command writes at its end that is a folder or cannot be written,
+    before the work starts: its folder is created and a probe file written there and removed."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; name the file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nio.atomic_write_bytes(path.parent / f".write-test-{os.getpid()}", b"").unlink()
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write ({e.strerror or e})") from e
+
+
 #: folders :func:`check_output_folder` created in this process (deepest first)
 _CREATED: list[Path] = []
 

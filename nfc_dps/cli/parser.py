@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: the commands whose rerun resumes where an interrupted run stopped
-RESUMABLE = ("restore", "simulate", "train-prior", "bench")
+RESUMABLE = ("restore", "train-prior", "bench")  # simulate redoes its images: it is quick and exact
 
 
 def _rerun(command: str) -> str:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .common import EXIT_OK, Log, UsageError
+from .outputs import cannot_write, check_output_file
 from ..priors.diffusers_prior import PRECISIONS
 from ..priors.report import SIGMAS, ReportError, ReportSettings, prior_report
 from ..priors.report_markdown import loss_table
@@ -111,6 +112,7 @@ def cmd_prior_report(args, parser: argparse.ArgumentParser) -> int:
         return EXIT_OK
     if args.prior is not None and not args.prior.is_dir():
         raise UsageError(f"--prior {args.prior}: no such folder")
+    check_output_file(args.out, "--out")
     settings = ReportSettings(
         prior=args.prior, label=args.label, tile=args.tile, sigmas=tuple(args.sigmas), crop=args.crop, seed=args.seed,
         tune_crop=args.tune_crop, tune_per_image=args.tune_per_image, timing_runs=args.timing_runs,
@@ -120,8 +122,11 @@ def cmd_prior_report(args, parser: argparse.ArgumentParser) -> int:
         report = prior_report(settings, log=log.info)
     except ReportError as e:
         raise UsageError(str(e)) from e
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(report, indent=1))
+    try:
+        atomic_write_text(args.out, json.dumps(report, indent=1))
+    except OSError as e:  # the disk filled meanwhile: the report is not lost
+        print(report["markdown"])
+        raise UsageError(f"--out {args.out}: {cannot_write(e)} (the report is printed above)") from e
     log.info(f"wrote {args.out} ({report['wall_seconds']:.0f} s)")
     if args.markdown:
         print(report["markdown"])

@@ -5,7 +5,7 @@ interval, the main image last) and its metrics against a ground truth (:func:`ad
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +25,6 @@ class Item:
     name: str
     out_stem: str
     seed: int
-    row: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -89,6 +89,8 @@ def run_sampler(args, bundle) -> tuple[ResolvedSampler, int, int]:
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
     if samples < 1:
         raise UsageError(f"--samples must be >= 1, got {samples}")
+    if args.save_samples and samples < 2:
+        raise UsageError(f"--save-samples writes each of K >= 2 posterior samples; add --samples K (got K = {samples})")
     if samples > 1 and sampler.config.is_deterministic:
         raise UsageError(f"--samples {samples}: {sampler.method}/{sampler.preset} is deterministic (every sample "
                          f"would be the same); for posterior samples and a std map add --preset fast")

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
 from ..run_record import package_versions
-from .common import (EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
+from .common import (DISK_FULL, EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
                      input_names, noise_seed, read_inputs, to_numpy)
 from .flags import task_flags
 from .preflight import input_notes
@@ -138,10 +138,16 @@ def cmd_simulate(args) -> int:
                                           "bit_depth": args.bit_depth}))
         if previous and images:
             _mark_incomplete(out, previous, settings)
-        records = []
+        records, disk_full = [], None
         for i, path in enumerate(tqdm(images, desc="simulate", unit="img", disable=args.quiet)):
             try:
                 records.append(_simulate_one(i, path, names[i], stems[i], source, task, seed, out, args.bit_depth, log))
+            except OSError as e:
+                if e.errno in DISK_FULL:  # every further image would fail alike: stop, record what is done
+                    disk_full = e
+                    break
+                failures.append({"name": path.name, "error": failure_reason(e)})
+                log.error(f"FAILED {path.name}: {failures[-1]['error']}")
             except Exception as e:  # noqa: BLE001 - report, continue with the others
                 failures.append({"name": path.name, "error": failure_reason(e)})
                 log.error(f"FAILED {path.name}: {failures[-1]['error']}")
@@ -157,6 +163,9 @@ def cmd_simulate(args) -> int:
         except OSError as e:
             raise UsageError(cannot_write(e)) from e
         _remove_stale(out, previous, records + kept, log)
+        if disk_full is not None:
+            raise UsageError(f"{cannot_write(disk_full)}; stopped after {len(records)} of {len(images)} image(s), "
+                             f"recorded in {out / SIMULATION_JSON}: free space and rerun the same command")
     log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}]"
              + (f", kept the {len(kept)} of an earlier run with the same settings" if kept else "") + f" -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")

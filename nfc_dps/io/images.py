@@ -448,7 +448,8 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
     Values are clipped to [0, 1] and rounded, never rescaled (uint8 / uint16 arrays are taken as
     0..255 / 0..65535, as restore() takes them). ``alpha`` (H, W) in [0, 1] is appended as an
     alpha channel (PNG, TIFF; JPEG and BMP refuse it). Raises FloatingPointError (nothing written) if the image holds
-    NaN or Inf, ValueError for an unknown extension or a depth the format cannot store.
+    NaN or Inf, ValueError for an unknown extension or a depth the format cannot store, TypeError for
+    an array of another dtype (integers other than uint8 / uint16); each message names the file.
     """
     path = Path(path)
     fmt = _WRITE_FORMATS.get(path.suffix.lower())
@@ -457,8 +458,8 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
                          f"use one of {', '.join(_WRITE_FORMATS)}")
     try:
         data = encode_image(array, fmt, bit_depth, alpha)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e
+    except (ValueError, TypeError) as e:  # TypeError: an array dtype that is no image
+        raise type(e)(f"{path}: {e}") from e
     except FloatingPointError as e:  # quantize's check, image and alpha together
         raise FloatingPointError(f"{path}: {e}; not written") from e
     return files.atomic_write_bytes(path, data)

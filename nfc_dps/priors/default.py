@@ -50,12 +50,16 @@ def default_prior_path() -> Path:
 
 
 def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu", precision: str = "auto") -> Prior:
-    """Load a prior from a local diffusers folder, or the embedded default prior when ``path`` is None.
+    """Load a prior from a local diffusers folder, or the embedded default prior when ``path`` is None
+    or "" (as :func:`prior_identity` reads them).
 
     precision: the network's compute precision, "auto" | "float32" | "bfloat16" (see
     :func:`~nfc_dps.priors.diffusers_prior.load_diffusers_prior`)."""
-    if path is None:
+    if path is None or str(path) == "":
         path = default_prior_path()
+        if not path.is_dir() and os.environ.get(ENV_VAR):
+            raise FileNotFoundError(f"${ENV_VAR}={os.environ[ENV_VAR]}: no such prior folder (unset it for the "
+                                    f"embedded default prior)")
         if not path.is_dir():
             raise FileNotFoundError(
                 f"embedded default prior not found at {path}; reinstall nfc_dps (its wheel carries the prior "

@@ -206,11 +206,10 @@ def load_diffusers_prior(path: str | Path, device: str | torch.device = "cpu", d
     """Load a local diffusers UNet folder as a prior (see module docstring for layouts).
 
     dtype: the weights' dtype. precision: the network's compute precision, ``"float32"`` (no
-    autocast: the weights' own dtype),
-    ``"bfloat16"`` (autocast; about 2x faster on CPUs with AVX512-BF16, and changes one-step
-    denoising PSNR of the default prior by at most 0.01 dB, docs/prior.md) or ``"auto"`` (bfloat16
-    where the device has it natively, see :func:`native_bfloat16`). The resolved choice is the
-    prior's ``precision`` attribute.
+    autocast: the weights' own dtype), ``"bfloat16"`` (autocast; faster where the hardware
+    multiplies bfloat16 natively; its effect on the default prior is measured in docs/prior.md) or
+    ``"auto"`` (bfloat16 where the device has it natively, see :func:`native_bfloat16`). The
+    resolved choice is the prior's ``precision`` attribute.
     """
     precision = resolve_precision(precision, device, dtype)
     folder = Path(path)
