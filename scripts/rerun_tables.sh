@@ -17,9 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the order: quick tables first, then the long calibration runs (which restart when interrupted)
+# interleaved with the resumable grids
 TABLES=(paper256_det profile_paper prior_report local256_det local256_seed1 local64_det
-        conformal_nfc_fast calibration calibration_nfc100 local_k4_25 local_nfe local local_default
-        local256_50nfe conformal_methods_sr conformal_methods_inpaint_random demo_grid)
+        conformal_nfc_fast calibration calibration_nfc100 conformal_methods_sr local_k4_25 local_nfe local
+        conformal_methods_inpaint_random local_default local256_50nfe demo_grid)
 if [[ "${1:-}" == "--list" ]]; then printf '%s\n' "${TABLES[@]}"; exit 0; fi
 names=("$@"); [[ ${#names[@]} -gt 0 ]] || names=("${TABLES[@]}")
 for name in "${names[@]}"; do  # every name checked before hours of work start

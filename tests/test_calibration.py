@@ -88,6 +88,7 @@ def test_embedded_draws_are_saved_and_refit_to_the_tables_rule(tmp_path, tiny_pr
     saved = np.load(out / "chains" / "embedded-sr_bicubic_nfc@2.npz")
     assert saved["validation_chains"].shape == (9, 4, 1, 3, 16, 16) and saved["validation_truth"].shape == (9, 1, 3, 16, 16)
     assert saved["test_chains"].shape == (2, 4, 1, 3, 16, 16)
+    assert list(saved["test_names"]) == ["astronaut", "coffee"] and len(set(saved["validation_names"])) == 9
     row = next(r for r in read_csv(out / "conformal.csv") if r["k"] == "4")
     images = [(np.clip(xs.mean(0), 0, 1)[0], xs.std(0, ddof=1)[0], x[0])
               for xs, x in zip(saved["validation_chains"].astype(np.float64), saved["validation_truth"])]

@@ -293,14 +293,17 @@ def _mean_std(xs: Tensor, clip: bool) -> tuple[Tensor, Tensor]:
     return (mean.clamp(0, 1) if clip else mean), xs.std(0)
 
 
-def save_chains(path: Path, chains: dict[str, list[Tensor]], truths: dict[str, Sequence[Tensor]]) -> None:
+def save_chains(path: Path, chains: dict[str, list[Tensor]], truths: dict[str, Sequence[Tensor]],
+                names: dict[str, Sequence[str]]) -> None:
     """One embedded (setting, method)'s draws, to refit an interval rule without sampling again:
-    per split ("test", "validation"), ``SPLIT_chains`` (N, K, B, C, H, W) and ``SPLIT_truth``
-    (N, B, C, H, W), float32 in [0, 1] units (chains unclipped), N measurements of B images."""
+    per split ("test", "validation"), ``SPLIT_chains`` (N, K, B, C, H, W), ``SPLIT_truth``
+    (N, B, C, H, W), float32 in [0, 1] units (chains unclipped), N measurements of B images, and
+    ``SPLIT_names`` (N,), each measurement's tile name."""
     arrays = {}
     for split, xs in chains.items():
         arrays[f"{split}_chains"] = np.stack([x.float().cpu().numpy() for x in xs])
         arrays[f"{split}_truth"] = np.stack([t.float().cpu().numpy() for t in truths[split]])
+        arrays[f"{split}_names"] = np.array([str(n) for n in names[split]])
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     atomic_write_bytes(path, buffer.getvalue())
@@ -462,7 +465,7 @@ class Calibration(Protocol):
                 if split == "test":
                     parts.append(calibration_rows(name, method, budget, xs, truth.double()))
         save_chains(self.spec.out / "chains" / f"{name}_{method.replace(':', '-')}@{budget}.npz", chains,
-                    {split: s[1] for split, s in splits.items()})
+                    {split: s[1] for split, s in splits.items()}, {split: s[3] for split, s in splits.items()})
         if "validation" not in splits:
             return mean_rows(parts), []
         return mean_rows(parts), conformal_rows(
