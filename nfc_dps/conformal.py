@@ -288,18 +288,19 @@ class Calibration:
         missing = [k for k in need if k not in d]
         if missing:
             raise CalibrationError(f"{source}: missing key(s) {', '.join(missing)}")
-        q = d["q"]
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q < 0:
-            raise CalibrationError(f"{source}: q must be a finite number >= 0, got {q!r}")
+        def number(key: str, value: Any, positive: bool = False) -> float:
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or value < 0 or (positive and value == 0)):
+                raise CalibrationError(f"{source}: {key} must be a finite number {'>' if positive else '>='} 0, "
+                                       f"got {value!r}")
+            return float(value)
+
+        number("q", d["q"])
         check_coverage(d["coverage"])
         if isinstance(d["num_samples"], bool) or not isinstance(d["num_samples"], int) or d["num_samples"] < 2:
             raise CalibrationError(f"{source}: num_samples must be an int >= 2, got {d['num_samples']!r}")
-        c = d.get("edge_weight", 0.0) if d["version"] >= 2 else 0.0
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
-            raise CalibrationError(f"{source}: edge_weight must be a finite number >= 0, got {c!r}")
-        eps = d["eps"]
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-            raise CalibrationError(f"{source}: eps must be a finite number > 0, got {eps!r}")
+        c = number("edge_weight", d.get("edge_weight", 0.0) if d["version"] >= 2 else 0.0)
+        number("eps", d["eps"], positive=True)
         if d["rule"] not in RULES:
             raise CalibrationError(f"{source}: rule must be one of {', '.join(RULES)}, got {d['rule']!r}")
         for key in ("method", "preset"):
@@ -309,7 +310,7 @@ class Calibration:
             if not isinstance(d.get(key), dict) and not (key == "task" and d.get(key) is None):
                 raise CalibrationError(f"{source}: {key} must be an object (JSON {{...}}), got {d.get(key)!r}")
         kw = {k: d[k] for k in need}
-        return cls(**kw, task=d.get("task"), edge_weight=float(c), fit=d.get("fit") or {}, source=source)
+        return cls(**kw, task=d.get("task"), edge_weight=c, fit=d.get("fit") or {}, source=source)
 
     # -- applying
 

@@ -11,9 +11,10 @@
 # Runs go to runs/tables/<prior sha>/NAME, so a rerun after an interruption (another day, another
 # session) resumes: a finished table is skipped, an unfinished `bench` table continues row by row, and
 # runs of other weights are never mixed in. Nothing is copied into docs/ until a table's run has
-# finished. Two CPU processes by default (PROCS=N to change); the profile and the calibration runs use
-# one. The oracle tables need no network and are not here (docs/benchmarks.md, docs/uncertainty.md).
-# On 2 CPU cores the whole set takes about three hours.
+# finished. Two CPU processes by default (PROCS=N to change) for the grids and the every-method
+# calibration runs; the profile, the prior report and NFC's calibration runs use one process each. The
+# oracle tables need no network and are not here (docs/benchmarks.md, docs/uncertainty.md).
+# On 2 CPU cores the whole set takes three to four hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

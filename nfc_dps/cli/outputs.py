@@ -54,11 +54,15 @@ def check_output_folder(output: Path, inputs: Sequence[tuple[str, Path]], writes
     try:
         out.mkdir(parents=True, exist_ok=True)
         _CREATED.extend(missing)
-        probe = nio.atomic_write_bytes(out / f".write-test-{os.getpid()}", b"")
-        probe.unlink()
+        _write_probe(out)
     except OSError as e:
         raise UsageError(f"--output {output} is not writable: {e.strerror or e}") from e
     return out
+
+
+def _write_probe(folder: Path) -> None:
+    """Write and remove an empty file in ``folder``: OSError where the command could not write."""
+    nio.atomic_write_bytes(folder / f".write-test-{os.getpid()}", b"").unlink()
 
 
 def check_output_file(path: Path, flag: str) -> None:
@@ -68,7 +72,7 @@ def check_output_file(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path} is a folder; name the file to write")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        nio.atomic_write_bytes(path.parent / f".write-test-{os.getpid()}", b"").unlink()
+        _write_probe(path.parent)
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write ({e.strerror or e})") from e
 

@@ -142,13 +142,10 @@ def cmd_simulate(args) -> int:
         for i, path in enumerate(tqdm(images, desc="simulate", unit="img", disable=args.quiet)):
             try:
                 records.append(_simulate_one(i, path, names[i], stems[i], source, task, seed, out, args.bit_depth, log))
-            except OSError as e:
-                if e.errno in DISK_FULL:  # every further image would fail alike: stop, record what is done
+            except Exception as e:  # noqa: BLE001 - report, continue with the others
+                if isinstance(e, OSError) and e.errno in DISK_FULL:  # every further image would fail alike
                     disk_full = e
                     break
-                failures.append({"name": path.name, "error": failure_reason(e)})
-                log.error(f"FAILED {path.name}: {failures[-1]['error']}")
-            except Exception as e:  # noqa: BLE001 - report, continue with the others
                 failures.append({"name": path.name, "error": failure_reason(e)})
                 log.error(f"FAILED {path.name}: {failures[-1]['error']}")
         same = (previous_settings.get("bit_depth") in (None, args.bit_depth)  # None: written before it was recorded

@@ -55,7 +55,7 @@ def load_prior(path: str | Path | None = None, device: str | torch.device = "cpu
 
     precision: the network's compute precision, "auto" | "float32" | "bfloat16" (see
     :func:`~nfc_dps.priors.diffusers_prior.load_diffusers_prior`)."""
-    if path is None or str(path) == "":
+    if not path:
         path = default_prior_path()
         if not path.is_dir() and os.environ.get(ENV_VAR):
             raise FileNotFoundError(f"${ENV_VAR}={os.environ[ENV_VAR]}: no such prior folder (unset it for the "
