@@ -12,8 +12,9 @@
 # session) resumes: a finished table is skipped, an unfinished `bench` table continues row by row, and
 # runs of other weights are never mixed in. Nothing is copied into docs/ until a table's run has
 # finished. Two CPU processes by default (PROCS=N to change) for the grids and the every-method
-# calibration runs; the profile, the prior report and NFC's calibration runs use one process each. The
-# oracle tables need no network and are not here (docs/benchmarks.md, docs/uncertainty.md).
+# calibration runs; the profile, the prior report, NFC's calibration runs and the throughput use one
+# process each. The oracle tables need no network and are not here (docs/benchmarks.md,
+# docs/uncertainty.md).
 # On 2 CPU cores the whole set takes three to four hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 # interleaved with the resumable grids
 TABLES=(paper256_det profile_paper prior_report local256_det local256_seed1 local64_det
         conformal_nfc_fast calibration calibration_nfc100 conformal_methods_sr local_k4_25 local_nfe local
-        conformal_methods_inpaint_random local_default local256_50nfe demo_grid)
+        conformal_methods_inpaint_random local_default local256_50nfe demo_grid restore_throughput)
 if [[ "${1:-}" == "--list" ]]; then printf '%s\n' "${TABLES[@]}"; exit 0; fi
 names=("$@"); [[ ${#names[@]} -gt 0 ]] || names=("${TABLES[@]}")
 for name in "${names[@]}"; do  # every name checked before hours of work start
@@ -82,6 +83,10 @@ run_table() {
     local) bench local --budgets 100 --methods $A,nfc:fast_psnr ;;
     demo_grid)  # README's picture of every standard task
         rm -rf "$ROOT/demo" && nfc-dps demo --tasks all --output "$ROOT/demo" && cp "$ROOT/demo/grid.png" docs/demo_grid.png ;;
+    restore_throughput)  # one process alone: the folder's wall time at --batch-size 1 and 8, and its mean PSNR
+        python scripts/restore_throughput.py --count 16 --threads 1 --out "$ROOT/restore_throughput.json" \
+            --figure "$ROOT/restore_throughput.png"
+        cp "$ROOT/restore_throughput.json" docs/bench/ && cp "$ROOT/restore_throughput.png" docs/ ;;
     local_default) bench local_default --preset paper --image-names astronaut --methods $A ;;
     calibration)
         rm -rf "$ROOT/calibration"

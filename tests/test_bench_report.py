@@ -207,3 +207,28 @@ def test_the_documented_bench_commands_parse_and_build_their_columns(page):
         spec = spec_from_args(build_parser().parse_args(argv))
         if spec.protocol in ("local", "paper"):
             assert method_runs(spec), argv
+
+
+def test_scale_tables_come_from_their_json_and_name_a_missing_key(tmp_path: Path) -> None:
+    """docs/scale.md's tables: peak above base per megapixel, throughput against the first row; a row
+    without a field is an error naming the file and the field."""
+    import json
+
+    from nfc_dps.bench.report_scale import scale_table, throughput_table
+
+    scale = tmp_path / "scale.json"
+    scale.write_text(json.dumps({"rows": [{"size": 512, "task": "sr_bicubic", "s_per_nfe": 4.04, "forward_s": 5.0,
+                                           "peak_mb": 1000, "base_mb": 400, "megapixels": 0.25}]}))
+    assert "| 512² | SR ×4 | 4.0 | 5.0 | 1000 | 400 | 2400 |" in scale_table(scale, "bench/")
+    tp = tmp_path / "tp.json"
+    rows = [{"batch_size": 1, "images": 4, "seconds": 8.0, "images_per_s": 0.5, "mean_psnr": 30.0,
+             "max_abs_diff_vs_first": 0.0},
+            {"batch_size": 8, "images": 4, "seconds": 4.0, "images_per_s": 1.0, "mean_psnr": 30.0,
+             "max_abs_diff_vs_first": 0.004}]
+    tp.write_text(json.dumps({"rows": rows}))
+    table = throughput_table(tp, "bench/")
+    assert "| 8 | 4.0 | 1.00 | 2.00× | 30.00 dB | 0.004 |" in table and "seconds for 4 images" in table
+    del rows[1]["mean_psnr"]
+    tp.write_text(json.dumps({"rows": rows}))
+    with pytest.raises(ValueError, match="tp.json: row 1 has no mean_psnr"):
+        throughput_table(tp, "bench/")

@@ -38,6 +38,8 @@ def prior_dependent_tables() -> set[str]:
         names.add("profile_paper")
     names.add("prior_report")  # docs/prior_report.json
     names.add("demo_grid")  # docs/demo_grid.png, README's picture
+    if (BENCH / "restore_throughput.json").is_file():
+        names.add("restore_throughput")  # docs/scale.md: its mean PSNR is the prior's
     return names
 
 

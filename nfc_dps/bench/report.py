@@ -1,20 +1,19 @@
 """``nfc-dps bench report``: the result tables of the documentation, generated from the committed
 result files, never typed by hand.
 
-Each page (docs/benchmarks.md, docs/prior.md, README.md) holds marker comments::
+Each page (``PAGES``) holds marker comments::
 
     <!-- table:local256 -->
     (generated: replaced by every run of the report)
     <!-- /table -->
 
-and :func:`update_pages` rewrites what lies between them from the files under ``docs/``:
-``docs/bench/<name>_results.csv`` (the grid's rows, averaged here with the same helpers as
-summary.md, :mod:`nfc_dps.bench.tables`) with the header of ``docs/bench/<name>_summary.md``
-(images, date, overrides) for the caption, ``docs/bench/calibration*/calibration.csv``, the
-Gaussian oracle's ``docs/bench/oracle*_summary.md`` and the default prior's
-``docs/prior_report.json``. A page without markers is left alone; an unknown table name is an
-error. Running it twice changes nothing. ``--check`` writes nothing and exits 1 when a page
-differs from what the result files give (tests/test_bench_report.py runs it on the repository).
+and :func:`update_pages` rewrites what lies between them from the files under ``docs/``: the grids'
+``docs/bench/<name>_results.csv`` (averaged with summary.md's helpers, :mod:`nfc_dps.bench.tables`)
+captioned from ``<name>_summary.md``'s header, ``calibration*/calibration.csv``, the Gaussian
+oracle's ``oracle*_summary.md``, ``docs/prior_report.json`` and docs/scale.md's JSON files. A page
+without markers is left alone; an unknown table name is an error. Running it twice changes
+nothing. ``--check`` writes nothing and exits 1 when a page differs from what the result files
+give (tests/test_bench_report.py runs it on the repository).
 
 A new prior or preset: ``scripts/rerun_tables.sh`` reruns the protocols and copies their result
 files into docs/bench under the names below (docs/benchmarks.md names each command); then run
@@ -33,15 +32,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .spec import DEFAULT_TASKS
+from .spec import DEFAULT_TASKS, TASK_LABELS
 from .tables import group_rows, load_results, mean_std, numbers
 from .calibration_report import conformal_table, coverage_table, read_calibration_csv
+from .report_scale import scale_table, throughput_table
 from ..priors.report_markdown import prior_table
 from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
-TASK_LABELS = {"sr_bicubic": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
-               "deblur_gaussian": "Gaussian deblur", "deblur_motion": "motion deblur", "denoise": "denoising"}
 #: display names, in the order rows are listed (network methods, then the classical answers)
 METHOD_NAMES = {"nfc": "NFC", "daps": "DAPS", "dps": "DPS", "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM",
                 "dpir": "DPIR", "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic"}
@@ -49,7 +47,7 @@ NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
 CLASSICAL = ("wiener", "tv", "bicubic", "biharmonic")
 DPIR_COLUMNS = ("dpir", "dpir:paper")
 MARKER = re.compile(r"(<!-- table:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
-PAGES = ("docs/benchmarks.md", "docs/prior.md", "docs/uncertainty.md", "README.md")
+PAGES = ("docs/benchmarks.md", "docs/prior.md", "docs/uncertainty.md", "docs/scale.md", "README.md")
 
 
 # --------------------------------------------------------------------------- sources
@@ -442,6 +440,8 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),
+        "scale_cpu": lambda: scale_table(bench / "scale_cpu.json", blink),
+        "restore_throughput": lambda: throughput_table(bench / "restore_throughput.json", blink),
     }
 
 

@@ -69,6 +69,9 @@ def seed_name(name: str) -> str:
 
 
 DEFAULT_TASKS = ("sr_bicubic", "inpaint_box", "inpaint_random", "deblur_gaussian", "deblur_motion")
+#: the tasks' names in the generated tables
+TASK_LABELS = {"sr_bicubic": "SR ×4", "inpaint_box": "box inpainting", "inpaint_random": "random inpainting",
+               "deblur_gaussian": "Gaussian deblur", "deblur_motion": "motion deblur", "denoise": "denoising"}
 
 
 #: the key that marks a config.json as the mixture protocol's (its rows have other columns than the grid's)
