@@ -411,7 +411,7 @@ def test_auto_spectrum_rule():
     pixel; the prior's declared law for draws and for inpainting; an exact spectrum always wins."""
     from nfc_dps.samplers.common import counting
     from nfc_dps.samplers.gaussian_step import fit_spectrum_from_measurement
-    from nfc_dps.samplers.nfc import spectrum_for
+    from nfc_dps.samplers.common import spectrum_for
 
     declared = ShrinkPrior(channels=1)
     declared.power_law = (1e-3, 2.0)
@@ -452,7 +452,7 @@ def test_exact_spectrum_flag_follows_wrappers_and_auto_ignores_padding():
     from nfc_dps.priors.base import TiledPrior
     from nfc_dps.samplers.common import counting
     from nfc_dps.samplers.gaussian_step import fit_spectrum_from_measurement
-    from nfc_dps.samplers.nfc import spectrum_for
+    from nfc_dps.samplers.common import spectrum_for
 
     exact = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)
     assert counting(exact).spectrum_is_exact and counting(TiledPrior(exact, SIZE)).spectrum_is_exact

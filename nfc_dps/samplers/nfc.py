@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from ..frequency import fourier_filter, haar_fuse, lowpass_mask
-from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
+from ..operators.base import Generators, LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas
 from .common import (
@@ -48,15 +48,14 @@ from .common import (
     counting,
     pf_ode_predict,
     schedule_top,
+    spectrum_for,
     to_image_units,
     to_model_units,
 )
 from .gaussian_step import (
     conditional_error_variance,
-    fit_spectrum_from_measurement,
     normal_eigenvalues,
     gaussian_conditional,
-    is_nonwrapping_blur,
     pixel_coverage,
     spectral_crossing,
     spectral_prior_variance,
@@ -361,36 +360,6 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
         if temperature > 0:
             x = x + temperature * (2 * eta) ** 0.5 * randn_per_image(x.shape, generators, x.dtype, x.device)
     return x
-
-
-def spectrum_for(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape,
-                 mean_steps: bool) -> Tensor:
-    """(B|1, 1, H, W) power spectrum S for the spectral covariance, the spectral cutoff and the
-    Wiener start, from ``source`` (``NFCConfig.spectrum``): "measurement" (a power law fitted to
-    A^+ y), "prior" (``prior.spectrum(h, w)``) or "auto": the prior's exact spectrum when it has
-    one (the Gaussian oracle); else the measurement's when the inner step is a conditional mean
-    (``mean_steps``) and the operator observes every pixel (blur, SR, denoising), except a blur
-    that does not wrap (its A^+ y is an early-stopped solve); else the prior's declared law, or
-    the measurement's when it declares none. The fit is to the unregularised A^+ y, so on a blur
-    it also sees amplified noise: a larger, flatter S, i.e. less trust in x0_hat."""
-    if source == "auto" and mean_steps and not prior.spectrum_is_exact:
-        like = torch.zeros((1, *image_shape[1:]), dtype=y_m.dtype, device=y_m.device)
-        gain = pixel_gain(operator, like)
-        region = operator.image_region()
-        if region is not None:  # the padding to the prior's size multiple is not the image
-            gain = gain[..., : region[0], : region[1]]
-        # a blur that does not wrap has no closed-form A^+: its A^+ y is an early-stopped solve whose
-        # noise the fit would take for image power (on motion blur, a start that amplifies noise)
-        if bool((gain > 0).all()) and not is_nonwrapping_blur(operator):
-            source = "measurement"
-    if source in ("prior", "auto"):
-        try:
-            spec = prior.spectrum(*image_shape[-2:]).to(y_m)
-            return spec.view(1, 1, *spec.shape[-2:]) if spec.ndim == 2 else spec
-        except NotImplementedError as e:
-            if source == "prior":
-                raise ValueError(f"spectrum='prior' needs a prior that declares its power spectrum: {e}") from e
-    return fit_spectrum_from_measurement(operator, y_m, image_shape)
 
 
 def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],

@@ -31,8 +31,8 @@ from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
 from .common import Callback, StepConfig, check_flag, counting, initial_estimate, pf_ode_predict
 from .common import schedule_top
-from .common import to_image_units, to_model_units
-from .nfc import ODE_SIGMA_MIN, RHO, spectrum_for
+from .common import spectrum_for, to_image_units, to_model_units
+from .nfc import ODE_SIGMA_MIN, RHO
 from .self_ensemble import SelfEnsemblePrior
 
 #: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units), except for
