@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from ..operators.base import LinearOperator
+from ..operators.base import LinearOperator, pixel_gain
 from ..priors.base import Prior
 from ..schedules import DPIR_SIGMA_MAX
 from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
-                     sigma_vector,
-                     to_image_units, to_model_units)
+                     sigma_vector, spectrum_for, to_image_units, to_model_units)
 from .self_ensemble import SelfEnsemblePrior
 
 
@@ -44,9 +44,8 @@ class DPIRConfig(StepConfig):
         with sigma_y in model units (DPIR: max(sigma_y, 0.01) in [0, 1] units).
     noise_floor: see sigma_min (DPIR: 1).
     lam: the data step's trust in the denoised estimate, r_k = sigma_k / sqrt(lam) (DPIR: 0.23).
-    start: the first z, from the measurement (``initial_estimate``): "pinv", "adjoint"
-        (DPIR starts deblurring from y, which is what "adjoint" gives for a normalised kernel) or
-        "tikhonov".
+    start: the first z, from the measurement: "auto" (:func:`dpir_start`) or one of
+        ``initial_estimate``'s kinds ("wiener" with the spectrum NFC's start uses).
     self_ensemble: DPIR's periodical geometric self-ensemble (its released code's ``x8 = True``):
         iteration k denoises under the (k mod 8)-th flip/quarter turn (``SelfEnsemblePrior``);
         no extra NFE.
@@ -57,7 +56,7 @@ class DPIRConfig(StepConfig):
     sigma_min: float = 0.02
     noise_floor: float = 1.0
     lam: float = 0.23
-    start: str = "adjoint"
+    start: str = "auto"
     self_ensemble: bool = True
 
     def __post_init__(self) -> None:
@@ -69,8 +68,8 @@ class DPIRConfig(StepConfig):
             raise ValueError(f"need 0 < sigma_min <= sigma_max (model units), got {self.sigma_min}, {self.sigma_max}")
         if not self.noise_floor >= 0:
             raise ValueError(f"noise_floor must be >= 0, got {self.noise_floor!r}")
-        if self.start not in START_ESTIMATES or self.start == "wiener":
-            raise ValueError(f"start must be one of {[s for s in START_ESTIMATES if s != 'wiener']}, got {self.start!r}")
+        if self.start not in ("auto", *START_ESTIMATES):
+            raise ValueError(f"start must be one of {['auto', *START_ESTIMATES]}, got {self.start!r}")
         check_flag("self_ensemble", self.self_ensemble)
 
 
@@ -97,6 +96,20 @@ def dpir_sigmas(cfg: DPIRConfig, sigma_y_model: float) -> list[float]:
     return [cfg.sigma_max * ratio**k for k in range(cfg.num_steps)]
 
 
+def dpir_start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: float, image_shape: tuple[int, ...],
+               kind: str = "auto") -> Tensor:
+    """DPIR's first z, model units, (B, C, H, W). "auto": where every pixel is observed, A^T y / g
+    ("adjoint": y itself for a normalised blur, DPIR's deblurring start; a box upsampling for SR);
+    where some are not (inpainting), the Wiener interpolation of the observed ones ("wiener"), since
+    a flat fill of the holes would reach the first denoiser call as image content (DPIR's own
+    demosaicking and SR start from an interpolation of y)."""
+    if kind == "auto":
+        like = torch.zeros((y_m.shape[0], *image_shape[1:]), dtype=y_m.dtype, device=y_m.device)
+        kind = "wiener" if bool((pixel_gain(operator, like) <= 0).any()) else "adjoint"
+    spectrum = spectrum_for("auto", prior, operator, y_m, image_shape, mean_steps=True) if kind == "wiener" else None
+    return initial_estimate(operator, y_m, sigma_m, image_shape, kind, spectrum)
+
+
 def sample_dpir(
     prior: Prior,
     operator: LinearOperator,
@@ -114,7 +127,7 @@ def sample_dpir(
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
     schedule_top(prior, cfg.sigma_max)  # the first level: a denoiser-only prior whose range it leaves refuses
     prob = to_model_units(operator, y, sigma_y, image_shape)
-    z = initial_estimate(operator, prob.y, prob.sigma, image_shape, cfg.start)
+    z = dpir_start(prior, operator, prob.y, prob.sigma, image_shape, cfg.start)
     for k, sigma in enumerate(dpir_sigmas(cfg, prob.sigma)):
         x = operator.prox(prob.y, z, prob.sigma, sigma / cfg.lam**0.5)
         z = denoiser.denoise(x, sigma_vector(min(sigma, prior.sigma_max), x))
