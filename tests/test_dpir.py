@@ -114,6 +114,44 @@ def test_dpir_starts_inpainting_from_an_interpolation_and_the_rest_from_the_adjo
     assert psnr_model(runs["auto"].double(), x) > psnr_model(runs["adjoint"].double(), x) + 0.5
 
 
+def test_dpir_start_is_chosen_per_image_and_on_the_image_not_its_padding():
+    """A padded canvas (CroppedOperator) is not a hole: a blur there starts from the adjoint; in a
+    batch of an image with holes and one without, each gets the start it gets alone."""
+    from nfc_dps.operators import FunctionOperator
+    from nfc_dps.operators.padding import CroppedOperator
+    from nfc_dps.samplers.dpir import dpir_start
+
+    prior, _, _, x, _ = oracle_problem(2, seed=4)
+    x = x.float()
+    padded = CroppedOperator(BlurOperator(gaussian_kernel(9, 1.5)), (SIZE - 4, SIZE - 4), (SIZE, SIZE))
+    y_pad = padded.A(x)
+    assert torch.equal(dpir_start(prior, padded, y_pad, SIGMA_Y, x.shape),
+                       initial_estimate(padded, y_pad, SIGMA_Y, x.shape, "adjoint"))
+    masks = torch.ones(2, 1, SIZE, SIZE)
+    masks[1, :, 8:20, 8:20] = 0
+
+    def masked(m):
+        return FunctionOperator(lambda v: v * m[: v.shape[0]], (1, SIZE, SIZE), (1, SIZE, SIZE),
+                                lambda v: v * m[: v.shape[0]])
+
+    y = masks * x
+    both = dpir_start(prior, masked(masks), y, SIGMA_Y, x.shape)
+    for i in range(2):
+        alone = dpir_start(prior, masked(masks[i:i + 1]), y[i:i + 1], SIGMA_Y, (1, *x.shape[1:]))
+        torch.testing.assert_close(both[i:i + 1], alone, atol=1e-5, rtol=0)
+    assert not torch.allclose(both[1:], initial_estimate(masked(masks[1:]), y[1:], SIGMA_Y, (1, *x.shape[1:]), "adjoint"))
+
+
+def test_the_adjoint_start_of_a_large_sr_factor_is_the_upsampled_measurement_not_its_mean():
+    """SR x8 has pixel gain 1/64: every pixel still counts as observed (the threshold is relative)."""
+    x = torch.rand(1, 1, 40, 40, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    op = SuperResolution(8)
+    y = op.A(x)
+    est = initial_estimate(op, y, 0.01, x.shape, "adjoint")
+    gain = op.A_adjoint(op.A(torch.ones_like(x)))
+    torch.testing.assert_close(est, op.A_adjoint(y) / gain)
+
+
 def test_deterministic_nfc_is_deterministic_and_batch_invariant():
     prior, op, H, x, y_m = oracle_problem(3, seed=1)
     y = ((y_m + 1) / 2).float()

@@ -12,7 +12,9 @@ from .spec import TASK_LABELS
 
 def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
     """The ``rows`` of a JSON result file, each checked for ``keys`` (an error names the file and the key)."""
-    rows = json.loads(Path(path).read_text())["rows"]
+    rows = json.loads(Path(path).read_text()).get("rows")
+    if not rows:
+        raise ValueError(f"{path}: no result rows")
     for i, r in enumerate(rows):
         missing = [k for k in keys if k not in r]
         if missing:
@@ -29,7 +31,7 @@ def scale_table(path: Path, link: str) -> str:
     for r in rows:
         per_mp = (r["peak_mb"] - r["base_mb"]) / r["megapixels"]
         L.append(f"| {r['size']}² | {TASK_LABELS.get(r['task'], r['task'])} | {r['s_per_nfe']:.1f} | "
-                 f"{r['forward_s']:.1f} | {r['peak_mb']} | {r['base_mb']} | {per_mp:.0f} |")
+                 f"{r['forward_s']:.1f} | {r['peak_mb']:.0f} | {r['base_mb']:.0f} | {per_mp:.0f} |")
     L += ["", f"Source: [`{Path(path).name}`]({link}{Path(path).name})."]
     return "\n".join(L)
 

@@ -123,7 +123,7 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
       on a blur it amplifies the noise where |H| is small; inpainting: 0 in the holes).
     * ``adjoint``: A^T y / g with g = A^T A 1 the pixel gain (the blurred image itself for a
       normalised blur, a box upsampling for SR, the observed pixels for inpainting), and the mean
-      of the well-observed pixels (g > 0.05) elsewhere.
+      of the well-observed pixels (g > 0.05 max g) elsewhere.
     * ``tikhonov``: argmin ||y - A x||^2 / (2 sigma_y^2) + ||x - m||^2 / 2, m the ``adjoint``
       estimate's mean per image and channel: a unit-variance prior around the image's mean level.
     * ``wiener``: the linear MMSE estimate E[x | y] under x ~ N(m, C), C = F* diag(S) F with
@@ -141,7 +141,7 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     like = torch.zeros((y.shape[0], *image_shape[1:]), dtype=y.dtype, device=y.device)
     gain = pixel_gain(operator, like)
     back = operator.A_adjoint(y)
-    observed = gain > 0.05
+    observed = gain > 0.05 * gain.flatten(1).amax(1).view(-1, 1, 1, 1)  # relative: SR x s has gain 1/s^2
     count = observed.sum(dim=(-2, -1), keepdim=True).clamp_min(1)
     normalised = torch.where(observed, back / torch.where(observed, gain, torch.ones_like(gain)), torch.zeros_like(back))
     mean = normalised.sum(dim=(-2, -1), keepdim=True) / count
