@@ -132,7 +132,7 @@ def test_dpir_start_is_chosen_per_image_and_on_the_image_not_its_padding():
 
     def masked(m):
         return FunctionOperator(lambda v: v * m[: v.shape[0]], (1, SIZE, SIZE), (1, SIZE, SIZE),
-                                lambda v: v * m[: v.shape[0]])
+                                lambda v: v * m[: v.shape[0]], family="inpaint")
 
     y = masks * x
     both = dpir_start(prior, masked(masks), y, SIGMA_Y, x.shape)

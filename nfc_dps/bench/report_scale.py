@@ -9,7 +9,6 @@ from pathlib import Path
 from .spec import TASK_LABELS
 
 
-
 def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
     """The ``rows`` of a JSON result file, each checked for ``keys`` (an error names the file and the key)."""
     rows = json.loads(Path(path).read_text()).get("rows")
@@ -22,6 +21,10 @@ def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
     return rows
 
 
+def _source(path: Path, link: str) -> str:
+    return f"Source: [`{Path(path).name}`]({link}{Path(path).name})."
+
+
 def scale_table(path: Path, link: str) -> str:
     """Per size and task: seconds per NFE, one bare network call, peak and base resident memory (MB)
     and the peak above the base per megapixel."""
@@ -32,8 +35,7 @@ def scale_table(path: Path, link: str) -> str:
         per_mp = (r["peak_mb"] - r["base_mb"]) / r["megapixels"]
         L.append(f"| {r['size']}² | {TASK_LABELS.get(r['task'], r['task'])} | {r['s_per_nfe']:.1f} | "
                  f"{r['forward_s']:.1f} | {r['peak_mb']:.0f} | {r['base_mb']:.0f} | {per_mp:.0f} |")
-    L += ["", f"Source: [`{Path(path).name}`]({link}{Path(path).name})."]
-    return "\n".join(L)
+    return "\n".join([*L, "", _source(path, link)])
 
 
 def throughput_table(path: Path, link: str) -> str:
@@ -49,5 +51,4 @@ def throughput_table(path: Path, link: str) -> str:
                                    f"{r['max_abs_diff_vs_first']:.3g}")
         L.append(f"| {r['batch_size']} | {r['seconds']:.1f} | {r['images_per_s']:.2f} | {ratio:.2f}× | "
                  f"{r['mean_psnr']:.2f} dB | {diff} |")
-    L += ["", f"Source: [`{Path(path).name}`]({link}{Path(path).name})."]
-    return "\n".join(L)
+    return "\n".join([*L, "", _source(path, link)])

@@ -34,7 +34,8 @@ class FunctionOperator(LinearOperator):
         A_adjoint: (B, *measurement_shape) -> (B, *image_shape), the adjoint of ``A``; None:
             a vector-Jacobian product of ``A`` (one forward and one backward pass per call).
         name: its name in results records. family: one of ``FAMILIES`` ("other" unless the map
-            is one of the built-in kinds; NFC's default preset starts lower for "inpaint").
+            is one of the built-in kinds; for "inpaint" NFC's default preset starts lower and DPIR
+            starts from an interpolation of the observed pixels).
         device, dtype: where and in which precision the construction check runs (``A``'s; dtype
             None: torch's default).
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from ..operators.base import LinearOperator, pixel_gain
+from ..operators.base import LinearOperator
 from ..priors.base import Prior
 from ..schedules import DPIR_SIGMA_MAX
 from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
@@ -98,28 +97,14 @@ def dpir_sigmas(cfg: DPIRConfig, sigma_y_model: float) -> list[float]:
 
 def dpir_start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: float, image_shape: tuple[int, ...],
                kind: str = "auto") -> Tensor:
-    """DPIR's first z, model units, (B, C, H, W). "auto": where every pixel is observed, A^T y / g
-    ("adjoint": y itself for a normalised blur, DPIR's deblurring start; a box upsampling for SR);
-    where some are not (inpainting), the Wiener interpolation of the observed ones ("wiener"), since
-    a flat fill of the holes would reach the first denoiser call as image content (DPIR's own
-    demosaicking and SR start from an interpolation of y)."""
-    if kind != "auto":
-        return _start(prior, operator, y_m, sigma_m, image_shape, kind)
-    like = torch.zeros((y_m.shape[0], *image_shape[1:]), dtype=y_m.dtype, device=y_m.device)
-    gain = pixel_gain(operator, like)
-    region = operator.image_region()
-    if region is not None:  # the padding to the prior's size multiple is not the image
-        gain = gain[..., : region[0], : region[1]]
-    holes = (gain <= 0).flatten(1).any(1)  # per image: its start does not depend on its batch mates
-    if bool(holes.all()) or not bool(holes.any()):
-        return _start(prior, operator, y_m, sigma_m, image_shape, "wiener" if bool(holes[0]) else "adjoint")
-    wiener = _start(prior, operator, y_m, sigma_m, image_shape, "wiener")
-    adjoint = _start(prior, operator, y_m, sigma_m, image_shape, "adjoint")
-    return torch.where(holes.view(-1, 1, 1, 1), wiener, adjoint)
-
-
-def _start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: float, image_shape: tuple[int, ...],
-           kind: str) -> Tensor:
+    """DPIR's first z, model units, (B, C, H, W). "auto": for an inpainting operator (family
+    "inpaint", the same test that lowers NFC's default's first level), the Wiener interpolation of
+    the observed pixels ("wiener"), since a flat fill of the holes would reach the first denoiser
+    call as image content (DPIR's own demosaicking and SR start from an interpolation of y); else
+    A^T y / g ("adjoint": y itself for a normalised blur, DPIR's deblurring start; a box
+    upsampling for SR)."""
+    if kind == "auto":
+        kind = "wiener" if operator.family == "inpaint" else "adjoint"
     spectrum = spectrum_for("auto", prior, operator, y_m, image_shape, mean_steps=True) if kind == "wiener" else None
     return initial_estimate(operator, y_m, sigma_m, image_shape, kind, spectrum)
 
