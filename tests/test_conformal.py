@@ -524,3 +524,20 @@ def test_the_prior_fingerprint_takes_scalar_buffers_and_tells_function_priors_ap
               prior_fingerprint(DenoiserPrior(smooth, 0.3)), prior_fingerprint(DenoiserPrior(smooth, 0.2, channels=1))}
     assert len(prints) == 4
     assert prior_fingerprint(DenoiserPrior(smooth, 0.2)) == prior_fingerprint(DenoiserPrior(smooth, 0.2))
+
+
+def test_interval_stats_counts_each_image_of_a_batch_and_its_standard_error():
+    """Two images in one measurement, one covered fully and one half: coverage 0.75, and its
+    standard error over the two images std([1, 0.5], ddof=1) / sqrt(2) = 0.25; the table shows both."""
+    from nfc_dps.bench.calibration import interval_stats
+    from nfc_dps.bench.calibration_report import conformal_lines
+
+    chains = torch.full((2, 2, 1, 4, 4), 0.5, dtype=torch.float64)  # (K, B, C, H, W), std 0
+    truth = torch.full((2, 1, 4, 4), 0.5, dtype=torch.float64)
+    truth[1, :, :2] = 0.9  # image 1: half its pixels outside mean ± q eps
+    st = interval_stats([chains], [truth], q=1.0, z=1.645, clip=True)
+    assert st["coverage"] == pytest.approx(0.75) and st["coverage_se"] == pytest.approx(0.25)
+    row = {"setting": "s", "method": "m", "budget": 0, "k": 2, "raw_coverage": 0.5, "q": 1.0, "edge_weight": 0.0,
+           "width": 0.01, "n_validation": 9, "n_test": 2}
+    with_se, without = conformal_lines([{**row, **st}, {**row, "coverage": 0.75}])[2:]
+    assert "| 75.0 ± 25.0 |" in with_se and "| 75.0 |" in without

@@ -49,7 +49,8 @@ narrower interval is the better uncertainty estimate.
 
 Writes OUT/calibration.csv (setting, method, budget, k, width, observed, expected: one row per
 width, the mean over measurements), OUT/conformal.csv (setting, method, budget, k, nominal, q,
-raw_coverage, coverage, width, n_validation, n_test), OUT/summary.md (the ±1 / ±2 table and the
+raw_coverage, coverage, coverage_se: its standard error over test images, width, n_validation,
+n_test), OUT/summary.md (the ±1 / ±2 table and the
 calibrated-interval table), OUT/reliability.png (observed against expected coverage at every
 width, K = all chains) and, per embedded (setting, method), its draws in
 OUT/chains/SETTING_METHOD@BUDGET.npz (:func:`save_chains`: refit a rule without sampling again).
@@ -109,7 +110,7 @@ ORACLE_VALIDATION = 20
 DEFAULT_COVERAGE = 0.9
 COLUMNS = ["setting", "method", "budget", "k", "width", "observed", "expected"]
 CONFORMAL_COLUMNS = ["setting", "method", "budget", "k", "nominal", "q", "edge_weight", "raw_coverage", "coverage",
-                     "width", "n_validation", "n_test"]
+                     "coverage_se", "width", "n_validation", "n_test"]
 
 
 def coverage_curve(samples: Tensor, truth: Tensor, widths: Sequence[float] = WIDTHS, group: int | None = None
@@ -276,15 +277,19 @@ def interval_stats(samples: Sequence[Tensor], truths: Sequence[Tensor], q: float
                    edge_weight: float = 0.0) -> dict:
     """Test-set numbers of one interval rule: per image, the fraction of pixel values inside
     mean ± q (std + edge_weight edge(mean) + eps) and inside mean ± z std, and the mean width;
-    averaged over images. samples: per image (K, B, C, H, W) unclipped chains; truths: (B, C, H, W)."""
+    averaged over images; ``coverage_se``: the standard error of that mean coverage over images
+    (nan for one image). samples: per measurement (K, B, C, H, W) unclipped chains; truths: (B, C, H, W)."""
     cov, raw, width = [], [], []
     for xs, truth in zip(samples, truths):
         mean, std = _mean_std(xs, clip)
         lo, hi = interval(mean, std, q, DEFAULT_EPS, edge_weight, clip=clip)
-        cov.append(float(((truth >= lo) & (truth <= hi)).double().mean()))
+        inside = ((truth >= lo) & (truth <= hi)).double().flatten(1).mean(1)  # per image of the batch
+        cov += inside.tolist()
         raw.append(float(((truth - mean).abs() <= z * std).double().mean()))
         width.append(float((hi - lo).double().mean()))
-    return {"coverage": float(np.mean(cov)), "raw_coverage": float(np.mean(raw)), "width": float(np.mean(width))}
+    se = float(np.std(cov, ddof=1) / np.sqrt(len(cov))) if len(cov) > 1 else float("nan")
+    return {"coverage": float(np.mean(cov)), "coverage_se": se, "raw_coverage": float(np.mean(raw)),
+            "width": float(np.mean(width))}
 
 
 def _mean_std(xs: Tensor, clip: bool) -> tuple[Tensor, Tensor]:

@@ -30,11 +30,11 @@ def read_calibration_csv(path: Path) -> list[dict[str, Any]]:
 
 def read_conformal_csv(path: Path) -> list[dict[str, Any]]:
     """The rows of an OUT/conformal.csv (numbers parsed; a file without an edge_weight column is a
-    rule fitted without it: 0)."""
+    rule fitted without it: 0; one without coverage_se has nan there)."""
     ints = ("budget", "k", "n_validation", "n_test")
     with open(path, newline="") as f:
         return [{k: v if k in ("setting", "method") else int(v) if k in ints else float(v)
-                 for k, v in {"edge_weight": "0", **r}.items()} for r in csv.DictReader(f)]
+                 for k, v in {"edge_weight": "0", "coverage_se": "nan", **r}.items()} for r in csv.DictReader(f)]
 
 
 def mean_rows(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -72,7 +72,8 @@ def _conformal_legend(nominal: float) -> str:
     return (f"before: mean ± {raw_z(nominal):.3f} std (a Gaussian's {100 * nominal:g} % interval); after: mean ± q "
             "(std + c edge(mean) + eps), q and the edge weight c fitted on the validation measurements (pooled rule, "
             "nfc_dps.conformal); width: mean of upper − lower over the test pixel values ([0, 1] units; oracles in "
-            "their own units). At the same coverage the narrower interval is the better uncertainty estimate.")
+            "their own units); ± the standard error of the mean coverage over the test images, where the run recorded "
+            "it. At the same coverage the narrower interval is the better uncertainty estimate.")
 
 
 def conformal_lines(crows: list[dict[str, Any]]) -> list[str]:
@@ -81,9 +82,15 @@ def conformal_lines(crows: list[dict[str, Any]]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in crows:
         lines.append(f"| {r['setting']} | {r['method']} | {r['budget']} | {r['k']} | {100 * r['raw_coverage']:.1f} | "
-                     f"{100 * r['coverage']:.1f} | {r['q']:.3f} | {r.get('edge_weight', 0.0):g} | {r['width']:.4f} | "
+                     f"{_percent_se(r)} | {r['q']:.3f} | {r.get('edge_weight', 0.0):g} | {r['width']:.4f} | "
                      f"{r['n_validation']} / {r['n_test']} |")
     return lines
+
+
+def _percent_se(r: dict[str, Any]) -> str:
+    """'92.2 ± 1.1' (coverage ± its standard error, in %), or '92.2' where none was recorded."""
+    se = r.get("coverage_se", float("nan"))
+    return f"{100 * r['coverage']:.1f}" + ("" if not np.isfinite(se) else f" ± {100 * se:.1f}")
 
 
 def conformal_table(paths: Sequence[Path], bench: Path, link: str) -> str:
