@@ -100,7 +100,7 @@ run_table() {
             --tasks embedded-sr_bicubic,embedded-inpaint_random,embedded-deblur_gaussian --threads 2
         cp "$ROOT/calibration_nfc100"/{calibration.csv,config.json,summary.md} docs/bench/calibration_nfc100/ ;;
     conformal_nfc_fast)  # one process per task, two at a time; 48 validation / 36 test tiles (12 test tiles
-        # leave the coverage a standard error of about a point, half the 88-92 % band)
+        # leave the coverage a standard error of about a point, half of the 88-92 % band's 2 either side)
         conformal conformal_sr_bicubic conformal_nfc_fast/sr_bicubic 48 36 \
             nfc-dps bench --tasks embedded-sr_bicubic --methods nfc &
         local pid=$!

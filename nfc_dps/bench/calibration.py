@@ -50,9 +50,8 @@ narrower interval is the better uncertainty estimate.
 Writes OUT/calibration.csv (setting, method, budget, k, width, observed, expected: one row per
 width, the mean over measurements), OUT/conformal.csv (setting, method, budget, k, nominal, q,
 raw_coverage, coverage, coverage_se: its standard error over test images, width, n_validation,
-n_test), OUT/summary.md (the ±1 / ±2 table and the
-calibrated-interval table), OUT/reliability.png (observed against expected coverage at every
-width, K = all chains) and, per embedded (setting, method), its draws in
+n_test), OUT/summary.md (the ±1 / ±2 table and the calibrated-interval table),
+OUT/reliability.png (observed against expected coverage at every width, K = all chains) and, per embedded (setting, method), its draws in
 OUT/chains/SETTING_METHOD@BUDGET.npz (:func:`save_chains`: refit a rule without sampling again).
 """
 
@@ -279,14 +278,13 @@ def interval_stats(samples: Sequence[Tensor], truths: Sequence[Tensor], q: float
     mean ± q (std + edge_weight edge(mean) + eps) and inside mean ± z std, and the mean width;
     averaged over images; ``coverage_se``: the standard error of that mean coverage over images
     (nan for one image). samples: per measurement (K, B, C, H, W) unclipped chains; truths: (B, C, H, W)."""
-    cov, raw, width = [], [], []
+    cov, raw, width = [], [], []  # one value per image of each measurement's batch
     for xs, truth in zip(samples, truths):
         mean, std = _mean_std(xs, clip)
         lo, hi = interval(mean, std, q, DEFAULT_EPS, edge_weight, clip=clip)
-        inside = ((truth >= lo) & (truth <= hi)).double().flatten(1).mean(1)  # per image of the batch
-        cov += inside.tolist()
-        raw.append(float(((truth - mean).abs() <= z * std).double().mean()))
-        width.append(float((hi - lo).double().mean()))
+        cov += ((truth >= lo) & (truth <= hi)).double().flatten(1).mean(1).tolist()
+        raw += ((truth - mean).abs() <= z * std).double().flatten(1).mean(1).tolist()
+        width += (hi - lo).double().flatten(1).mean(1).tolist()
     se = float(np.std(cov, ddof=1) / np.sqrt(len(cov))) if len(cov) > 1 else float("nan")
     return {"coverage": float(np.mean(cov)), "coverage_se": se, "raw_coverage": float(np.mean(raw)),
             "width": float(np.mean(width))}
