@@ -257,18 +257,18 @@ class TiledPrior(PriorWrapper):
     """Applies a prior tile by tile at the size it was trained at.
 
     A network with GroupNorm sees different statistics at another image size (docs/prior.md,
-    "Why tiles of 48", measured a 3-4 dB loss for an earlier network). Each axis of length n is covered by the fewest ``tile``-sized
-    tiles that leave at least ``tile // 2`` pixels to spare (one tile, when it covers the axis,
-    needs no spare: it has no seams). The image is reflect-padded by that spare, split between the
-    two sides by an offset that depends on sigma (so seams move from one noise level to the next
-    and never settle, yet a call is deterministic and independent of the batch), denoised as one
-    batch of tiles, and cropped back. At 256 px with 48 px tiles that is 6 x 6 tiles (1.3x the
-    image's pixels). With ``overlap=True`` four half-shifted grids are blended with raised-cosine
-    weights instead (about 4x the cost, no seams; used for one-step denoising reports).
+    "Why tiles of 48"). Each axis longer than a tile is covered by the fewest ``tile``-sized tiles
+    whose neighbours overlap by at least ``tile // 8`` pixels, the first and last flush with the
+    image's edges; the tiles are denoised as one batch and blended back with linear cross-fades
+    over each overlap (normalised to sum to one), so no pixel sits on a hard seam. With three or
+    more tiles on an axis the inner ones move with sigma by up to half an overlap (the seams move
+    from one noise level to the next, yet a call is deterministic and independent of the batch);
+    two tiles keep their one cross-fade in place. An axis no longer than a tile is one tile,
+    reflect-padded at an offset that depends on sigma. With ``overlap=True`` four half-shifted
+    grids are blended with raised-cosine weights instead (about 4x the cost).
 
     Tiles go through the network at most ``max_tiles`` at a time, so the network's activations,
-    not the image size, bound the memory of one call (128 tiles of 48 px: about 0.6 GB for the
-    embedded prior; an image up to 480 x 480 is one call).
+    not the image size, bound the memory of one call.
     """
 
     def __init__(self, inner: Prior, tile: int, overlap: bool = False, max_tiles: int = 128) -> None:
@@ -283,15 +283,73 @@ class TiledPrior(PriorWrapper):
 
     def tiles_along(self, n: int) -> int:
         """Number of tiles covering an axis of ``n`` pixels (see the class docstring)."""
-        count = -(-n // self.tile)
-        if count > 1 and count * self.tile - n < self.tile // 2:
-            count += 1
-        return count
+        t = self.tile
+        least_overlap = min(max(1, t // 8), t - 1)
+        return 1 if n <= t else -(-(n - least_overlap) // (t - least_overlap))
 
-    def _offset(self, sigma: float, spare_y: int, spare_x: int) -> tuple[int, int]:
-        """Pixels of padding before the first tile, in [0, spare], a hash of sigma."""
+    @staticmethod
+    def _sigma_hash(sigma: float, axis: int) -> int:
+        """A deterministic integer in [0, 2**32) that changes with sigma: Knuth's multiplicative hash of
+        log sigma; axis 1 takes other bits of it (divided by a prime) than axis 0."""
         code = int(abs(math.log(max(sigma, 1e-12))) * 1e6) * 2654435761 % (2**32)
-        return code % (spare_y + 1), (code // (spare_y + 1)) % (spare_x + 1)
+        return code if axis == 0 else code // 7919
+
+    def layout(self, n: int, sigma: float, axis: int = 0) -> tuple[int, list[int], list[Tensor]]:
+        """How an axis of ``n`` pixels is tiled at noise level ``sigma``: (reflect padding before the
+        image, each tile's first pixel on the padded axis, each tile's blending weights over its
+        ``tile`` pixels, float64). ``axis``: 0 for rows, 1 for columns (each takes its move from
+        other bits of the sigma hash)."""
+        t = self.tile
+        code = self._sigma_hash(sigma, axis)
+        if n <= t:
+            return code % (t - n + 1), [0], [torch.ones(t, dtype=torch.float64)]
+        count = self.tiles_along(n)
+        reach = int((t - (n - t) / (count - 1)) // 2) if count > 2 else 0  # half the overlap
+        move = code % (2 * reach + 1) - reach
+        starts = [0] + [round(i * (n - t) / (count - 1)) + move for i in range(1, count - 1)] + [n - t]
+        pixel_centres = torch.arange(t, dtype=torch.float64) + 0.5
+        weights = []
+        for i, start in enumerate(starts):
+            w = torch.ones(t, dtype=torch.float64)
+            if i > 0:  # rises across the overlap with the tile before
+                w = torch.minimum(w, pixel_centres / (starts[i - 1] + t - start))
+            if i < count - 1:  # falls across the overlap with the tile after
+                w = torch.minimum(w, (t - pixel_centres) / (start + t - starts[i + 1]))
+            weights.append(w)
+        return 0, starts, weights
+
+    def _network(self, tiles: Tensor, sigma: Tensor) -> Tensor:
+        """The inner prior on a batch of tiles, ``max_tiles`` at a time."""
+        if tiles.shape[0] <= self.max_tiles:
+            return self.inner.denoise(tiles, sigma)
+        return torch.cat([self.inner.denoise(tiles[i:i + self.max_tiles], sigma[i:i + self.max_tiles])
+                          for i in range(0, tiles.shape[0], self.max_tiles)])
+
+    def _blend(self, x: Tensor, sigma: Tensor) -> Tensor:
+        """Denoise ``x`` (B, C, H, W) at one noise level (``sigma``: (B,), all equal) on its blended
+        tiles; returns (B, C, H, W) in x's dtype, accumulated in at least float32."""
+        b, c, h, w = x.shape
+        t = self.tile
+        pad_y, ys, wys = self.layout(h, float(sigma[0]), 0)
+        pad_x, xs, wxs = self.layout(w, float(sigma[0]), 1)
+        hp, wp = max(h, t), max(w, t)
+        xp = reflect_pad(x, pad_y, hp - h - pad_y, pad_x, wp - w - pad_x)
+        corners = [(y0, x0) for y0 in ys for x0 in xs]
+        tiles = torch.stack([xp[..., y0:y0 + t, x0:x0 + t] for y0, x0 in corners], dim=1)
+        out = self._network(tiles.reshape(-1, c, t, t), sigma.repeat_interleave(len(corners)))
+        out = out.reshape(b, len(corners), c, t, t)
+        dtype = torch.promote_types(out.dtype, torch.float32)
+        weights = torch.stack([wy[:, None] * wx[None, :] for wy in wys for wx in wxs]).to(out.device, dtype)
+        total_y, total_x = torch.zeros(hp, dtype=torch.float64), torch.zeros(wp, dtype=torch.float64)
+        for y0, wy in zip(ys, wys):
+            total_y[y0:y0 + t] += wy
+        for x0, wx in zip(xs, wxs):
+            total_x[x0:x0 + t] += wx
+        acc = torch.zeros(b, c, hp, wp, dtype=dtype, device=out.device)
+        for i, (y0, x0) in enumerate(corners):
+            acc[..., y0:y0 + t, x0:x0 + t] += out[:, i].to(dtype) * weights[i]
+        acc = acc / (total_y[:, None] * total_x[None, :]).to(out.device, dtype)
+        return acc[..., pad_y:pad_y + h, pad_x:pad_x + w].to(out.dtype)
 
     def _grid(self, x: Tensor, sigma: Tensor, oy: int, ox: int, ny: int, nx: int) -> Tensor:
         """Denoise on the ny x nx tile grid whose origin lies (oy, ox) pixels before the image's."""
@@ -299,12 +357,7 @@ class TiledPrior(PriorWrapper):
         t = self.tile
         xp = reflect_pad(x, oy, ny * t - h - oy, ox, nx * t - w - ox)
         tiles = xp.reshape(b, c, ny, t, nx, t).permute(0, 2, 4, 1, 3, 5).reshape(b * ny * nx, c, t, t)
-        sig = sigma.repeat_interleave(ny * nx)
-        if tiles.shape[0] <= self.max_tiles:
-            out = self.inner.denoise(tiles, sig)
-        else:
-            out = torch.cat([self.inner.denoise(tiles[i:i + self.max_tiles], sig[i:i + self.max_tiles])
-                             for i in range(0, tiles.shape[0], self.max_tiles)])
+        out = self._network(tiles, sigma.repeat_interleave(ny * nx))
         out = out.reshape(b, ny, nx, c, t, t).permute(0, 3, 1, 4, 2, 5).reshape(b, c, ny * t, nx * t)
         return out[..., oy : oy + h, ox : ox + w]
 
@@ -327,12 +380,10 @@ class TiledPrior(PriorWrapper):
                     acc = acc + self._grid(x, sigma, oy, ox, ny, nx) * weight
                     norm = norm + weight
             return acc / norm
-        ny, nx = self.tiles_along(h), self.tiles_along(w)
         out = torch.empty_like(x)
         for s in sigma.unique():
             sel = (sigma == s).nonzero().flatten()
-            oy, ox = self._offset(float(s), ny * t - h, nx * t - w)
-            out[sel] = self._grid(x[sel], sigma[sel], oy, ox, ny, nx)
+            out[sel] = self._blend(x[sel], sigma[sel])
         return out
 
 
