@@ -12,6 +12,7 @@ import torch
 
 from nfc_dps.bench.calibration import _oracle_problems, calibration_rows, coverage_curve
 from nfc_dps.bench.cli import main
+from nfc_dps.bench.runner import prior_record
 from nfc_dps.conformal import EDGE_WEIGHTS, fit_rule
 from nfc_dps.metrics import expected_coverage
 
@@ -68,6 +69,7 @@ def test_calibration_protocol_end_to_end_and_resumed(tmp_path):
     assert {r["method"] for r in read_csv(tmp_path / "conformal.csv")} == {"exact", "nfc", "ddnm"}
     summary = (tmp_path / "summary.md").read_text()
     assert "| exact | 0 |" in summary and "| nfc | 2 |" in summary and "56/83" in summary
+    assert "- prior: none (the oracles need no network)" in summary
     first = {name: (tmp_path / name).read_text() for name in ("calibration.csv", "conformal.csv")}
     for name, text in first.items():  # drop nfc's rows: the rerun computes that case again
         (tmp_path / name).write_text("".join(line for line in text.splitlines(keepends=True) if ",nfc," not in line))
@@ -85,6 +87,8 @@ def test_embedded_draws_are_saved_and_refit_to_the_tables_rule(tmp_path, tiny_pr
     assert main(["--protocol", "calibration", "--out", str(out), "--tasks", "embedded-sr_bicubic", "--methods", "nfc",
                  "--prior", str(tiny_prior), "--size", "16", "--samples", "4", "--embedded-budget", "2",
                  "--validation-images", "9", "--num-images", "2", "--threads", "1", "--device", "cpu"]) == 0
+    # the summary names the weights it measured by their contents' hash, as the bench summary does
+    assert f"'sha256': '{prior_record(str(tiny_prior))['sha256']}'" in (out / "summary.md").read_text()
     saved = np.load(out / "chains" / "embedded-sr_bicubic_nfc@2.npz")
     assert saved["validation_chains"].shape == (9, 4, 1, 3, 16, 16) and saved["validation_truth"].shape == (9, 1, 3, 16, 16)
     assert saved["test_chains"].shape == (2, 4, 1, 3, 16, 16)

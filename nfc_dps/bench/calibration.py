@@ -484,7 +484,7 @@ class Calibration(Protocol):
                                    f"leaves ({spec.size} px)",
                 "calibrated coverage": f"{spec.coverage:g} (pooled rule and edge weight fitted on validation, "
                                        f"measured on test)",
-                "prior": spec.prior or "embedded default", "seed": spec.seed}
+                "prior": self.prior_info or "none (the oracles need no network)", "seed": spec.seed}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
         out, rows = self.spec.out, tables[CALIBRATION.file]
