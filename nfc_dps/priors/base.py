@@ -256,16 +256,16 @@ class PriorWrapper(Prior):
 class TiledPrior(PriorWrapper):
     """Applies a prior tile by tile at the size it was trained at.
 
-    A network with GroupNorm sees different statistics at another image size (docs/prior.md,
-    "Why tiles of 48"). Each axis longer than a tile is covered by the fewest ``tile``-sized tiles
-    whose neighbours overlap by at least ``tile // 8`` pixels, the first and last flush with the
-    image's edges; the tiles are denoised as one batch and blended back with linear cross-fades
-    over each overlap (normalised to sum to one), so no pixel sits on a hard seam. With three or
-    more tiles on an axis the inner ones move with sigma by up to half an overlap (the seams move
-    from one noise level to the next, yet a call is deterministic and independent of the batch);
-    two tiles keep their one cross-fade in place. An axis no longer than a tile is one tile,
-    reflect-padded at an offset that depends on sigma. With ``overlap=True`` four half-shifted
-    grids are blended with raised-cosine weights instead (about 4x the cost).
+    A network with GroupNorm sees different statistics at another image size (docs/prior.md, "Why
+    tiles of 48"). Each axis longer than a tile is covered by the fewest ``tile``-sized tiles whose
+    neighbours overlap by at least ``tile // 8`` pixels (before the moves below), the first and last
+    flush with the image's edges; the tiles are denoised as one batch and blended back with linear
+    cross-fades over each overlap (normalised to sum to one), so no pixel sits on a hard seam. With
+    three or more tiles on an axis the inner ones move with sigma by up to half an overlap (the
+    seams move from one noise level to the next, yet a call is deterministic and independent of the
+    batch); two tiles keep their one cross-fade in place. An axis no longer than a tile is one tile,
+    reflect-padded at an offset that depends on sigma. With ``overlap=True`` four half-shifted grids
+    are blended with raised-cosine weights instead (about 4x the cost).
 
     Tiles go through the network at most ``max_tiles`` at a time, so the network's activations,
     not the image size, bound the memory of one call.
