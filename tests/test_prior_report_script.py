@@ -86,3 +86,24 @@ def test_a_missing_prior_folder_or_loss_log_is_a_usage_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--prior" in err and "--loss-csv" in err and "Traceback" not in err
     assert not (tmp_path / "r.json").exists()
+
+
+class _Payload:
+    """A pickle that runs code when unpickled: it writes the file it names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_a_state_that_pickles_code_is_never_run_for_the_step_label(tmp_path):
+    """An export without a step beside a state.pt saved with it: the state is read weights-only, so
+    a payload in it does not run; the label says why it has no step."""
+    marker = tmp_path / "payload_ran"
+    torch.save({"step": 5, "evil": _Payload(marker)}, tmp_path / "state.pt")
+    os.utime(tmp_path / "state.pt", (SAVED, SAVED))
+    _, info = report.snapshot_prior(_export(tmp_path / "export", None), tmp_path / "snap")
+    assert not marker.exists()
+    assert info["step"] is None and "step_error" in info

@@ -220,6 +220,29 @@ def test_earlier_state_format_is_converted(tmp_path: Path) -> None:
         read_state(path)
 
 
+class _Payload:
+    """A pickle that runs code when unpickled: it writes the file it names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_a_state_that_pickles_code_is_refused_and_never_run(folder: Path, tmp_path: Path) -> None:
+    """state.pt needing the full unpickler is refused, naming it, before anything in it runs."""
+    wd = tmp_path / "w"
+    wd.mkdir()
+    marker = tmp_path / "payload_ran"
+    torch.save({"model": {}, "ema": {}, "opt": {}, "step": 1, "evil": _Payload(marker)}, wd / "state.pt")
+    with pytest.raises(TrainingError, match=r"state\.pt: refused.*never unpickles more than weights"):
+        read_state(wd / "state.pt")
+    with pytest.raises(TrainingError, match=r"state\.pt: refused"):
+        train_prior(_cfg(wd, folder, steps=2), log=_quiet)
+    assert not marker.exists()
+
+
 def test_init_from_warm_starts_and_checks_the_network(folder: Path, tmp_path: Path) -> None:
     train_prior(_cfg(tmp_path / "a", folder, steps=2, export=tmp_path / "pa"), log=_quiet)
     train_prior(_cfg(tmp_path / "b", folder, steps=0, export=tmp_path / "pb", init_from=tmp_path / "pa",

@@ -166,7 +166,7 @@ def snapshot_prior(path: Path, tmp: Path) -> tuple[Path, dict]:
         info["step_source"] = str(path / "train_info.json")
     elif state.is_file() and weights and abs(state.stat().st_mtime - m1) < 120:
         try:
-            st = torch.load(state, map_location="cpu", weights_only=False)
+            st = torch.load(state, map_location="cpu", weights_only=True)  # never more than weights
             info["step"] = int(st["step"])
             info["step_source"] = str(state)
         except Exception as e:  # noqa: BLE001 - a label only

@@ -17,6 +17,7 @@ differing keys; learning rate, batch, EMA decay and budgets may change between r
 from __future__ import annotations
 
 import io
+import pathlib
 import pickle
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ from .leaves import DEFAULT_SYNTHETIC
 STATE_NAME = "state.pt"
 STATE_FORMAT = 2
 REQUIRED_KEYS = ("model", "ema", "opt", "step")
+#: The only classes a state may hold beyond tensors and plain values: the Path objects of the earlier
+#: format's settings (rebuilt from strings; nothing else is ever unpickled).
+SAFE_STATE_GLOBALS = (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
 
 
 def fingerprint(arch: str, widths, layers: int, channels: int, crop: int, source: str, dead_leaves: float,
@@ -73,22 +77,20 @@ def check_fingerprint(workdir: Path, saved: dict, wanted: dict) -> None:
 def read_state(path: Path, device: torch.device | str = "cpu") -> dict:
     """The state at ``path``, converted to the current format (``config`` always present).
 
-    A state of the current format loads with ``weights_only=True``; an earlier one (it holds
-    Path objects and numpy's RNG state) needs the full unpickler: the work folder is trusted.
+    Only torch's weights-only unpickler reads it, with :data:`SAFE_STATE_GLOBALS` (the Path objects
+    of the earlier format's settings) allowed: a file that needs any other Python object is refused,
+    naming it, and nothing in it runs.
     """
-    def unreadable(e: BaseException) -> TrainingError:
-        return TrainingError(f"{path}: cannot read the training state ({type(e).__name__}: {e}); "
-                             f"delete it to start over")
-
     try:
-        st = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError:
-        try:
-            st = torch.load(path, map_location=device, weights_only=False)
-        except Exception as e:  # noqa: BLE001 - a torn or foreign file fails in many ways; re-raised naming it
-            raise unreadable(e) from e
-    except Exception as e:  # noqa: BLE001 - as above
-        raise unreadable(e) from e
+        with torch.serialization.safe_globals(list(SAFE_STATE_GLOBALS)):
+            st = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise TrainingError(f"{path}: refused: reading it needs Python objects beyond tensors, numbers and "
+                            f"strings ({str(e).splitlines()[0] if str(e) else 'weights-only load failed'}); "
+                            f"nfc-dps never unpickles more than weights. Delete it to start over") from e
+    except Exception as e:  # noqa: BLE001 - a torn or foreign file fails in many ways; re-raised naming it
+        raise TrainingError(f"{path}: cannot read the training state ({type(e).__name__}: {e}); "
+                            f"delete it to start over") from e
     if not isinstance(st, dict) or any(k not in st for k in REQUIRED_KEYS):
         missing = [k for k in REQUIRED_KEYS if not isinstance(st, dict) or k not in st]
         raise TrainingError(f"{path}: not a train-prior state (missing keys {missing})")
