@@ -30,7 +30,7 @@ from .io import INTEGER_SCALES
 from .operators.base import LinearOperator, noise_sigma_problem
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
-from .samplers import counting, get_config, get_method, override_config
+from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 from .priors.default import load_prior
 from .config import _validate_overrides
 from .conformal import load_calibration, prior_fingerprint
@@ -156,25 +156,6 @@ def stable_seed(*parts: Any) -> int:
     return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint32)[0]) & 0x7FFFFFFF
 
 
-def image_generators(seeds: Sequence[int], num_samples: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
-    """One generator per (image, sample), seeded from (seed_b, j): independent of batch layout.
-
-    Order: image-major, i.e. index b * num_samples + j.
-    """
-    return chain_generators(seeds, num_samples, 0, len(seeds) * num_samples, device)
-
-
-def chain_generators(seeds: Sequence[int], num_samples: int, lo: int, hi: int,
-                     device: torch.device | str = "cpu") -> list[torch.Generator]:
-    """The generators of chains ``lo .. hi - 1`` of :func:`image_generators` (chain i: image
-    i // num_samples, sample i % num_samples), made without the others'."""
-    gens = []
-    for i in range(lo, hi):
-        state = np.random.SeedSequence([int(seeds[i // num_samples]), i % num_samples]).generate_state(1, dtype=np.uint64)[0]
-        gens.append(torch.Generator(device=device).manual_seed(int(state)))
-    return gens
-
-
 class _SampleStats:
     """Running per-pixel mean and variance of each image's K chains, merged a chunk at a time
     (Chan et al.'s parallel form of Welford's update, in float64; float32 on MPS, which has no
@@ -272,7 +253,7 @@ def restore(
                           noise_sigma=sigma_y, factor=operator.downsampling_factor)
     problem = _Problem.set_up(operator, batch, sigma_y, prior)
     t0 = time.perf_counter()
-    samples, stats, nfe = _run_chains(get_method(method), method, cfg, prior, problem, seeds, num_samples, max_batch,
+    samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
                                       keep_samples, input_device, callback, progress)
     seconds = time.perf_counter() - t0
     return _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
@@ -393,49 +374,39 @@ class _Problem:
         return cls(batch, operator, sigma_y, image_shape, (h, w), gray)
 
 
-def _run_chains(m, method, cfg, prior, problem: _Problem, seeds, num_samples, max_batch, keep_samples, input_device,
+def _run_chains(method, cfg, prior, problem: _Problem, seeds, num_samples, max_batch, keep_samples, input_device,
                 callback, progress):
-    """Run the B * num_samples chains, ``max_batch`` at a time: (the samples clipped to [0, 1]
-    (B * K, C, H, W) on the input's device, or None when only statistics are kept; their running
-    statistics (None for one sample); network calls per chain)."""
+    """Run the B * num_samples chains, ``max_batch`` at a time (:func:`~nfc_dps.samplers.iter_chains`):
+    (the samples clipped to [0, 1] (B * K, C, H, W) on the input's device, or None when only
+    statistics are kept; their running statistics (None for one sample); network calls per chain)."""
     b = problem.batch.shape[0]
     chains = b * num_samples
-    chunk = chains if max_batch is None else min(int(max_batch), chains)
-    starts = range(0, chains, chunk)
+    chunks = 1 if max_batch is None else -(-chains // min(int(max_batch), chains))
     h, w = problem.hw
-    counted = counting(prior)
     bar = None
     if progress:
-        bar = tqdm(total=cfg.steps * len(starts) if cfg.steps else None, desc=method, unit="step", leave=False)
+        bar = tqdm(total=cfg.steps * chunks if cfg.steps else None, desc=method, unit="step", leave=False)
+
+    def step_callback(info: dict[str, Any]) -> None:
+        if bar is not None:
+            bar.update(1)
+        if callback is not None:
+            callback(info)
+
+    measurement = Measurement(problem.operator, problem.batch, problem.sigma_y, (b, *problem.image_shape[1:]))
     parts, nfe = [], None
     stats = _SampleStats(b, num_samples) if num_samples > 1 else None
     try:
-        for lo in starts:
-            hi = min(lo + chunk, chains)
-
-            def step_callback(info: dict[str, Any], span: tuple[int, int] = (lo, hi)) -> None:
-                if bar is not None:
-                    bar.update(1)
-                if callback is not None:
-                    callback({**info, "chains": span})
-
-            before = counted.nfe
-            # chain i restores image i // num_samples: index the measurement, never copy it K times
-            y_part = problem.batch[torch.arange(lo, hi, device=problem.batch.device) // num_samples]
-            gens = chain_generators(seeds, num_samples, lo, hi, device=problem.batch.device)
-            x = m.sample(counted, problem.operator, y_part, problem.sigma_y, (hi - lo, *problem.image_shape[1:]), cfg,
-                         gens, step_callback)
-            nfe = counted.nfe - before if nfe is None else nfe
-            if problem.gray:
-                x = x.mean(1, keepdim=True)
-            if not torch.isfinite(x).all():
-                raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
+        for part in iter_chains(method, prior, measurement, cfg, seeds, num_samples, max_batch,
+                                step_callback if (bar is not None or callback is not None) else None):
+            nfe = part.nfe if nfe is None else nfe
+            x = part.x.mean(1, keepdim=True) if problem.gray else part.x
             x = x[..., :h, :w].to(input_device)
             if stats is not None:
-                stats.add(x, lo)
+                stats.add(x, part.start)
             if stats is None or keep_samples:
                 parts.append(x.clamp(0, 1))
-            del x
+            del x, part
     finally:
         if bar is not None:
             bar.close()

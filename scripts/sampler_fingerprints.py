@@ -27,7 +27,7 @@ from nfc_dps import build_operator
 from nfc_dps.operators import TASKS as REGISTRY
 from nfc_dps.baselines import CLASSICAL_METHODS, NotApplicable, restore_classical
 from nfc_dps.priors.gaussian import GaussianSpectralPrior
-from nfc_dps.samplers import METHODS, get_config
+from nfc_dps.samplers import METHODS, Measurement, get_config, sample_chains
 
 #: every registered task that reads no file
 TASKS = tuple(name for name, task in REGISTRY.items() if not task.reads)
@@ -79,11 +79,9 @@ def fingerprints() -> dict[str, str]:
                         cfg = get_config(method, preset)
                         caps = {f: min(getattr(cfg, f), STEP_CAP) for f in STEP_FIELDS if hasattr(cfg, f)}
                         cfg = get_config(method, preset, **caps)
-                        gens = [torch.Generator().manual_seed(3)]
                         key = f"c{channels}/{task}/{prior_name}/{method}:{preset}"
                         try:
-                            with torch.no_grad():
-                                x = m.sample(prior, op, y, SIGMA_Y, tuple(op.image_shape(y.shape)), cfg, gens, None)
+                            x, _ = sample_chains(method, prior, Measurement(op, y, SIGMA_Y), cfg, seeds=[3])
                         except (ValueError, NotImplementedError) as e:
                             out[key] = f"refused: {type(e).__name__}"
                             continue

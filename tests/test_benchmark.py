@@ -236,9 +236,12 @@ def test_the_oracle_runs_every_registered_sampler(monkeypatch):
     from nfc_dps.samplers import METHODS, Method
 
     monkeypatch.setitem(METHODS, "newcomer", Method(METHODS["ddnm"].sample, METHODS["ddnm"].config_class,
-                                                    METHODS["ddnm"].presets))
+                                                    METHODS["ddnm"].presets, "Newcomer"))
     runs = {label: (method, cfg) for label, method, cfg in oracle_configs(7)}
     assert {"newcomer", "dpir", "ddrm", "dps"} <= set(runs) and "newcomer" in oracle_methods()
+    from nfc_dps.bench.report import oracle_rows
+
+    assert oracle_rows()["newcomer"] == "Newcomer"  # the oracle table lists it: no hand-kept list
     assert all(cfg.nfe == 7 for label, (method, cfg) in runs.items() if method not in ("nfc", "daps"))
 
 

@@ -555,22 +555,25 @@ def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir, capsys):
 
 def _spy_sampler_batches(monkeypatch) -> list[int]:
     """Record the number of chains of every sampler call."""
-    import nfc_dps.api as api
+    import nfc_dps.samplers as samplers
 
     calls: list[int] = []
-    real = api.get_method
+    real = samplers.get_method
 
     def spy(name):
         method = real(name)
 
         class Spy:
-            def sample(self, prior, op, y, *rest):
-                calls.append(y.shape[0])
-                return method.sample(prior, op, y, *rest)
+            def __getattr__(self, name):
+                return getattr(method, name)
+
+            def sample(self, prior, measurement, *rest):
+                calls.append(measurement.y.shape[0])
+                return method.sample(prior, measurement, *rest)
 
         return Spy()
 
-    monkeypatch.setattr(api, "get_method", spy)
+    monkeypatch.setattr(samplers, "get_method", spy)
     return calls
 
 

@@ -67,7 +67,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import image_generators, stable_seed
+from ..api import stable_seed
 from ..conformal import DEFAULT_EPS, EDGE_WEIGHTS, fit_rule, interval
 from ..priors.training_data import HELDOUT_IMAGES
 from ..training.leaves import textured_leaves
@@ -77,7 +77,7 @@ from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
 from ..priors.default import load_prior
 from ..priors.training_data import load_skimage_image
-from ..samplers import METHODS, get_method
+from ..samplers import METHODS, Measurement, get_method, sample_chains
 from .measurements import _center_crop_zoom, measurement
 from .mixture import SETTINGS
 from .runner import Case, Protocol, Row, Table, folder_record, prior_record
@@ -152,15 +152,10 @@ def _stochastic_runs(budget: int, methods: Sequence[str]) -> list[tuple[str, Any
     return out
 
 
-def _run_chains(method: str, cfg: Any, prior, op, y: Tensor, sigma_y: float, k: int, seeds: Sequence[int],
-                device: torch.device) -> Tensor:
+def _chains(method: str, cfg: Any, prior, op, y: Tensor, sigma_y: float, k: int, seeds: Sequence[int]) -> Tensor:
     """(K, B, C, H, W) samples in [0, 1] units (unclipped) of K chains per measurement of y (B, ...)."""
-    b = y.shape[0]
-    shape = (b * k, *op.image_shape(y.shape)[1:])
-    with torch.no_grad():
-        x = get_method(method).sample(prior, op, y.repeat_interleave(k, 0), sigma_y, shape, cfg,
-                                      image_generators(seeds, k, device=device), None)
-    return x.view(b, k, *shape[1:]).transpose(0, 1)
+    x, _ = sample_chains(method, prior, Measurement(op, y, sigma_y), cfg, seeds, num_samples=k)
+    return x.view(y.shape[0], k, *x.shape[1:]).transpose(0, 1)
 
 
 def _oracle_problems(names: Sequence[str], seed: int, device: torch.device, split: str = "test") -> Iterator[tuple]:
@@ -446,8 +441,8 @@ class Calibration(Protocol):
         method, budget, cfg = case.name[1], int(case.name[2]), case.item
         seeds = [stable_seed(seed, "calibration-sampler", name, b) for b in range(truth.shape[0])]
         v_seeds = [stable_seed(seed, "calibration-sampler-validation", name, b) for b in range(v_truth.shape[0])]
-        xs = _run_chains(method, cfg, prior, op, y, sigma_y, k, seeds, self.device).double()
-        v_xs = _run_chains(method, cfg, prior, op, v_y, sigma_y, k, v_seeds, self.device).double()
+        xs = _chains(method, cfg, prior, op, y, sigma_y, k, seeds).double()
+        v_xs = _chains(method, cfg, prior, op, v_y, sigma_y, k, v_seeds).double()
         return (calibration_rows(name, method, budget, xs, truth.double()),
                 conformal_rows(name, method, budget, [v_xs], [v_truth.double()], [xs], [truth.double()], cov,
                                clip=False))
@@ -462,8 +457,7 @@ class Calibration(Protocol):
             for i, (op, truth, y, image) in enumerate(zip(s_ops, s_truths, s_ys, s_names)):
                 # the test split's seeds are those of the local protocol's images (index i)
                 key = (self.spec.seed, "calibration", seed_name(name), i if split == "test" else image)
-                xs = _run_chains(method, case.item, self.prior, op, y, SIGMA_Y, self.k, [stable_seed(*key)],
-                                 self.device).double()
+                xs = _chains(method, case.item, self.prior, op, y, SIGMA_Y, self.k, [stable_seed(*key)]).double()
                 chains[split].append(xs)
                 if split == "test":
                     parts.append(calibration_rows(name, method, budget, xs, truth.double()))

@@ -24,12 +24,12 @@ Per (setting, method, budget), over the measurements (model units for SW and dri
   samples assigned (:meth:`~nfc_dps.priors.GaussianMixturePrior.assign`) to each component;
 * ``sw``: sliced 2-Wasserstein distance (Cardoso et al. 2023) between the K samples and 4K
   exact posterior draws, 256 seeded random directions;
-* ``drift``: per level, RMS of x0_hat (the callback's) minus the exact E[x0 | x_k, y]
+* ``drift``: per level, RMS of the callback's ``denoised`` minus the exact E[x0 | x_k, y]
   (:meth:`~nfc_dps.priors.MixturePosterior.conditional_mean`), x_k the input of the level's
   first denoiser call; summarised as the mean over levels with 1 <= sigma_k < 10 ("early": where
   these images' modes are told apart) and sigma_k < 1 ("late"). Above sigma 10 x0_hat is close
   to the prior mean for every sampler, and the drift there is ~||E[x] - E[x | y]|| for all.
-  What the callback calls x0_hat differs: the denoiser's estimate (NFC, DAPS, DPS, DDRM) or the
+  What the callback calls ``denoised`` differs: the denoiser's estimate (NFC, DAPS, DPS, DDRM) or the
   data-corrected one (DiffPIR, DDNM);
 * coverage (:func:`nfc_dps.metrics.coverage`) of the K-sample std at K = 4 (disjoint groups of
   4) and at all K, with the Student-t value of an exact sampler for Gaussian pixel posteriors.
@@ -54,10 +54,10 @@ from torch import Tensor
 
 from ..priors.base import Prior, PriorWrapper
 from .spec import method_config, MIXTURE_RECORD_KEY
-from ..samplers import METHODS, counting, get_method
+from ..samplers import METHODS, Measurement, get_method, sample_chains
 from ..samplers.nfc import NFCConfig
 from ..metrics import coverage, sliced_wasserstein, expected_coverage
-from ..api import image_generators, stable_seed
+from ..api import stable_seed
 from ..io import atomic_write_text
 from .runner import Case, Protocol, Row, Table, folder_record
 from ..operators import BlurOperator, gaussian_kernel
@@ -289,7 +289,6 @@ class Mixture(Protocol):
         method, cfg = case.item
         size, k, f64 = self.spec.size, self.k, torch.float64
         recorder = _FirstInput(p.prior)
-        counted = counting(recorder)
         levels: list[tuple[float, float]] = []
 
         def callback(info: dict[str, Any]) -> None:
@@ -298,18 +297,15 @@ class Mixture(Protocol):
                 return
             x_k, sigma = first
             target = p.post_rep.conditional_mean(x_k, sigma.to(f64))
-            levels.append((float(sigma[0]), float((info["x0_hat"].detach().to(f64) - target).pow(2).mean().sqrt())))
+            levels.append((float(sigma[0]), float((info["denoised"].detach().to(f64) - target).pow(2).mean().sqrt())))
 
         t0 = time.perf_counter()
         row: Row = {"setting": name, "method": label, "budget": int(budget), "nfe": cfg.nfe}
         try:
-            xr = get_method(method).sample(counted, p.op, p.y.repeat_interleave(k, 0), p.setting.sigma_y,
-                                           (self.n_meas * k, 1, size, size), cfg,
-                                           image_generators(p.seeds, k, device=self.device), callback)
-            if not torch.isfinite(xr).all():
-                raise FloatingPointError("NaN/Inf in the output")
+            xr, nfe = sample_chains(method, recorder, Measurement(p.op, p.y, p.setting.sigma_y, (self.n_meas, 1, size, size)),
+                                    cfg, p.seeds, num_samples=k, callback=callback)
             xs = (2 * xr.to(f64) - 1).view(self.n_meas, k, 1, size, size).transpose(0, 1)
-            row.update(sample_metrics(xs, p.truth, p.post, p.ref, self.dirs), nfe=counted.nfe)
+            row.update(sample_metrics(xs, p.truth, p.post, p.ref, self.dirs), nfe=nfe)
             early = [d for s, d in levels if EARLY_SIGMA[0] <= s < EARLY_SIGMA[1]]
             late = [d for s, d in levels if s < EARLY_SIGMA[0]]
             row["drift_early"] = float(np.mean(early)) if early else None

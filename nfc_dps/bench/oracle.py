@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import image_generators, stable_seed
+from ..api import stable_seed
 from ..baselines import tv_restore, wiener
 from ..io import atomic_write_text
 from ..metrics import mse, psnr, ssim
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianSpectralPrior
-from ..samplers import METHODS, counting, get_config, get_method
+from ..samplers import METHODS, Measurement, get_config, get_method, sample_chains
 from .grid import RESULTS
 from .runner import Case, Protocol, Row, Table, folder_record
 from .tables import fmt, group_rows, is_failed, mean_std, numbers, row_order
@@ -128,12 +128,8 @@ class Oracle(Protocol):
         if case.item is None:
             return CLASSICAL[label](copy.deepcopy(c.op).cpu(), c.y.cpu(), self.spec.sigma_y).to(device), 0
         method, cfg = case.item
-        counted = counting(c.prior)
-        xr = get_method(method).sample(counted, c.op, c.y, self.spec.sigma_y, tuple(c.x.shape), cfg,
-                                       image_generators(self.seeds, 1, device=device), None)
-        if not torch.isfinite(xr).all():
-            raise FloatingPointError("NaN/Inf in the output")
-        return xr, counted.nfe
+        return sample_chains(method, c.prior, Measurement(c.op, c.y, self.spec.sigma_y, tuple(c.x.shape)), cfg,
+                             self.seeds)
 
     def measure(self, c, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
         label, budget = case.name

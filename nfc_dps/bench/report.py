@@ -37,12 +37,13 @@ from .tables import group_rows, load_results, mean_std, numbers
 from .calibration_report import conformal_table, coverage_table, read_calibration_csv
 from .report_scale import scale_table, throughput_table
 from ..priors.report_markdown import prior_table
+from ..samplers import METHODS
 from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
 #: display names, in the order rows are listed (network methods, then the classical answers)
-METHOD_NAMES = {"nfc": "NFC", "daps": "DAPS", "dps": "DPS", "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM",
-                "dpir": "DPIR", "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic"}
+METHOD_NAMES = {**{name: m.display_name for name, m in METHODS.items()},
+                "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic"}
 NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
 CLASSICAL = ("wiener", "tv", "bicubic", "biharmonic")
 DPIR_COLUMNS = ("dpir", "dpir:paper")
@@ -370,11 +371,14 @@ def read_md_table(path: Path) -> list[dict[str, str]]:
     raise ValueError(f"{path}: no '| method |' table")
 
 
-ORACLE_ROWS = {"exact-mmse": "exact posterior mean (MMSE)", "exact-sample": "exact posterior sample",
-               "wiener": "Wiener", "tv": "TV", "daps-iso": "DAPS (isotropic covariance, exact inner step)",
-               "nfc-spec-y": "NFC (spectral covariance fitted to y, exact inner step)",
-               "nfc-fast-fresh": "NFC `fast`", "nfc-fast_psnr-matched": "NFC `fast_psnr`", "dps": "DPS",
-               "diffpir": "DiffPIR", "ddnm": "DDNM+", "ddrm": "DDRM", "dpir": "DPIR"}
+def oracle_rows() -> dict[str, str]:
+    """The oracle table's rows (key -> label): the exact bounds, the classical answers, NFC's and
+    DAPS's variants, then every other registered method under its display name."""
+    return {"exact-mmse": "exact posterior mean (MMSE)", "exact-sample": "exact posterior sample",
+            "wiener": "Wiener", "tv": "TV", "daps-iso": "DAPS (isotropic covariance, exact inner step)",
+            "nfc-spec-y": "NFC (spectral covariance fitted to y, exact inner step)",
+            "nfc-fast-fresh": "NFC `fast`", "nfc-fast_psnr-matched": "NFC `fast_psnr`",
+            **{name: m.display_name for name, m in METHODS.items() if name not in ("nfc", "daps")}}
 
 
 def _bounds(path: Path) -> str:
@@ -390,7 +394,7 @@ def oracle_table(files: Sequence[tuple[str, Path]], link: str) -> str:
     cols = [(title, t, b) for title, t in tabs for b in budgets]
     L = ["| method | " + " | ".join(f"{title}, {b} NFE" for title, _, b in cols) + " |",
          "|---|" + "---|" * len(cols)]
-    for key, label in ORACLE_ROWS.items():
+    for key, label in oracle_rows().items():
         cells = []
         for _, t, b in cols:
             r = t.get((key, str(b))) or t.get((key, "0"))

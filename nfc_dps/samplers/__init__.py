@@ -1,5 +1,6 @@
-"""Posterior samplers. Each is ``sample(prior, operator, y, sigma_y, image_shape, config,
-generators, callback) -> x`` with y, x in [0, 1] units and sigma_y in [0, 1] pixel units.
+"""Posterior samplers. Each is ``sample(prior, measurement, config, generators, callback) -> x``
+with the :class:`~nfc_dps.samplers.chains.Measurement` in [0, 1] units and x (B, C, H, W) in
+[0, 1] units (unclipped). Callers run them through :func:`~nfc_dps.samplers.chains.sample_chains`.
 
 One module per method (nfc: NFC's posterior sampler and DAPS, nfc_continuation: NFC's default
 deterministic continuation, dps, diffpir, ddnm, ddrm, dpir); ``common`` holds the
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from ..overrides import ConfigError, apply_overrides
 
 from . import ddnm, ddrm, diffpir, dpir, dps
+from .chains import Measurement, chain_generators, image_generators, iter_chains, sample_chains
 from .common import CountingPrior, counting
 from .ddnm import DDNMConfig, sample_ddnm
 from .ddrm import DDRMConfig, sample_ddrm
@@ -35,8 +37,12 @@ class Method:
     sample: Callable[..., Any]
     config_class: type
     presets: dict[str, Any]
+    #: the name tables and logs show ("DDNM+")
+    display_name: str
     default_preset: str = "fast"
     fixed_fields: frozenset[str] = frozenset()
+    #: the noise models (``nfc_dps.noise``'s ``kind``) the method's data step takes
+    noise_kinds: frozenset[str] = frozenset({"gaussian"})
     #: why the method cannot restore an operator (None: it can); checked before a run starts
     operator_problem: Callable[[Any], str | None] = lambda operator: None
 
@@ -51,22 +57,22 @@ class Method:
         return tuple(dict.fromkeys([self.config_class, *(type(p) for p in self.presets.values())]))
 
 
-def sample_nfc_method(prior, operator, y, sigma_y, image_shape, config, generators=None, callback=None):
+def sample_nfc_method(prior, measurement, config, generators=None, callback=None):
     """Method ``nfc``: the deterministic continuation for a :class:`ContinuationConfig`, else the
     posterior sampler :func:`sample_nfc`."""
     sample = sample_nfc_continuation if isinstance(config, ContinuationConfig) else sample_nfc
-    return sample(prior, operator, y, sigma_y, image_shape, config, generators, callback)
+    return sample(prior, measurement, config, generators, callback)
 
 
 METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, default_preset="deterministic"),
+    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, "NFC", default_preset="deterministic"),
     # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
-    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, fixed_fields=frozenset({"band", "detail"})),
-    "dps": Method(sample_dps, DPSConfig, dps.PRESETS),
-    "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS),
-    "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS),
-    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, operator_problem=ddrm.operator_problem),
-    "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS),
+    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, "DAPS", fixed_fields=frozenset({"band", "detail"})),
+    "dps": Method(sample_dps, DPSConfig, dps.PRESETS, "DPS"),
+    "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS, "DiffPIR"),
+    "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS, "DDNM+"),
+    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, "DDRM", operator_problem=ddrm.operator_problem),
+    "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS, "DPIR"),
 }
 
 
@@ -123,6 +129,6 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
     return new
 
 
-__all__ = ["METHODS", "Method", "get_method", "get_config", "override_config", "with_preset_hint", "CountingPrior", "counting",
+__all__ = ["METHODS", "Method", "Measurement", "sample_chains", "iter_chains", "image_generators", "chain_generators", "get_method", "get_config", "override_config", "with_preset_hint", "CountingPrior", "counting",
            "NFCConfig", "sample_nfc", "sample_daps", "ContinuationConfig", "sample_nfc_continuation", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
            "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm", "DPIRConfig", "sample_dpir"]

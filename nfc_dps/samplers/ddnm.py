@@ -44,6 +44,7 @@ from ..operators.base import LinearOperator, randn_per_image
 from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
+from .chains import Measurement
 from .common import (StepConfig, Callback, Generators, check_step_settings, counting, ddim_step, schedule_top, sigma_vector,
                      to_image_units, to_model_units)
 
@@ -140,16 +141,14 @@ def scaled_rule(decomposition: Decomposition, residual: Tensor, sigma_next: floa
 
 def sample_ddnm(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: DDNMConfig = DDNMConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """One DDNM+ sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
     image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
@@ -187,5 +186,5 @@ def sample_ddnm(
         else:
             x = ddim_step(x0_c, eps, gamma, cfg.eta**2, generators)
         if callback is not None:
-            callback({"step": i, "sigma": sigma, "x": x, "x0_hat": x0_c, "nfe": prior.nfe})
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_c, "nfe": prior.nfe})
     return to_image_units(x)

@@ -24,6 +24,7 @@ from ..operators.base import LinearOperator, randn_per_image
 from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
+from .chains import Measurement
 from .common import (StepConfig, Callback, Generators, check_step_settings, counting, schedule_top, sigma_vector,
                      to_image_units, to_model_units)
 
@@ -97,15 +98,13 @@ def operator_problem(operator: LinearOperator) -> str | None:
 
 def sample_ddrm(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: DDRMConfig = DDRMConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """One DDRM sample per image (an operator with a decomposition). Units as :func:`~nfc_dps.samplers.ddnm.sample_ddnm`."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
@@ -136,5 +135,5 @@ def sample_ddrm(
         xb_next = torch.where(~observed, missing, torch.where(less_noisy, soft, hard))
         x = basis.V(xb_next)
         if callback is not None:
-            callback({"step": i, "sigma": sigma, "x": x, "x0_hat": x0_hat, "nfe": prior.nfe})
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat, "nfe": prior.nfe})
     return to_image_units(x)

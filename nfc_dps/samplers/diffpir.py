@@ -35,6 +35,7 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
+from .chains import Measurement
 from .common import (StepConfig, Callback, Generators, counting, ddim_step, schedule_top, sigma_vector, to_image_units,
                      to_model_units)
 
@@ -85,16 +86,14 @@ PRESETS = {
 
 def sample_diffpir(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: DiffPIRConfig = DiffPIRConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """One DiffPIR sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
     image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
@@ -111,5 +110,5 @@ def sample_diffpir(
         eps = (x - x0_hat) / sigma
         x = ddim_step(x0_hat, eps, sigma_next, cfg.zeta, generators)
         if callback is not None:
-            callback({"step": i, "sigma": sigma, "x": x, "x0_hat": x0_hat, "nfe": prior.nfe})
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat, "nfe": prior.nfe})
     return to_image_units(x)

@@ -27,6 +27,7 @@ from torch import Tensor
 from ..operators.base import LinearOperator
 from ..priors.base import Prior
 from ..schedules import DPIR_SIGMA_MAX
+from .chains import Measurement
 from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
                      sigma_vector, spectrum_for, to_image_units, to_model_units)
 from .self_ensemble import SelfEnsemblePrior
@@ -111,16 +112,14 @@ def dpir_start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: flo
 
 def sample_dpir(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: DPIRConfig = DPIRConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """DPIR's estimate per image (deterministic; ``generators`` unused). y: (B, C, h, w) in [0, 1];
     sigma_y in [0, 1] units; image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     cfg = config
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
@@ -131,5 +130,5 @@ def sample_dpir(
         x = operator.prox(prob.y, z, prob.sigma, sigma / cfg.lam**0.5)
         z = denoiser.denoise(x, sigma_vector(min(sigma, prior.sigma_max), x))
         if callback is not None:
-            callback({"step": k, "sigma": sigma, "x": x, "x0_hat": z, "nfe": prior.nfe})
+            callback({"i": k, "sigma": sigma, "x": x, "denoised": z, "nfe": prior.nfe})
     return to_image_units(z)

@@ -41,6 +41,7 @@ from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
+from .chains import Measurement
 from .common import (StepConfig, Callback, Generators, counting, schedule_top, sigma_vector, to_image_units,
                      to_model_units)
 
@@ -150,16 +151,14 @@ def dps_guidance(prior: Prior, operator: LinearOperator, y: Tensor, x: Tensor, s
 
 def sample_dps(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: DPSConfig = DPSConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """One DPS sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units (DPS itself
     ignores it); image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
@@ -177,5 +176,5 @@ def sample_dps(
         scale = ((1 + sigma**2) * (1 + sigma_next**2)) ** 0.5  # 1 / (sqrt(abar_t) sqrt(abar_s))
         x = x - cfg.step_size * scale * g
         if callback is not None:
-            callback({"step": i, "sigma": sigma, "x": x, "x0_hat": x0_hat, "nfe": prior.nfe})
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat, "nfe": prior.nfe})
     return to_image_units(x)

@@ -39,6 +39,7 @@ from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import Generators, LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas
+from .chains import Measurement
 from .common import (
     Callback,
     ModelProblem,
@@ -179,16 +180,14 @@ def level_sigmas(cfg: NFCConfig, top: float) -> list[float]:
 
 def sample_nfc(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: NFCConfig = NFCConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
     image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     if not isinstance(config, NFCConfig):
         raise TypeError(f"sample_nfc takes an NFCConfig, got {type(config).__name__} (the deterministic preset's "
                         f"ContinuationConfig runs with sample_nfc_continuation, or as method 'nfc')")
@@ -226,7 +225,7 @@ def sample_nfc(
             with record_function("nfc.renoise"):
                 x = renoise(x0, sigmas[k + 1], prior_var)
         if callback is not None:
-            callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x0, "nfe": prior.nfe})
+            callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x0, "nfe": prior.nfe})
     return to_image_units(x)
 
 
@@ -362,9 +361,9 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     return x
 
 
-def sample_daps(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: tuple[int, ...],
-                config: NFCConfig = NFCConfig(), generators: Generators = None, callback: Callback = None) -> Tensor:
+def sample_daps(prior: Prior, measurement: Measurement, config: NFCConfig = NFCConfig(), generators: Generators = None,
+                callback: Callback = None) -> Tensor:
     """DAPS (Zhang et al. 2025): :func:`sample_nfc` with the band and the Haar commitment off."""
     if not isinstance(config, NFCConfig):
         raise TypeError(f"sample_daps takes an NFCConfig, got {type(config).__name__}")
-    return sample_nfc(prior, operator, y, sigma_y, image_shape, config.as_daps(), generators, callback)
+    return sample_nfc(prior, measurement, config.as_daps(), generators, callback)

@@ -29,6 +29,7 @@ from torch.profiler import record_function
 from ..operators.base import Generators, LinearOperator
 from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
+from .chains import Measurement
 from .common import Callback, StepConfig, check_flag, counting, initial_estimate, pf_ode_predict
 from .common import schedule_top
 from .common import spectrum_for, to_image_units, to_model_units
@@ -105,10 +106,7 @@ def continuation_sigmas(cfg: ContinuationConfig, top: float, sigma_y: float) -> 
 
 def sample_nfc_continuation(
     prior: Prior,
-    operator: LinearOperator,
-    y: Tensor,
-    sigma_y: float,
-    image_shape: tuple[int, ...],
+    measurement: Measurement,
     config: ContinuationConfig = ContinuationConfig(),
     generators: Generators = None,
     callback: Callback = None,
@@ -116,6 +114,7 @@ def sample_nfc_continuation(
     """The continuation's estimate per image (deterministic; ``generators`` unused). y: (B, C, h, w)
     in [0, 1]; sigma_y in [0, 1] units; image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1]
     units (unclipped)."""
+    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     if not isinstance(config, ContinuationConfig):
         raise TypeError(f"sample_nfc_continuation takes a ContinuationConfig, got {type(config).__name__} (the "
                         f"posterior presets' NFCConfig runs with sample_nfc, or as method 'nfc')")
@@ -133,5 +132,5 @@ def sample_nfc_continuation(
         with record_function("nfc.inner_exact"):
             x = operator.prox(prob.y, x0_hat, prob.sigma, (sigma**2 / cfg.prior_weight) ** 0.5)
         if callback is not None:
-            callback({"level": k, "sigma": sigma, "x": x, "x0_hat": x0_hat, "x0": x, "nfe": prior.nfe})
+            callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x, "nfe": prior.nfe})
     return to_image_units(x)

@@ -1,0 +1,142 @@
+"""The one chain driver: a measurement object and the function that runs a method's chains on it.
+
+Every caller that samples (``restore``, the benchmark protocols) goes through
+:func:`sample_chains` / :func:`iter_chains`, which own what each used to do for itself: counting
+network calls, one seeded generator per chain, chunking by ``max_batch``, the NaN/Inf check and
+the callback. Samplers are ``sample(prior, measurement, config, generators, callback) -> x``.
+
+Chain order is image-major: chain ``i`` restores image ``i // num_samples`` and is its sample
+``i % num_samples``; its generator is seeded by ``(seeds[i // num_samples], i % num_samples)``,
+so a chain's draw depends neither on the batch nor on ``max_batch``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..noise import GaussianNoise, as_noise
+from ..operators.base import LinearOperator
+from .common import counting
+
+#: called after every sampler step with ``{"i", "sigma", "x", "denoised", "nfe", "chains"}``
+#: (model units; ``chains`` is the (start, stop) range of the chunk); NFC adds ``x0``, its
+#: committed estimate
+ChainCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a sampler restores: ``y = operator(x) + noise``.
+
+    operator: the forward map; y: (B, C, h, w) in [0, 1]; noise: a noise model
+    (:mod:`nfc_dps.noise`; a number is a Gaussian std in [0, 1] pixel units); image_shape:
+    (B, C, H, W) of the unknown images (default: what the operator gives for y).
+    """
+
+    operator: LinearOperator
+    y: Tensor
+    noise: Any = 0.0
+    image_shape: tuple[int, ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise", as_noise(self.noise))
+        shape = self.operator.image_shape(self.y.shape) if self.image_shape is None else self.image_shape
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 4 or shape[0] != self.y.shape[0]:
+            raise ValueError(f"Measurement: image_shape must be (B, C, H, W) with B = {self.y.shape[0]} "
+                             f"(the measurement's batch), got {shape}")
+        object.__setattr__(self, "image_shape", shape)
+
+    @property
+    def sigma_y(self) -> float:
+        """The Gaussian noise std ([0, 1] pixel units) of a Gaussian measurement."""
+        if not isinstance(self.noise, GaussianNoise):
+            raise ValueError(f"this sampler needs Gaussian noise, got {self.noise}")
+        return self.noise.sigma
+
+    def chains(self, index: Tensor) -> "Measurement":
+        """The measurement of the chains whose images are ``index`` (a (n,) long tensor): y indexed,
+        never copied per sample."""
+        return Measurement(self.operator, self.y[index], self.noise, (int(index.numel()), *self.image_shape[1:]))
+
+
+def image_generators(seeds: Sequence[int], num_samples: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """One generator per (image, sample), seeded from (seed_b, j): independent of batch layout.
+
+    Order: image-major, i.e. index b * num_samples + j.
+    """
+    return chain_generators(seeds, num_samples, 0, len(seeds) * num_samples, device)
+
+
+def chain_generators(seeds: Sequence[int], num_samples: int, lo: int, hi: int,
+                     device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """The generators of chains ``lo .. hi - 1`` of :func:`image_generators` (chain i: image
+    i // num_samples, sample i % num_samples), made without the others'."""
+    gens = []
+    for i in range(lo, hi):
+        state = np.random.SeedSequence([int(seeds[i // num_samples]), i % num_samples]).generate_state(1, dtype=np.uint64)[0]
+        gens.append(torch.Generator(device=device).manual_seed(int(state)))
+    return gens
+
+
+@dataclass
+class ChainChunk:
+    """Chains ``start .. stop - 1``: x (stop - start, C, H, W) in [0, 1] units (unclipped), and the
+    network calls each chain made."""
+
+    start: int
+    stop: int
+    x: Tensor
+    nfe: int
+
+
+def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, seeds: Sequence[int],
+                num_samples: int = 1, max_batch: int | None = None,
+                callback: ChainCallback | None = None) -> Iterator[ChainChunk]:
+    """Run ``len(seeds) * num_samples`` chains of ``method``, ``max_batch`` at a time (None: all at
+    once), yielding each chunk as it finishes. ``seeds``: one int per image of the measurement.
+    The network runs without gradients (a method that differentiates through it turns them on for
+    its own step): results never carry a graph. A chunk with NaN or Inf is a FloatingPointError
+    naming the method."""
+    from . import get_method  # the registry imports every sampler, this module included
+
+    m = get_method(method)
+    if measurement.noise.kind not in m.noise_kinds:
+        raise ValueError(f"{method} takes {' or '.join(sorted(m.noise_kinds))} noise, not {measurement.noise}")
+    sample = m.sample
+    b = measurement.y.shape[0]
+    if len(seeds) != b:
+        raise ValueError(f"got {len(seeds)} seeds for a measurement of {b} images")
+    chains = b * num_samples
+    chunk = chains if max_batch is None else min(int(max_batch), chains)
+    counted = counting(prior)
+    device = measurement.y.device
+    for lo in range(0, chains, chunk):
+        hi = min(lo + chunk, chains)
+
+        def step(info: dict[str, Any], span: tuple[int, int] = (lo, hi)) -> None:
+            callback({**info, "chains": span})
+
+        before = counted.nfe
+        part = measurement.chains(torch.arange(lo, hi, device=device) // num_samples)
+        with torch.no_grad():  # a method that differentiates (DPS) turns gradients on for its own step
+            x = sample(counted, part, config, chain_generators(seeds, num_samples, lo, hi, device=device),
+                       None if callback is None else step)
+        if not torch.isfinite(x).all():
+            raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
+        yield ChainChunk(lo, hi, x, counted.nfe - before)
+
+
+def sample_chains(method: str, prior: Any, measurement: Measurement, config: Any, seeds: Sequence[int],
+                  num_samples: int = 1, max_batch: int | None = None,
+                  callback: ChainCallback | None = None) -> tuple[Tensor, int]:
+    """All chains of :func:`iter_chains` at once: (x (B * num_samples, C, H, W) in [0, 1] units,
+    unclipped, image-major; network calls per chain)."""
+    parts = list(iter_chains(method, prior, measurement, config, seeds, num_samples, max_batch, callback))
+    x = parts[0].x if len(parts) == 1 else torch.cat([p.x for p in parts])
+    return x, parts[0].nfe
