@@ -16,9 +16,10 @@ Network wrappers (``EpsilonDenoiser``, ``EDMDenoiser``) adapt a raw network once
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +36,20 @@ def as_sigma_tensor(sigma: float | Tensor, x: Tensor) -> Tensor:
     if sigma.shape != (x.shape[0],):
         raise ValueError(f"sigma must be a scalar or have shape ({x.shape[0]},), got {tuple(sigma.shape)}")
     return sigma
+
+
+def network_grad(x: Tensor, network: object = None) -> ContextManager:
+    """The autograd context of one network call on ``x``: gradients only where a caller needs
+    them, ``torch.no_grad()`` otherwise.
+
+    Gradients stay on when autograd is enabled and ``x`` requires grad (DPS differentiates the
+    network's output with respect to its input), or when ``network`` is an ``nn.Module`` in
+    training mode (a training loop differentiates with respect to its weights); a network in
+    ``.eval()`` or a plain function called by a sampler builds no graph and keeps no activations.
+    """
+    if torch.is_grad_enabled() and (x.requires_grad or (isinstance(network, nn.Module) and network.training)):
+        return contextlib.nullcontext()
+    return torch.no_grad()
 
 
 def prior_device(prior: nn.Module) -> torch.device | None:
@@ -156,7 +171,8 @@ class EDMDenoiser(Prior):
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
         c_skip, c_out, c_in = (c.view(-1, 1, 1, 1) for c in self.scalings(sigma))
-        out = self.network(x * c_in, self.c_noise(sigma))
+        with network_grad(x, self.network):
+            out = self.network(x * c_in, self.c_noise(sigma))
         return c_skip * x + c_out * out[:, : self.channels]
 
 
@@ -211,7 +227,8 @@ class EpsilonDenoiser(Prior):
         s = sigma.view(-1, 1, 1, 1).to(x.dtype)
         alpha = 1.0 / (1.0 + s**2).sqrt()  # sqrt(alphā_t)
         x_t = x * alpha
-        out = self.network(x_t, self.sigma_to_t(sigma))[:, : self.channels]
+        with network_grad(x, self.network):
+            out = self.network(x_t, self.sigma_to_t(sigma))[:, : self.channels]
         return prediction_to_x0(out, x_t, alpha, s * alpha, self.prediction_type)
 
 

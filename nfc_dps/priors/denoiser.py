@@ -15,7 +15,7 @@ from typing import Callable
 
 from torch import Tensor
 
-from .base import Prior
+from .base import Prior, network_grad
 
 
 class DenoiserPrior(Prior):
@@ -35,6 +35,8 @@ class DenoiserPrior(Prior):
             is a diffusion model's denoiser whose ``sigma_max`` drowns the image.
 
     ``sigma_min`` / ``sigma_max`` are stored in model units (twice the arguments), as every prior's.
+    ``fn`` runs under ``torch.no_grad()`` unless autograd is on and its input requires grad (DPS
+    differentiates through it): a sampler's call builds no graph.
     """
 
     def __init__(self, fn: Callable[[Tensor, Tensor], Tensor], sigma_max: float, channels: int = 3,
@@ -64,7 +66,8 @@ class DenoiserPrior(Prior):
         s = sigma.to(x.dtype) / 2
         if self._floor > 0:
             s = s.clamp_min(self._floor)
-        out = self.fn((x + 1) / 2, s)
+        with network_grad(x):  # no graph unless the caller differentiates with respect to x (DPS)
+            out = self.fn((x + 1) / 2, s)
         if tuple(out.shape) != tuple(x.shape):
             raise ValueError(f"the denoiser returned shape {tuple(out.shape)} for an input of shape {tuple(x.shape)}")
         return 2 * out - 1
