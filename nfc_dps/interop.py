@@ -41,6 +41,31 @@ def _device_of(module: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def _dtype_of(module: Any) -> torch.dtype:
+    """The dtype of ``module``'s first floating-point parameter or buffer (torch's default when it
+    holds none)."""
+    if isinstance(module, nn.Module):
+        for t in itertools.chain(module.parameters(), module.buffers()):
+            if t.is_floating_point():
+                return t.dtype
+    return torch.get_default_dtype()
+
+
+def _inpainting_mask(physics: Any) -> Tensor | None:
+    """The (H, W) 0/1 pixel mask of deepinv's ``Inpainting`` (duck-typed: the class name and a
+    ``mask`` tensor of 0s and 1s, shaped (..., H, W) with every leading index alike), else None."""
+    if type(physics).__name__ != "Inpainting":
+        return None
+    mask = getattr(physics, "mask", None)
+    if not isinstance(mask, Tensor) or mask.ndim < 2 or mask.is_complex() or mask.numel() == 0:
+        return None
+    mask = mask.detach()
+    flat = mask.reshape(-1, *mask.shape[-2:])
+    if not bool(((flat == 0) | (flat == 1)).all()) or not bool((flat == flat[:1]).all()):
+        return None
+    return flat[0].to(torch.float32)
+
+
 def _noise_sigma(physics: Any) -> float | Tensor | None:
     """``physics.noise_model.sigma`` as a float (or a (B,) tensor when it differs per image), None
     when the physics has no Gaussian sigma."""
@@ -69,6 +94,11 @@ class PhysicsOperator(LinearOperator):
     Measurements that are not (B, C, h, w) (compressed sensing's (B, m)) are seen as
     (B, 1, n, 1), n their number of values per image: :meth:`as_measurement` turns the physics'
     y into that, and ``A_adjoint`` gives the physics such a y in its own shape.
+
+    deepinv's ``Inpainting`` (a ``mask`` of 0s and 1s, the same for every channel) is of family
+    "inpaint" with that mask as its ``pixel_mask()``; any other physics is of family "other".
+    ``dtype``: the physics' own (its first floating-point parameter or buffer's, else torch's
+    default), what the classical baselines call it in.
     """
 
     name = "deepinv"
@@ -82,11 +112,23 @@ class PhysicsOperator(LinearOperator):
         self.physics = physics
         self.sigma_y = _noise_sigma(physics)
         self.decomposable = all(hasattr(physics, p) for p in SVD_PARTS)
+        self._pixel_mask = _inpainting_mask(physics)
+        if self._pixel_mask is not None:
+            self.family = "inpaint"
         self._shapes: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
         self._native: tuple[int, ...] | None = None  # one measurement's shape, when it is not (C, h, w)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "physics": type(self.physics).__name__, "decomposable": self.decomposable}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The physics' dtype (see the class docstring)."""
+        return _dtype_of(self.physics)
+
+    def pixel_mask(self) -> Tensor | None:
+        """The (H, W) float32 0/1 mask of an inpainting physics (1 = observed), else None."""
+        return self._pixel_mask
 
     def as_measurement(self, y: Tensor) -> Tensor:
         """The physics' measurement y (B, ...) as this operator's (B, C, h, w): itself when it has
@@ -181,12 +223,26 @@ def from_deepinv_physics(physics: Any) -> PhysicsOperator:
     return PhysicsOperator(physics)
 
 
+#: deepinv denoisers whose second argument is a regularisation weight or threshold, not a noise std
+THRESHOLD_DENOISERS = ("TVDenoiser", "TGVDenoiser", "WaveletDenoiser", "WaveletDictDenoiser")
+
+
 def from_deepinv_denoiser(model: Any, sigma_max: float, channels: int | None = None, sigma_min: float = 0.0,
                           size_multiple: int = 1) -> DenoiserPrior:
     """A deepinv-style denoiser ``model(x, sigma)`` (x (B, C, H, W) in [0, 1], sigma (B,) in [0,
     1] units -> the clean estimate in [0, 1]) as a :class:`~nfc_dps.priors.DenoiserPrior`
     valid up to ``sigma_max`` ([0, 1] units). ``channels``: None reads ``model.in_channels``
-    when it has one, else 3. ``size_multiple``: what H and W must be multiples of (DRUNet: 8)."""
+    when it has one, else 3. ``size_multiple``: what H and W must be multiples of (DRUNet: 8).
+
+    deepinv's TV, TGV and wavelet denoisers (:data:`THRESHOLD_DENOISERS`, by class name) take a
+    regularisation threshold, not a noise std, and are refused (ValueError): wrap one in a function
+    that maps the std to its threshold, ``DenoiserPrior(lambda x, sigma: model(x, rule(sigma)), ...)``."""
+    threshold = next((c.__name__ for c in type(model).__mro__ if c.__name__ in THRESHOLD_DENOISERS), None)
+    if threshold is not None:
+        raise ValueError(f"model is deepinv's {threshold} ({type(model).__name__}), whose second argument is a "
+                         f"regularisation threshold, not the noise std that from_deepinv_denoiser would pass it; "
+                         f"wrap it with your own rule from std to threshold: "
+                         f"DenoiserPrior(lambda x, sigma: model(x, rule(sigma)), sigma_max)")
     if channels is None:
         found = getattr(model, "in_channels", None)
         channels = found if isinstance(found, int) and not isinstance(found, bool) else 3

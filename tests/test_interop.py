@@ -147,11 +147,12 @@ def test_diffusion_priors_keep_the_capped_schedule():
 
 
 def test_a_denoiser_whose_range_covers_the_schedule_runs_any_method():
-    """The refusal is about the range, not the type: a denoiser-only prior up to sigma 100 runs DAPS."""
+    """The refusal is about the range, not the type: a denoiser-only prior up to sigma 1 ([0, 1]
+    units, 2 in model units) runs DAPS started at that level."""
     x, op, y, sigma_y = blur_problem()
-    wide = DenoiserPrior(smoothing_denoiser, 100.0)
+    wide = DenoiserPrior(smoothing_denoiser, 1.0)
     out = restore(y, op, wide, method="daps", sigma_y=sigma_y, progress=False, num_levels=2, ode_steps=1,
-                  langevin_steps=2)
+                  langevin_steps=2, sigma_max=2.0)
     assert torch.isfinite(out.image).all()
 
 
@@ -381,6 +382,100 @@ def test_deepinv_solver_checks_its_settings_up_front():
         DeepinvSolver(FakeDenoiser())
     with pytest.raises(ValueError, match="denoiser only"):
         DeepinvSolver(prior, method="daps")(torch.rand(1, 3, 16, 16), FakeBlurPhysics())
+
+
+class Inpainting(nn.Module):
+    """deepinv's Inpainting shape (the class name matters): a 0/1 ``mask`` parameter (1, C, H, W),
+    the same for every channel unless ``per_channel``; A = mask * x, decomposable with U = V = I."""
+
+    def __init__(self, shape=(3, 16, 16), sigma=0.01, per_channel=False):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        mask = (torch.rand(shape if per_channel else shape[1:], generator=gen) > 0.6).float().expand(shape)
+        self.mask = nn.Parameter(mask.clone()[None], requires_grad=False)
+        self.noise_model = GaussianNoise(sigma)
+
+    def A(self, x):
+        return self.mask * x
+
+    def A_adjoint(self, y):
+        return self.mask * y
+
+    def U(self, c):
+        return c
+
+    def U_adjoint(self, c):
+        return c
+
+    def V(self, c):
+        return c
+
+    def V_adjoint(self, c):
+        return c
+
+
+def test_a_deepinv_inpainting_physics_is_inpainting():
+    """Its family and pixel mask are the built-in operator's: DPIR through DeepinvSolver starts
+    from the interpolation of the observed pixels and gives the built-in's restoration."""
+    from nfc_dps.operators import Inpainting as BuiltinInpainting
+
+    physics = Inpainting()
+    op = from_deepinv_physics(physics)
+    assert op.family == "inpaint"
+    torch.testing.assert_close(op.pixel_mask(), physics.mask[0, 0])
+    x = image(16, 16)
+    y = physics.A(x) + 0.01 * physics.mask * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    out = DeepinvSolver(from_deepinv_denoiser(FakeDenoiser(), SIGMA_MAX), method="dpir")(y, physics)
+    builtin = restore(y, BuiltinInpainting(physics.mask[0, 0]), DenoiserPrior(smoothing_denoiser, SIGMA_MAX),
+                      method="dpir", sigma_y=0.01, progress=False)
+    torch.testing.assert_close(out, builtin.image, rtol=0, atol=1e-5)
+    # a mask that differs between channels is no pixel mask; another class name is no inpainting
+    assert from_deepinv_physics(Inpainting(per_channel=True)).family == "other"
+    assert from_deepinv_physics(FakeBlurPhysics()).family == "other"
+    assert from_deepinv_physics(FakeBlurPhysics()).pixel_mask() is None
+
+
+class TVDenoiser(nn.Module):
+    """deepinv's TVDenoiser shape: ``forward(y, ths)``, a regularisation weight."""
+
+    def forward(self, y, ths):
+        return smoothing_denoiser(y, ths)
+
+
+class WaveletDenoiser(TVDenoiser):
+    """deepinv's WaveletDenoiser shape: ``forward(x, ths)``, a wavelet threshold."""
+
+
+class MyTV(TVDenoiser):
+    """A user's subclass of it."""
+
+
+@pytest.mark.parametrize("model", [TVDenoiser(), WaveletDenoiser(), MyTV()])
+def test_from_deepinv_denoiser_refuses_threshold_denoisers(model):
+    with pytest.raises(ValueError, match=r"(TVDenoiser|WaveletDenoiser) .*threshold, not the noise std"):
+        from_deepinv_denoiser(model, SIGMA_MAX)
+    # the refusal's own way out: a function from the std to the threshold
+    prior = DenoiserPrior(lambda x, sigma: model(x, 0.5 * sigma), SIGMA_MAX)
+    assert prior(torch.zeros(1, 3, 8, 8), torch.tensor([0.2])).shape == (1, 3, 8, 8)
+
+
+@pytest.mark.parametrize("sigma_max", [75, 50.0, torch.tensor(75.0)])
+def test_a_denoisers_sigma_max_in_0_255_units_is_refused(sigma_max):
+    with pytest.raises(ValueError, match=r"sigma_max must be in \(0, 1\].*got 75|sigma_max must be in \(0, 1\].*got 50"):
+        DenoiserPrior(smoothing_denoiser, sigma_max)
+    with pytest.raises(ValueError, match="divide by 255"):
+        from_deepinv_denoiser(FakeDenoiser(), sigma_max)
+    assert DenoiserPrior(smoothing_denoiser, sigma_max, denoiser_only=False).sigma_max == 2 * float(sigma_max)
+
+
+def test_a_0d_tensor_sigma_max_is_a_number():
+    prior = DenoiserPrior(smoothing_denoiser, torch.tensor(SIGMA_MAX), sigma_min=torch.tensor(0.01))
+    assert type(prior.sigma_max) is float and prior.sigma_max == pytest.approx(2 * SIGMA_MAX)
+    assert type(prior.sigma_min) is float and prior.sigma_min == pytest.approx(0.02)
+    assert "0.196" in repr(prior)
+    x, op, y, sigma_y = blur_problem()
+    out = restore(y, op, prior, method="dpir", sigma_y=sigma_y, progress=False)
+    assert mse(out.image, x) < mse(y, x)
 
 
 # ---------------------------------------------------------------- --prior module:function

@@ -17,6 +17,17 @@ from torch import Tensor
 
 from .base import Prior, network_grad
 
+#: the largest ``sigma_max`` ([0, 1] units) of a denoiser-only prior: a noise std beyond the image
+#: range is a diffusion model's (``denoiser_only=False``) or a value in 0-255 units
+DENOISER_SIGMA_LIMIT = 1.0
+
+
+def _as_number(value: object) -> object:
+    """A one-value tensor (a 0-d ``sigma_max``) as a Python float; anything else as given."""
+    if isinstance(value, Tensor) and value.numel() == 1 and value.is_floating_point():
+        return float(value.detach().reshape(()))
+    return value
+
 
 class DenoiserPrior(Prior):
     """A Gaussian denoiser ``fn(x, sigma) -> x_hat`` as a prior.
@@ -26,7 +37,8 @@ class DenoiserPrior(Prior):
             noise std in [0, 1] units -> (B, C, H, W) estimate of the clean image in [0, 1]
             units. An ``nn.Module`` becomes a submodule (``.to(device)`` moves it).
         sigma_max: the largest noise std ``fn`` handles, [0, 1] units (DRUNet: 50/255; DPIR's
-            first level is 49/255).
+            first level is 49/255): a number or a one-value tensor, at most 1 for a denoiser
+            (``denoiser_only``).
         channels: image channels of ``fn``.
         sigma_min: ``fn`` is never called below this std ([0, 1] units; lower levels are
             raised to it); 0 = no floor.
@@ -44,12 +56,17 @@ class DenoiserPrior(Prior):
         super().__init__()
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(x, sigma), got {type(fn).__name__}")
+        sigma_max, sigma_min = _as_number(sigma_max), _as_number(sigma_min)
         for name, value in (("sigma_max", sigma_max), ("sigma_min", sigma_min)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number ([0, 1] units: 49/255 = 0.192), got {value!r}")
         if not 0 <= sigma_min < sigma_max:
             raise ValueError(f"need 0 <= sigma_min < sigma_max ([0, 1] units), got sigma_min={sigma_min!r}, "
                              f"sigma_max={sigma_max!r}")
+        if denoiser_only is True and sigma_max > DENOISER_SIGMA_LIMIT:
+            raise ValueError(f"sigma_max must be in (0, {DENOISER_SIGMA_LIMIT:g}] for a denoiser ([0, 1] units: "
+                             f"50/255 = 0.196), got {sigma_max:g} (in 0-255 units? divide by 255; a diffusion "
+                             f"model's denoiser, whose noise drowns the image, passes denoiser_only=False)")
         for name, value in (("channels", channels), ("size_multiple", size_multiple)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
