@@ -21,7 +21,9 @@ result is clipped to [0, 1]. A baseline that does not apply to an operator raise
   min_x ||A x - y||^2 / 2 + lam TV(x), by FISTA (accelerated proximal gradient) with
   scikit-image's Chambolle TV denoiser as the proximal step (weight = lam * step; scikit-image
   denoises each colour channel on its own: channel-wise, not vectorial, TV), step 1/L with
-  L = ||A^T A|| from power iterations, 100 iterations.
+  L = ||A^T A|| from power iterations, 100 iterations. The iterates are float64; ``A`` and its
+  adjoint are called in the operator's own dtype (:func:`operator_dtype`: a user's function or
+  deepinv physics computes in float32) and their results taken back to float64.
   lam = c_family * sigma_y (:data:`TV_LAMBDA_PER_SIGMA`), floored at 1e-4 for noiseless data.
   The constants were calibrated once on TRAINING images only (see :func:`calibrate_tv`; the
   held-out evaluation images were never used).
@@ -50,7 +52,7 @@ from .priors.training_data import HELDOUT_IMAGES, load_skimage_image
 __all__ = [
     "CLASSICAL_METHODS", "NotApplicable", "applicable", "restore_classical", "wiener", "tv_restore",
     "bicubic_upsample", "biharmonic_inpaint", "fit_measurement_spectrum", "tv_lambda", "operator_family",
-    "TV_LAMBDA_PER_SIGMA", "calibrate_tv",
+    "TV_LAMBDA_PER_SIGMA", "calibrate_tv", "operator_dtype",
 ]
 
 CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
@@ -234,6 +236,39 @@ def _cg_wiener(operator: LinearOperator, y: Tensor, sigma_y: float, iters: int, 
 
 # --------------------------------------------------------------------------------- TV
 
+def operator_dtype(operator: LinearOperator) -> torch.dtype:
+    """The floating dtype the solvers here call ``operator.A`` / ``A_adjoint`` in: the operator's
+    declared ``dtype`` where it has one (a :class:`~nfc_dps.operators.FunctionOperator`'s, a
+    deepinv physics' :class:`~nfc_dps.interop.PhysicsOperator`'s), a wrapper's ``inner``
+    operator's, else float64 (the built-in operators compute in their input's dtype)."""
+    seen = 0
+    while operator is not None and seen < 16:  # a chain of wrappers (CroppedOperator.inner)
+        declared = getattr(operator, "dtype", None)
+        if isinstance(declared, torch.dtype) and declared.is_floating_point:
+            return declared
+        operator, seen = getattr(operator, "inner", None), seen + 1
+    return torch.float64
+
+
+class _InDtype:
+    """``operator`` seen by a float64 solver: its inputs cast to ``dtype`` (the operator's own),
+    its outputs back to float64; the rest of its interface as is."""
+
+    def __init__(self, operator: LinearOperator, dtype: torch.dtype) -> None:
+        self.operator, self.dtype = operator, dtype
+
+    def A(self, x: Tensor) -> Tensor:
+        return self.operator.A(x.to(self.dtype)).to(torch.float64)
+
+    def A_adjoint(self, y: Tensor) -> Tensor:
+        return self.operator.A_adjoint(y.to(self.dtype)).to(torch.float64)
+
+    def __getattr__(self, name: str):
+        if name == "operator":  # not set yet
+            raise AttributeError(name)
+        return getattr(self.operator, name)
+
+
 def tv_lambda(operator: LinearOperator, sigma_y: float) -> float:
     """The calibrated rule lam = c_family * sigma_y (floored at 1e-4), [0, 1] units."""
     return max(TV_LAMBDA_PER_SIGMA[operator_family(operator)] * float(sigma_y), TV_LAMBDA_FLOOR)
@@ -290,6 +325,7 @@ def tv_restore(operator: LinearOperator, y: Tensor, sigma_y: float, lam: float |
     """FISTA on ||A x - y||^2 / 2 + lam TV(x) (see module doc); lam defaults to :func:`tv_lambda`."""
     lam = tv_lambda(operator, sigma_y) if lam is None else float(lam)
     y64 = y.double().cpu()
+    operator = _InDtype(operator, operator_dtype(operator))
     shape = operator.image_shape(y.shape)
     step = 1.0 / _operator_norm2(operator, shape)
     x = _initial_guess(operator, y64)

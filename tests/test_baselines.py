@@ -146,3 +146,50 @@ def test_unknown_baseline_and_bad_sigma():
 def test_tv_applies_to_every_operator_family():
     for op in (Denoising(), SuperResolution(2), Inpainting(np.ones((8, 8))), BlurOperator(gaussian_kernel(3, 1.0))):
         assert B.applicable("tv", op) is None
+
+
+def _float32_circular_blur(kernel: torch.Tensor, channels: int = 3):
+    """A circular blur as a user writes it: ``F.conv2d`` with a float32 kernel (float32 input only)."""
+    import torch.nn.functional as F
+
+    kh, kw = kernel.shape
+    weight = kernel.float().expand(channels, 1, kh, kw).contiguous()
+    return lambda x: F.conv2d(F.pad(x, (kw // 2, kw // 2, kh // 2, kh // 2), mode="circular"), weight, groups=channels)
+
+
+def test_tv_calls_a_float32_function_operator_and_physics_in_float32():
+    """A FunctionOperator with float32 constants and a deepinv-style physics with a float32 filter
+    (which fail on float64 input): TV calls them in their own dtype and gives the built-in
+    operator's restoration."""
+    from torch import nn
+
+    from nfc_dps.interop import from_deepinv_physics
+    from nfc_dps.operators import FunctionOperator
+
+    k = gaussian_kernel(5, 1.0)
+    conv = _float32_circular_blur(k)
+
+    class Blur(nn.Module):  # deepinv's Blur shape: a float32 filter buffer
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("filter", k.float()[None, None])
+
+        def A(self, x):
+            return conv(x)
+
+        def A_adjoint(self, y):
+            return conv(y)  # a symmetric kernel
+
+    x = smooth_image(32).float()
+    builtin = BlurOperator(k, "circular")
+    y = builtin.measure(x, 0.02, torch.Generator().manual_seed(0))
+    ref = B.restore_classical("tv", builtin, y, 0.02)
+    function_op = FunctionOperator(conv, (3, 32, 32), (3, 32, 32))
+    physics_op = from_deepinv_physics(Blur())
+    for op in (function_op, physics_op):
+        out = B.restore_classical("tv", op, y, 0.02)
+        assert out.dtype == y.dtype
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)  # the float64 iterates keep the numerics
+        assert mse(out, x) < 0.5 * mse(y, x)
+    assert B.operator_dtype(function_op) == B.operator_dtype(physics_op) == torch.float32
+    assert B.operator_dtype(builtin) == torch.float64

@@ -37,7 +37,8 @@ class FunctionOperator(LinearOperator):
             is one of the built-in kinds; for "inpaint" NFC's default preset starts lower and DPIR
             starts from an interpolation of the observed pixels).
         device, dtype: where and in which precision the construction check runs (``A``'s; dtype
-            None: torch's default).
+            None: torch's default). ``dtype`` stays the operator's ``dtype``: the classical
+            baselines call ``A`` in it.
 
     The pseudo-inverse and the proximal solve are the base class's conjugate gradients. On
     construction ``A`` is applied once to zeros of ``image_shape`` (its output shape must be
@@ -62,7 +63,8 @@ class FunctionOperator(LinearOperator):
         self.image_dims = _shape(image_shape, "image_shape")
         self.measurement_dims = _shape(measurement_shape, "measurement_shape")
         self.name, self.family = str(name), family
-        self._check(torch.device(device), dtype or torch.get_default_dtype())
+        self.dtype = dtype or torch.get_default_dtype()  # A's precision
+        self._check(torch.device(device), self.dtype)
 
     def _check(self, device: torch.device, dtype: torch.dtype) -> None:
         """A's output shape on zeros; a given adjoint against A on one random pair."""
