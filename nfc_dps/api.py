@@ -32,7 +32,7 @@ from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
 from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 from .priors.default import load_prior
-from .config import _validate_overrides
+from .config import validate_overrides
 from .conformal import load_calibration, prior_fingerprint
 
 
@@ -267,7 +267,7 @@ def _resolved_config(method: str, preset: str | None, config: Any | None, overri
     m = get_method(method)
     if overrides:  # checked against the fields of the preset (or of a preset of config's class)
         named = preset if config is None else next((p for p, c in m.presets.items() if type(c) is type(config)), None)
-        overrides = _validate_overrides(method, named, overrides, {k: f"restore({k}=...)" for k in overrides})
+        overrides = validate_overrides(method, named, overrides, {k: f"restore({k}=...)" for k in overrides})
     cfg = get_config(method, preset, **overrides) if config is None else override_config(method, config, **overrides)
     if num_samples > 1 and cfg.is_deterministic:
         raise ValueError(f"num_samples={num_samples}: this {method} config is deterministic (every sample would be "

@@ -236,7 +236,7 @@ def _source(key: str | None, provenance: Mapping[str, str]) -> str:
     return ", ".join(inside) or "sampler config"
 
 
-def _validate_overrides(method: str, preset: str | None, overrides: Mapping[str, Any],
+def validate_overrides(method: str, preset: str | None, overrides: Mapping[str, Any],
                         provenance: Mapping[str, str]) -> dict[str, Any]:
     """``overrides`` of ``method``'s config coerced to the field types (flat dotted keys), a
     ConfigError prefixed with where its key came from (``provenance``). The fields are those of the
@@ -306,7 +306,7 @@ class SamplerSpec:
         """Check the method, the preset and each override's key and type (their values' ranges
         are the config class's to check, in :meth:`resolve`); ConfigError naming the file or flag
         and the key."""
-        _validate_overrides(self.method, self._checked_preset(), self.overrides, self.provenance)
+        validate_overrides(self.method, self._checked_preset(), self.overrides, self.provenance)
 
     def resolve(self) -> ResolvedSampler:
         """The method's config: the preset with the overrides applied (:func:`get_config`, the one

@@ -1,4 +1,4 @@
-"""``nfc-dps prior-report`` (nfc_dps.priors.report): the training step it labels a prior with, and
+"""``nfc-dps prior-report`` (nfc_dps.bench.prior_report): the training step it labels a prior with, and
 a run on a gray untiled prior."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nfc_dps.cli import main
-from nfc_dps.priors import report
+from nfc_dps.bench import prior_report as report
 
 pytestmark = pytest.mark.slow  # runs the report on a network prior
 

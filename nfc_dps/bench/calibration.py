@@ -77,7 +77,7 @@ from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
 from ..priors.default import load_prior
 from ..priors.training_data import load_skimage_image
-from ..samplers import METHODS, Measurement, get_method, sample_chains
+from ..samplers import METHODS, Measurement, sample_chains
 from .measurements import _center_crop_zoom, measurement
 from .mixture import SETTINGS
 from .runner import Case, Protocol, Row, Table, folder_record, prior_record

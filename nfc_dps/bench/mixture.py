@@ -54,7 +54,7 @@ from torch import Tensor
 
 from ..priors.base import Prior, PriorWrapper
 from .spec import method_config, MIXTURE_RECORD_KEY
-from ..samplers import METHODS, Measurement, get_method, sample_chains
+from ..samplers import METHODS, Measurement, sample_chains
 from ..samplers.nfc import NFCConfig
 from ..metrics import coverage, sliced_wasserstein, expected_coverage
 from ..api import stable_seed

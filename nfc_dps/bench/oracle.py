@@ -25,7 +25,7 @@ from ..io import atomic_write_text
 from ..metrics import mse, psnr, ssim
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianSpectralPrior
-from ..samplers import METHODS, Measurement, get_config, get_method, sample_chains
+from ..samplers import METHODS, Measurement, get_config, sample_chains
 from .grid import RESULTS
 from .runner import Case, Protocol, Row, Table, folder_record
 from .tables import fmt, group_rows, is_failed, mean_std, numbers, row_order

@@ -36,7 +36,7 @@ from .spec import DEFAULT_TASKS, TASK_LABELS
 from .tables import group_rows, load_results, mean_std, numbers
 from .calibration_report import conformal_table, coverage_table, read_calibration_csv
 from .report_scale import scale_table, throughput_table
-from ..priors.report_markdown import prior_table
+from .prior_report_markdown import prior_table
 from ..samplers import METHODS
 from ..io import atomic_write_text
 

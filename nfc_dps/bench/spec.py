@@ -146,27 +146,12 @@ class MethodRun:
         return self.method if self.preset is None else f"{self.method}:{self.preset}"
 
 
-def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
-    """{'band.blend_start': 0.2, 'inner': 'exact'} -> {'band': {'blend_start': 0.2}, 'inner': 'exact'}."""
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        head, _, rest = key.partition(".")
-        if rest:
-            out.setdefault(head, {})
-            if not isinstance(out[head], dict):
-                raise ValueError(f"config key {head!r} set both as a value and as {key!r}")
-            out[head].update(_nested({rest: value}))
-        else:
-            out[key] = value
-    return out
-
-
 def method_config(method: str, preset: str, budget: int | None, overrides: dict[str, Any] | None = None) -> Any:
     """The sampler config of ``method`` at ``preset`` with NFE ``budget`` (the config's own
     ``with_nfe``: NFC/DAPS split it into levels x predictor steps, the peers take num_steps =
     budget). ``budget=None`` keeps the preset."""
     try:
-        cfg = get_config(method, preset, **_nested(overrides or {}))
+        cfg = get_config(method, preset, **(overrides or {}))  # dotted keys: one field of a group
     except TypeError as e:  # a --set value of the wrong type, caught by a comparison in the config's checks
         given = ", ".join(f"{k}={v!r}" for k, v in (overrides or {}).items())
         raise ValueError(f"{method}: a setting of the wrong type ({given}): {e}") from e

@@ -1,4 +1,4 @@
-"""``nfc-dps prior-report``: the wiring of :mod:`nfc_dps.priors.report` (one-step denoising of a
+"""``nfc-dps prior-report``: the wiring of :mod:`nfc_dps.bench.prior_report` (one-step denoising of a
 prior folder against tuned TV and wavelet baselines) and the summary of a training loss log."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from .common import EXIT_OK, Log, UsageError
 from .outputs import cannot_write, check_output_file
 from ..priors.diffusers_prior import PRECISIONS
-from ..priors.report import SIGMAS, ReportError, ReportSettings, prior_report
-from ..priors.report_markdown import loss_table
+from ..bench.prior_report import SIGMAS, ReportError, ReportSettings, prior_report
+from ..bench.prior_report_markdown import loss_table
 from ..training.plot import read_loss_csv, render_loss_png
 from ..io import atomic_write_text
 
@@ -23,7 +23,7 @@ EXAMPLES = """examples:
   nfc-dps prior-report --prior runs/prior/export --markdown
   nfc-dps prior-report --loss-only --loss-csv runs/prior/loss.csv --loss-png docs/prior_loss.png
 
-The protocol is in the docstring of nfc_dps.priors.report and in docs/prior.md ("Denoising report").
+The protocol is in the docstring of nfc_dps.bench.prior_report and in docs/prior.md ("Denoising report").
 Wavelet denoising needs PyWavelets (pip install 'nfc_dps[bench]'); without it that baseline is
 skipped and the report says so."""
 

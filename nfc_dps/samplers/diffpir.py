@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ..operators.base import LinearOperator, randn_per_image
+from ..operators.base import randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
 from .chains import Measurement

@@ -77,7 +77,7 @@ def evaluate_heldout(prior: Prior, images: Sequence[tuple[str, np.ndarray]], sig
                      crop: int = 128, seed: int = 0) -> dict:
     """One-step denoising PSNR (dB) of ``prior`` on held-out (H, W, C) [0, 1] images.
 
-    The protocol of ``nfc-dps prior-report`` (:mod:`nfc_dps.priors.report`): centre ``crop`` crops, y = x + sigma n ([0, 1] units)
+    The protocol of ``nfc-dps prior-report`` (:mod:`nfc_dps.bench.prior_report`): centre ``crop`` crops, y = x + sigma n ([0, 1] units)
     with n from ``numpy.random.default_rng([seed, 0, image index, sigma index])``, the prior called
     at 2 sigma on 2y - 1 (reflect-padded to its size multiple), PSNR with data range 1 on the
     estimate clipped to [0, 1], averaged over images. Returns {"mean": {sigma: dB}, "per_image":

@@ -47,12 +47,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..priors.base import Prior, TiledPrior, reflect_pad
+from ..priors.default import default_prior_path, load_prior
+from ..priors.training_data import HELDOUT_IMAGES, TRAIN_IMAGES, center_crop, load_skimage_image
 from ..training.data import to_channels
-from .base import Prior, TiledPrior, reflect_pad
-from .default import default_prior_path, load_prior
-from .report_markdown import markdown
-from .training_data import HELDOUT_IMAGES, TRAIN_IMAGES, center_crop, load_skimage_image
-from ..bench.instruments import machine_description
+from .instruments import machine_description
+from .prior_report_markdown import markdown
 
 SIGMAS = (0.05, 0.1, 0.2)
 #: training photos used to tune the baselines: documents and the near-black deep field left out
