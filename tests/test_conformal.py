@@ -243,7 +243,7 @@ def test_check_refuses_every_other_run():
         (dict(config=get_config("nfc", "fast", num_levels=7)), "num_levels=7"),
         (dict(num_samples=16), "K \\(samples\\) 4"),
         (dict(num_samples=1), "K >= 2"),
-        (dict(prior="def"), "weights def"),
+        (dict(prior="def"), "fingerprint abc\\), this run's prior has fingerprint def"),
         (dict(task={**task, "noise_sigma": 0.05}), "noise_sigma=0.05"),
         (dict(task={"task": "deblur_gaussian", "noise_sigma": 0.025}), "task 'sr_bicubic'"),
         (dict(task=None, family="blur"), "operator family"),
@@ -541,3 +541,112 @@ def test_interval_stats_counts_each_image_of_a_batch_and_its_standard_error():
            "width": 0.01, "n_validation": 9, "n_test": 2}
     with_se, without = conformal_lines([{**row, **st}, {**row, "coverage": 0.75}])[2:]
     assert "| 75.0 ± 25.0 |" in with_se and "| 75.0 |" in without
+
+
+# ---------------------------------------------------------------- N5: a user prior's fingerprint is what it computes
+
+
+def _blend_factory(strength):
+    """A factory of one closure: every prior it makes wraps a function of one qualified name."""
+    from nfc_dps.priors import DenoiserPrior
+
+    def blend(x, sigma):  # (B, C, H, W) in [0, 1], (B,) std -> the image blended with its 3 x 3 mean
+        mean = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+        return (1 - strength) * x + strength * mean
+
+    return DenoiserPrior(blend, 0.2)
+
+
+def _scaled(x, sigma, gain=1.0):
+    return x * gain
+
+
+def test_priors_of_one_closure_or_partial_with_other_parameters_have_other_fingerprints():
+    import functools
+
+    from nfc_dps.priors import DenoiserPrior
+
+    a, b = _blend_factory(0.3), _blend_factory(0.6)
+    assert prior_fingerprint(a) != prior_fingerprint(b)
+    assert prior_fingerprint(a) == prior_fingerprint(_blend_factory(0.3)) == prior_fingerprint(a)  # stable
+    p, q = (DenoiserPrior(functools.partial(_scaled, gain=g), 0.2) for g in (0.9, 0.95))
+    assert prior_fingerprint(p) != prior_fingerprint(q)
+    assert prior_fingerprint(p) == prior_fingerprint(DenoiserPrior(functools.partial(_scaled, gain=0.9), 0.2))
+    # a calibration fitted with one is refused for the other
+    cal = _calibration(prior={"fingerprint": prior_fingerprint(a), "path": "factories:blend"})
+    cfg = get_config("nfc", "fast")
+    task = {"task": "sr_bicubic", "factor": 4, "noise_sigma": 0.025}
+    cal.check("nfc", cfg, 4, prior_fingerprint(_blend_factory(0.3)), task=task)
+    with pytest.raises(CalibrationError, match="fitted with the prior factories:blend.*calibrate again with this prior"):
+        cal.check("nfc", cfg, 4, prior_fingerprint(b), task=task)
+
+
+def test_api_restore_refuses_a_calibration_of_another_partial():
+    import functools
+
+    import nfc_dps
+    from nfc_dps.conformal import sampler_fields
+    from nfc_dps.priors import DenoiserPrior
+
+    fitted, other = (DenoiserPrior(functools.partial(_scaled, gain=g), 0.2) for g in (0.9, 0.5))
+    cfg = get_config("nfc", "fast")
+    cal = _calibration(num_samples=2, sampler=sampler_fields(cfg), prior={"fingerprint": prior_fingerprint(fitted)},
+                       task={"task": "denoise", "noise_sigma": 0.025})
+    op = nfc_dps.build_operator("denoise", image_size=(16, 16))
+    y = torch.full((1, 3, 16, 16), 0.5)
+    with pytest.raises(CalibrationError, match="fitted with the prior"):
+        nfc_dps.restore(y, op, other, preset="fast", num_samples=2, calibration=cal, progress=False)
+
+
+def test_the_probe_leaves_the_prior_and_the_random_state_as_they_were():
+    from nfc_dps.priors import DenoiserPrior
+
+    class Noisy(torch.nn.Module):  # a user's network: a BatchNorm in training mode and a random draw
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm2d(3)
+
+        def forward(self, x, sigma):
+            return self.norm(x) + 1e-3 * torch.randn_like(x)
+
+    prior = DenoiserPrior(Noisy(), 0.2)
+    before = {k: v.clone() for k, v in prior.state_dict().items()}
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = prior_fingerprint(prior)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(before[k], v) for k, v in prior.state_dict().items())
+    assert prior_fingerprint(prior) == first
+
+
+def test_the_embedded_priors_fingerprint_is_its_weights_and_a_failing_prior_is_named():
+    from nfc_dps.conformal import weights_determine
+    from nfc_dps.priors import DenoiserPrior
+
+    assert weights_determine(torch.nn.Linear(2, 2)) and not weights_determine(_blend_factory(0.3))
+
+    def broken(x, sigma):
+        raise RuntimeError("no GPU here")
+
+    with pytest.raises(CalibrationError, match="cannot fingerprint the prior DenoiserPrior.*no GPU here"):
+        prior_fingerprint(DenoiserPrior(broken, 0.2))
+
+
+# ---------------------------------------------------------------- N6: a calibration holds for its task only
+
+
+def test_a_calibration_file_without_a_task_is_refused(tmp_path):
+    d = _calibration().to_dict()
+    for name, body, match in (("null.json", {**d, "task": None}, "null.json: key task is null"),
+                              ("none.json", {k: v for k, v in d.items() if k != "task"}, "none.json: no key task"),
+                              ("nameless.json", {**d, "task": {"noise_sigma": 0.025}}, "nameless.json: key task.task")):
+        (tmp_path / name).write_text(json.dumps(body))
+        with pytest.raises(CalibrationError, match=match):
+            load_calibration(tmp_path / name)
+    # one made in memory without a task applies to no run
+    cal = _calibration(task=None)
+    with pytest.raises(CalibrationError, match="records no task"):
+        cal.check("nfc", get_config("nfc", "fast"), 4, "abc", task={"task": "sr_bicubic", "factor": 4,
+                                                                     "noise_sigma": 0.025})
+    with pytest.raises(CalibrationError, match="records no task"):
+        cal.check("nfc", get_config("nfc", "fast"), 4, "abc", family="sr", noise_sigma=0.025)
