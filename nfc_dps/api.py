@@ -32,8 +32,9 @@ from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
 from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 from .priors.default import load_prior
-from .config import validate_overrides
+from .config import DEFAULT_NOISE_SIGMA as DEFAULT_SIGMA_Y, validate_overrides
 from .conformal import load_calibration, prior_fingerprint
+from .noise import GaussianNoise, NoiseModel, as_noise
 
 
 @dataclass
@@ -195,7 +196,8 @@ def restore(
     prior: Prior | None = None,
     method: str = "nfc",
     preset: str | None = None,
-    sigma_y: float = 0.025,
+    sigma_y: float | None = None,
+    noise: Any = None,
     seed: int | Sequence[int] = 0,
     num_samples: int = 1,
     callback: Callable[[dict[str, Any]], None] | None = None,
@@ -220,7 +222,13 @@ def restore(
         preset: a named preset of the method; None = its default: for NFC "deterministic" (the
             best estimate per network call: 16 NFE, no random draw), for the others "fast".
             Posterior samples with a ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
-        sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1].
+        sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1]: the shorthand for
+            ``noise=GaussianNoise(sigma_y)``; 0.025 when neither is given.
+        noise: the measurement's noise model (:mod:`nfc_dps.noise`): ``GaussianNoise(s)``,
+            ``PoissonNoise(peak)``, ``PoissonGaussianNoise(peak, s)`` or a spec such as
+            ``"poisson:30"``; a non-Gaussian one is restored through its Gaussian approximation
+            (per-pixel weights: ``Measurement.gaussian``). Poisson measurements are counts / peak,
+            >= 0 and may exceed 1.
         seed: an int (image b uses seed + b) or one int >= 0 per image. Chain j of image b draws from
             its own generator, seeded by (seed_b, j): results do not depend on the batch or on
             ``max_batch`` (in float32 up to the rounding of batched layers: docs/scale.md).
@@ -244,14 +252,20 @@ def restore(
     are restored on a padded canvas (the border is unmeasured, filled by the prior) and cropped.
     Profiling: samplers mark their building blocks with ``torch.profiler.record_function``.
     """
-    batch, back, sigma_y, seeds, num_samples = _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch)
+    batch, back, noise, seeds, num_samples = _checked_measurement(y, operator, sigma_y, noise, seed, num_samples,
+                                                                  max_batch)
     prior, batch, input_device = _checked_prior(prior, batch)
     cfg = _resolved_config(method, preset, config, overrides, num_samples)
     if calibration is not None:
+        if not isinstance(noise, GaussianNoise):
+            raise ValueError(f"calibrated intervals are fitted under Gaussian noise; this measurement's noise is {noise}")
         calibration = load_calibration(calibration)
         calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
-                          noise_sigma=sigma_y, factor=operator.downsampling_factor)
-    problem = _Problem.set_up(operator, batch, sigma_y, prior)
+                          noise_sigma=noise.sigma, factor=operator.downsampling_factor)
+    why = get_method(method).noise_problem(noise)
+    if why:
+        raise ValueError(f"{method} {why}")
+    problem = _Problem.set_up(operator, batch, noise, prior)
     t0 = time.perf_counter()
     samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
                                       keep_samples, input_device, callback, progress)
@@ -292,9 +306,9 @@ def _assembled(samples: Tensor | None, stats: "_SampleStats | None", nfe: int, s
     return Restoration(back(mean), back(std), stacked, nfe, seconds, cfg, lower, upper)
 
 
-def _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch):
+def _checked_measurement(y, operator, sigma_y, noise, seed, num_samples, max_batch):
     """restore()'s checks of its inputs: (batch (B, C, h, w) float32, the function that returns a
-    result in y's kind, sigma_y as a float, one seed per image, num_samples as an int)."""
+    result in y's kind, the noise model, one seed per image, num_samples as an int)."""
     if not isinstance(operator, LinearOperator):
         raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
                         f"got {type(operator).__name__}")
@@ -303,6 +317,36 @@ def _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch):
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer))
                                   or max_batch < 1):
         raise ValueError(f"max_batch must be an int >= 1 or None, got {max_batch!r}")
+    noise = _checked_noise(sigma_y, noise)
+    batch, back = as_batch(y)
+    if batch.numel() == 0:
+        raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)}); pass at least one "
+                         f"image of at least one pixel")
+    if not isinstance(noise, GaussianNoise):
+        why = noise.measurement_problem(batch)
+        if why:
+            raise ValueError(f"{why} (noise {noise})")
+    elif operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
+        if not torch.isfinite(batch).all():
+            raise ValueError("measurement contains NaN or Inf")
+    else:
+        _check_range(batch, noise.sigma)
+    return batch, back, noise, _seed_list(seed, batch.shape[0]), int(num_samples)
+
+
+def _checked_noise(sigma_y: Any, noise: Any) -> NoiseModel:
+    """The noise model of ``sigma_y`` (Gaussian std in [0, 1], the default) or of ``noise``."""
+    if noise is not None:
+        if sigma_y is not None:
+            raise TypeError(f"pass one of sigma_y and noise, got sigma_y={sigma_y!r} and noise={noise!r}")
+        noise = as_noise(noise)
+        if isinstance(noise, GaussianNoise) and noise_sigma_problem(noise.sigma):
+            raise ValueError(f"noise {noise}: sigma {noise_sigma_problem(noise.sigma)}")
+        return noise
+    if sigma_y is None:
+        sigma_y = DEFAULT_SIGMA_Y
+    if isinstance(sigma_y, Tensor) and sigma_y.numel() == 1:
+        sigma_y = sigma_y.item()
     try:
         sigma = float(sigma_y)
     except (TypeError, ValueError) as e:
@@ -310,16 +354,7 @@ def _checked_measurement(y, operator, sigma_y, seed, num_samples, max_batch):
     why = noise_sigma_problem(sigma)
     if why:
         raise ValueError(f"sigma_y {why}")
-    batch, back = as_batch(y)
-    if batch.numel() == 0:
-        raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)}); pass at least one "
-                         f"image of at least one pixel")
-    if operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
-        if not torch.isfinite(batch).all():
-            raise ValueError("measurement contains NaN or Inf")
-    else:
-        _check_range(batch, sigma)
-    return batch, back, sigma, _seed_list(seed, batch.shape[0]), int(num_samples)
+    return GaussianNoise(sigma)
 
 
 def _checked_prior(prior, batch):
@@ -349,8 +384,11 @@ class _Problem:
     gray: bool
 
     @classmethod
-    def set_up(cls, operator: LinearOperator, batch: Tensor, sigma_y: float, prior: Any) -> "_Problem":
+    def set_up(cls, operator: LinearOperator, batch: Tensor, noise: NoiseModel, prior: Any) -> "_Problem":
         c, pc = batch.shape[1], prior.channels
+        # a non-Gaussian noise is restored through its Gaussian approximation: weighted by pixel
+        whitened = Measurement(operator, batch, noise, tuple(operator.image_shape(batch.shape))).gaussian()
+        operator, batch, sigma_y = whitened.operator, whitened.y, whitened.sigma_y
         # an operator that maps channel to channel gives images of the measurement's channels; one with
         # fixed shapes (FunctionOperator) may measure any number of channels of a pc-channel image
         gray = c != pc and operator.image_shape(batch.shape)[1] != pc

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from nfc_dps.noise import GaussianNoise
+from nfc_dps.noise import GaussianNoise, PoissonNoise
 from nfc_dps.operators import BlurOperator, gaussian_kernel
 from nfc_dps.priors.base import Prior
 from nfc_dps.samplers import METHODS, Measurement, get_config, iter_chains, sample_chains
@@ -76,12 +76,29 @@ def test_nan_is_an_error_naming_the_method(monkeypatch):
 
 
 def test_a_noise_the_method_does_not_take_is_refused_up_front():
-    class OtherNoise(GaussianNoise):
-        kind = "poisson"
+    m = Measurement(_measurement().operator, _measurement().y.clamp_min(0), PoissonNoise(20))
+    with pytest.raises(ValueError, match="ddrm takes gaussian noise, not poisson:20"):
+        sample_chains("ddrm", ShrinkPrior(), m, _config("ddrm"), seeds=[0, 1])
 
-    m = Measurement(_measurement().operator, _measurement().y, OtherNoise(0.0))
-    with pytest.raises(ValueError, match="dps takes gaussian noise"):
-        sample_chains("dps", ShrinkPrior(), m, _config("dps"), seeds=[0, 1])
+
+def test_a_poisson_measurement_is_restored_through_its_whitened_gaussian_form():
+    """The whitened measurement: weights from a smoothed y, w * y of w * A, one std everywhere; a
+    chain restores it like any Gaussian one, and its draw does not depend on the chunking."""
+    op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
+    x = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    noise = PoissonNoise(10)
+    y = op.measure(x, noise=noise, generator=[torch.Generator().manual_seed(i) for i in range(2)])
+    m = Measurement(op, y, noise)
+    g = m.gaussian()
+    assert isinstance(g.noise, GaussianNoise) and g.noise.sigma == pytest.approx(0.05**0.5)
+    w = g.operator.weights
+    torch.testing.assert_close(g.y, w * y)
+    torch.testing.assert_close(g.operator.A(x), w * op.A(x))
+    assert float(w.std()) > 0.05  # bright pixels weigh less than dark ones
+    cfg = _config("nfc")
+    whole, _ = sample_chains("nfc", ShrinkPrior(), m, cfg, seeds=[4, 5])
+    alone, _ = sample_chains("nfc", ShrinkPrior(), Measurement(op, y[1:], noise), cfg, seeds=[5])
+    torch.testing.assert_close(alone[0], whole[1], atol=1e-5, rtol=0)
 
 
 def test_measurement_checks_its_shapes_and_noise():
@@ -89,9 +106,12 @@ def test_measurement_checks_its_shapes_and_noise():
     assert m.image_shape == (2, 1, 16, 16) and m.noise == GaussianNoise(0.02) and m.sigma_y == 0.02
     with pytest.raises(ValueError, match=r"image_shape must be \(B, C, H, W\) with B = 2"):
         Measurement(m.operator, m.y, 0.02, (3, 1, 16, 16))
-    with pytest.raises(ValueError, match="0-255 units"):
-        Measurement(m.operator, m.y, 25.0)
+    with pytest.raises(ValueError, match="sigma must be >= 0"):
+        Measurement(m.operator, m.y, -0.1)
     with pytest.raises(TypeError, match="noise must be a noise model"):
+        Measurement(m.operator, m.y, [0.1])
+    with pytest.raises(ValueError, match="unknown kind 'loud'"):
         Measurement(m.operator, m.y, "loud")
+    assert Measurement(m.operator, m.y, "poisson:30").noise == PoissonNoise(30)
     with pytest.raises(ValueError, match="got 1 seeds for a measurement of 2 images"):
         sample_chains("nfc", ShrinkPrior(), m, _config("nfc"), seeds=[0])

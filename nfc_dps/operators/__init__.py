@@ -11,6 +11,7 @@ from .tasks import TASKS, Task, build_operator, check_task_params, task_reading
 from .function import FunctionOperator
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .padding import CroppedOperator, padded_size
+from .weighted import WeightedOperator
 from .kernels import gaussian_kernel, load_kernel, motion_kernel, normalize_kernel
 from .superres import SuperResolution, bicubic_matrix, keys_cubic
 
@@ -21,5 +22,5 @@ __all__ = [
     "BlurOperator", "mirror_indices", "Colorization", "LUMA_WEIGHTS", "Denoising", "Inpainting", "box_mask", "random_mask", "load_mask",
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
     "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "Task", "build_operator", "check_task_params", "task_reading",
-    "CroppedOperator", "padded_size", "FunctionOperator",
+    "CroppedOperator", "padded_size", "FunctionOperator", "WeightedOperator",
 ]

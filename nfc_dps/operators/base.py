@@ -191,6 +191,11 @@ class LinearOperator(torch.nn.Module):
         """(h, w) of the image inside a larger canvas when A sees only x[..., :h, :w], else None."""
         return None
 
+    def select_images(self, index: Tensor) -> "LinearOperator":
+        """The operator of images ``index`` (a (n,) long tensor) of a batch: itself, unless it
+        holds parameters per image (:class:`~nfc_dps.operators.weighted.WeightedOperator`)."""
+        return self
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able record of the operator: name, class, family and declared structure."""
         return {"name": self.name, "class": type(self).__name__, "family": self.family,
@@ -245,13 +250,20 @@ class LinearOperator(torch.nn.Module):
         s2, r2 = prox_scales(sigma_y, r, z)
         return decomposition.gaussian_mean(y, z, s2, r2)
 
-    def measure(self, x: Tensor, sigma_y: float | Tensor, generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Tensor:
-        """A x + sigma_y * noise, the noise drawn per image from ``generator`` (see randn_per_image).
-
-        ``sigma_y`` is a float or a (B,) tensor (per image), >= 0.
+    def measure(self, x: Tensor, sigma_y: float | Tensor | None = None,
+                generator: torch.Generator | Sequence[torch.Generator] | None = None, *, noise: Any = None) -> Tensor:
+        """A x plus noise drawn per image from ``generator`` (see randn_per_image): Gaussian of std
+        ``sigma_y`` (a float or a (B,) tensor, per image, >= 0), or from a noise model ``noise``
+        (:mod:`nfc_dps.noise`: ``PoissonNoise(30)``, a spec such as ``"poisson:30"``); one of the two.
         """
         check_image(x)
+        if (sigma_y is None) == (noise is None):
+            raise TypeError("measure() takes one of sigma_y (Gaussian std) and noise (a noise model)")
         ax = self.A(x)
+        if noise is not None:
+            from ..noise import as_noise  # noise models build on this module
+
+            return as_noise(noise).sample(ax, generator)
         s = per_image(sigma_y, ax)
         if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
             raise ValueError(f"sigma_y must be finite and >= 0, got {_describe(sigma_y)}")

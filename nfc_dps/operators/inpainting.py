@@ -161,8 +161,8 @@ class Inpainting(LinearOperator):
     def normal(self, x: Tensor) -> Tensor:
         return self._m(x, "x") * x
 
-    def measure(self, x: Tensor, sigma_y: float | Tensor, generator=None) -> Tensor:
-        """mask * (x + sigma_y * noise): noise on the observed pixels only, y = 0 elsewhere.
-        The noise is drawn on the full grid (same draws as the base class), then masked."""
-        y = super().measure(x, sigma_y, generator)
+    def measure(self, x: Tensor, sigma_y: float | Tensor | None = None, generator=None, *, noise=None) -> Tensor:
+        """mask * (x + noise): noise on the observed pixels only, y = 0 elsewhere. The noise is
+        drawn on the full grid (same draws as the base class), then masked."""
+        y = super().measure(x, sigma_y, generator, noise=noise)
         return self._m(y, "y") * y

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
+from ..noise import NOISE_KINDS
 from ..overrides import ConfigError, apply_overrides
 
 from . import ddnm, ddrm, diffpir, dpir, dps
@@ -41,10 +42,17 @@ class Method:
     display_name: str
     default_preset: str = "fast"
     fixed_fields: frozenset[str] = frozenset()
-    #: the noise models (``nfc_dps.noise``'s ``kind``) the method's data step takes
-    noise_kinds: frozenset[str] = frozenset({"gaussian"})
+    #: the noise models (``nfc_dps.noise``'s ``kind``) it takes: Gaussian, and the others through
+    #: their Gaussian approximation (a weighted operator: ``Measurement.gaussian``)
+    noise_kinds: frozenset[str] = frozenset(NOISE_KINDS)
     #: why the method cannot restore an operator (None: it can); checked before a run starts
     operator_problem: Callable[[Any], str | None] = lambda operator: None
+
+    def noise_problem(self, noise: Any) -> str | None:
+        """Why the method cannot take the noise model ``noise`` (None: it can)."""
+        if noise.kind in self.noise_kinds:
+            return None
+        return f"takes {' or '.join(sorted(self.noise_kinds))} noise, not {noise}"
 
     @property
     def steps_field(self) -> str:
@@ -71,7 +79,8 @@ METHODS: dict[str, Method] = {
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS, "DPS"),
     "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS, "DiffPIR"),
     "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS, "DDNM+"),
-    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, "DDRM", operator_problem=ddrm.operator_problem),
+    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, "DDRM", operator_problem=ddrm.operator_problem,
+                   noise_kinds=frozenset({"gaussian"})),  # its SVD does not survive per-pixel weights
     "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS, "DPIR"),
 }
 

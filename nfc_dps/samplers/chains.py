@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..noise import GaussianNoise, as_noise
+from ..noise import GaussianNoise, NoiseModel, as_noise
 from ..operators.base import LinearOperator
+from ..operators.weighted import WeightedOperator
 from .common import counting
 
 #: called after every sampler step with ``{"i", "sigma", "x", "denoised", "nfe", "chains"}``
@@ -40,7 +41,7 @@ class Measurement:
 
     operator: LinearOperator
     y: Tensor
-    noise: Any = 0.0
+    noise: NoiseModel | float = 0.0
     image_shape: tuple[int, ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -62,7 +63,19 @@ class Measurement:
     def chains(self, index: Tensor) -> "Measurement":
         """The measurement of the chains whose images are ``index`` (a (n,) long tensor): y indexed,
         never copied per sample."""
-        return Measurement(self.operator, self.y[index], self.noise, (int(index.numel()), *self.image_shape[1:]))
+        return Measurement(self.operator.select_images(index), self.y[index], self.noise,
+                           (int(index.numel()), *self.image_shape[1:]))
+
+    def gaussian(self) -> "Measurement":
+        """This measurement with Gaussian noise: itself when its noise is Gaussian, else whitened
+        to the noise model's quadratic approximation (per-pixel weights from y, one std
+        everywhere: :meth:`~nfc_dps.noise.NoiseModel.weights`) through a
+        :class:`~nfc_dps.operators.weighted.WeightedOperator`."""
+        if isinstance(self.noise, GaussianNoise):
+            return self
+        w = self.noise.weights(self.y)
+        return Measurement(WeightedOperator(self.operator, w), w * self.y, GaussianNoise(self.noise.reference_std()),
+                           self.image_shape)
 
 
 def image_generators(seeds: Sequence[int], num_samples: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -106,8 +119,9 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
     from . import get_method  # the registry imports every sampler, this module included
 
     m = get_method(method)
-    if measurement.noise.kind not in m.noise_kinds:
-        raise ValueError(f"{method} takes {' or '.join(sorted(m.noise_kinds))} noise, not {measurement.noise}")
+    why = m.noise_problem(measurement.noise)
+    if why:
+        raise ValueError(f"{method} {why}")
     sample = m.sample
     b = measurement.y.shape[0]
     if len(seeds) != b:
@@ -123,7 +137,7 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
             callback({**info, "chains": span})
 
         before = counted.nfe
-        part = measurement.chains(torch.arange(lo, hi, device=device) // num_samples)
+        part = measurement.chains(torch.arange(lo, hi, device=device) // num_samples).gaussian()
         with torch.no_grad():  # a method that differentiates (DPS) turns gradients on for its own step
             x = sample(counted, part, config, chain_generators(seeds, num_samples, lo, hi, device=device),
                        None if callback is None else step)
