@@ -31,7 +31,9 @@ def _write(path: Path, rows) -> None:
 
 
 @pytest.fixture()
-def fake_repo(tmp_path: Path) -> Path:
+def fake_repo(tmp_path: Path, monkeypatch) -> Path:
+    """A repository whose one page, docs/benchmarks.md, must hold the one table local256_seed1."""
+    monkeypatch.setattr(report, "PAGE_TABLES", {"docs/benchmarks.md": ("local256_seed1",)}, raising=False)
     bench = tmp_path / "docs" / "bench"
     bench.mkdir(parents=True)
     rows = []
@@ -87,9 +89,74 @@ def test_check_mode_reports_a_stale_page_and_writes_nothing(fake_repo: Path) -> 
 
 def test_unknown_table_name_is_an_error(fake_repo: Path) -> None:
     page = fake_repo / "docs" / "benchmarks.md"
-    page.write_text("<!-- table:no_such_table -->\n<!-- /table -->\n")
+    page.write_text(page.read_text() + "<!-- table:no_such_table -->\n<!-- /table -->\n")
     with pytest.raises(ValueError, match="no_such_table"):
         report.update_pages(fake_repo, pages=("docs/benchmarks.md",))
+
+
+@pytest.mark.parametrize("cut", ["opening", "closing", "both"])
+def test_a_missing_marker_is_an_error_naming_the_page_and_the_table(fake_repo: Path, cut: str, capsys) -> None:
+    from nfc_dps.cli import main
+
+    page = fake_repo / "docs" / "benchmarks.md"
+    report.update_pages(fake_repo)
+    text = page.read_text()
+    for marker in {"opening": ["<!-- table:local256_seed1 -->\n"], "closing": ["<!-- /table -->"],
+                   "both": ["<!-- table:local256_seed1 -->\n", "<!-- /table -->"]}[cut]:
+        text = text.replace(marker, "")
+    page.write_text(text)
+    for check in (True, False):
+        with pytest.raises(ValueError, match=r"benchmarks\.md.*'local256_seed1'"):
+            report.run_report(fake_repo, check=check)
+        assert page.read_text() == text  # nothing regenerated, nothing written
+    assert main(["bench", "report", "--root", str(fake_repo), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "benchmarks.md" in err and "local256_seed1" in err and "Traceback" not in err
+
+
+def test_a_deleted_opening_marker_of_a_committed_page_is_named(tmp_path: Path) -> None:
+    """The repository's own pages: each must hold its tables (report.PAGE_TABLES)."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert "<!-- table:local64 -->\n" in text
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "benchmarks.md").write_text(text.replace("<!-- table:local64 -->\n", ""))
+    with pytest.raises(ValueError, match=r"benchmarks\.md, line \d+: a closing marker.*'local64'"):
+        report.update_pages(tmp_path, pages=("docs/benchmarks.md",), check=True, docs=REPO / "docs")
+
+
+def test_a_malformed_marker_is_named(fake_repo: Path) -> None:
+    page = fake_repo / "docs" / "benchmarks.md"
+    page.write_text(page.read_text().replace("<!-- table:local256_seed1 -->\n", "<!-- table:local256_seed1-->\n"))
+    with pytest.raises(ValueError, match="line 5: malformed opening marker"):
+        report.run_report(fake_repo, check=True)
+
+
+@pytest.mark.parametrize("row, problem", [("sr_bicubic,a,nfc", "3 fields, the header has 15"),
+                                          ("local,sr_bicubic,a,tv,deterministic,0,0,high" + "," * 7,
+                                           "psnr 'high' is not a number"),
+                                          ("local,sr_bicubic,a,tv,deterministic,x" + "," * 9, "budget 'x'"),
+                                          ("local,sr_bicubic,,tv,deterministic,0" + "," * 9, "empty image"),
+                                          ("local,sr_bicubic,a,tv,deterministic,0" + "," * 10, "16 fields")])
+def test_a_malformed_result_row_is_named_by_file_and_line(fake_repo: Path, row: str, problem: str, capsys) -> None:
+    from nfc_dps.cli import main
+
+    csv_path = fake_repo / "docs" / "bench" / "local256_seed1_results.csv"
+    lines = csv_path.read_text().splitlines()
+    lines.insert(3, row)
+    csv_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"local256_seed1_results\.csv, line 4: malformed row: {problem}"):
+        report.run_report(fake_repo, check=True)
+    assert main(["bench", "report", "--root", str(fake_repo), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "local256_seed1_results.csv, line 4" in err and "Traceback" not in err
+
+
+def test_a_malformed_calibration_row_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.csv"
+    path.write_text("setting,method,budget,k,width,observed,expected\ngaussian,exact,0,4,0.1,0.0675,0.0656\n"
+                    "gaussian,exact,0,four,0.1,0.07,0.06\n")
+    with pytest.raises(ValueError, match=r"calibration\.csv, line 3: malformed row: k 'four' is not an int"):
+        report.calibration_table([path], "bench/")
 
 
 def test_cli_report_runs_through_nfc_dps_bench(fake_repo: Path) -> None:

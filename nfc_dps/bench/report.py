@@ -10,9 +10,10 @@ Each page (``PAGES``) holds marker comments::
 and :func:`update_pages` rewrites what lies between them from the files under ``docs/``: the grids'
 ``docs/bench/<name>_results.csv`` (averaged with summary.md's helpers, :mod:`nfc_dps.bench.tables`)
 captioned from ``<name>_summary.md``'s header, ``calibration*/calibration.csv``, the Gaussian
-oracle's ``oracle*_summary.md``, ``docs/prior_report.json`` and docs/scale.md's JSON files. A page
-without markers is left alone; an unknown table name is an error. Running it twice changes
-nothing. ``--check`` writes nothing and exits 1 when a page differs from what the result files
+oracle's ``oracle*_summary.md``, ``docs/prior_report.json`` and docs/scale.md's JSON files. Each
+page of ``PAGE_TABLES`` must hold its tables: a missing or malformed opening or closing marker is
+an error naming the page and the table, as are an unknown table name and a malformed row of a
+result file (naming the file and its line). Running it twice changes nothing. ``--check`` writes nothing and exits 1 when a page differs from what the result files
 give (tests/test_bench_report.py runs it on the repository).
 
 A new prior or preset: ``scripts/rerun_tables.sh`` reruns the protocols and copies their result
@@ -23,6 +24,7 @@ files into docs/bench under the names below (docs/benchmarks.md names each comma
 from __future__ import annotations
 
 import ast
+import csv
 import json
 import re
 import sys
@@ -48,7 +50,19 @@ NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
 CLASSICAL = ("wiener", "tv", "bicubic", "biharmonic")
 DPIR_COLUMNS = ("dpir", "dpir:paper")
 MARKER = re.compile(r"(<!-- table:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
-PAGES = ("docs/benchmarks.md", "docs/prior.md", "docs/uncertainty.md", "docs/scale.md", "README.md")
+#: any opening or closing marker, well-formed or not (:func:`check_markers`)
+ANY_MARKER = re.compile(r"<!--\s*(?P<close>/)?\s*table\b\s*:?\s*(?P<name>[^\s>]*?)\s*-->(?P<eol>\n?)")
+#: the tables each page must hold (a missing opening or closing marker is an error naming both)
+PAGE_TABLES: dict[str, tuple[str, ...]] = {
+    "docs/benchmarks.md": ("glance", "local256", "local256_seed1", "paper256", "paper256_per_image", "paper256_cost",
+                           "local64", "local_k4_25", "local100", "local_default", "oracle", "calibration"),
+    "docs/prior.md": ("prior_report",),
+    "docs/uncertainty.md": ("conformal_oracles", "conformal_nfc_fast", "conformal_methods_sr",
+                            "conformal_methods_inpaint_random"),
+    "docs/scale.md": ("scale_cpu", "restore_throughput"),
+    "README.md": ("which",),
+}
+PAGES = tuple(PAGE_TABLES)
 
 
 # --------------------------------------------------------------------------- sources
@@ -85,7 +99,54 @@ def load_source(bench: Path, name: str) -> Source:
     path = bench / f"{name}_results.csv"
     if not path.is_file():
         raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
-    return Source(path, load_results(path), read_header(bench / f"{name}_summary.md"))
+    return Source(path, load_results(path, strict=True), read_header(bench / f"{name}_summary.md"))
+
+
+def checked_csv(path: Path, strings: Sequence[str], ints: Sequence[str] = (), optional: Sequence[str] = ()) -> Path:
+    """``path`` when it is a CSV whose header has ``strings``, ``ints`` and every other column it
+    holds a number in each row (``optional`` columns may be absent); ValueError naming the file and
+    the line of the first malformed row (too few or many fields, an empty name, an int or number
+    that does not parse)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in (*strings, *ints) if c not in header and c not in optional]
+        if missing:
+            raise ValueError(f"{path}, line 1: the header has no column {', '.join(missing)}")
+        for row in reader:
+            problem = None
+            if None in row:
+                problem = f"{len(header) + len(row[None])} fields, the header has {len(header)}"
+            elif any(v is None for v in row.values()):
+                problem = f"{sum(v is not None for v in row.values())} fields, the header has {len(header)}"
+            else:
+                for c, v in row.items():
+                    if c in strings:
+                        problem = None if v.strip() else f"empty {c}"
+                    elif c in ints:
+                        problem = None if v.strip().lstrip("-").isdigit() else f"{c} {v!r} is not an int"
+                    else:
+                        try:
+                            float(v)
+                        except ValueError:
+                            problem = f"{c} {v!r} is not a number"
+                    if problem:
+                        break
+            if problem:
+                raise ValueError(f"{path}, line {reader.line_num}: malformed row: {problem}")
+    return path
+
+
+def _calibration_csv(path: Path) -> Path:
+    return checked_csv(path, ("setting", "method"), ("budget", "k"))
+
+
+def _conformal_csv(path: Path) -> Path:
+    return checked_csv(path, ("setting", "method"), ("budget", "k", "n_validation", "n_test"),
+                       optional=("edge_weight", "coverage_se"))
 
 
 # --------------------------------------------------------------------------- labels and cells
@@ -331,7 +392,7 @@ def calibration_table(paths: Sequence[Path], link: str) -> str:
     rows: list[dict] = []
     columns: dict[str, int] = {}  # setting -> the K of the file it is read from
     for p in paths:
-        file_rows = read_calibration_csv(p)
+        file_rows = read_calibration_csv(_calibration_csv(p))
         k = max(r["k"] for r in file_rows)
         rows += [r for r in file_rows if r["k"] == k]
         for r in file_rows:
@@ -435,11 +496,14 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "which": lambda: which_table(src("local256_det"), src("local256_50nfe"), blink),
         "calibration": lambda: calibration_table([bench / "calibration" / "calibration.csv",
                                                   bench / "calibration_nfc100" / "calibration.csv"], blink),
-        "conformal_oracles": lambda: conformal_table([bench / "conformal_oracles" / "conformal.csv"], bench, blink),
-        "conformal_nfc_fast": lambda: conformal_table([bench / "conformal_nfc_fast" / t / "conformal.csv" for t in
-                                                       ("sr_bicubic", "inpaint_random", "deblur_gaussian")], bench, blink),
+        "conformal_oracles": lambda: conformal_table([_conformal_csv(bench / "conformal_oracles" / "conformal.csv")],
+                                                     bench, blink),
+        "conformal_nfc_fast": lambda: conformal_table([_conformal_csv(bench / "conformal_nfc_fast" / t / "conformal.csv")
+                                                       for t in ("sr_bicubic", "inpaint_random", "deblur_gaussian")],
+                                                      bench, blink),
         **{f"conformal_methods_{k}": lambda t=t, k=k: conformal_table(  # NFC's rows, then every other sampler's
-            [bench / "conformal_nfc_fast" / t / "conformal.csv", bench / f"conformal_methods_{k}" / "conformal.csv"],
+            [_conformal_csv(bench / "conformal_nfc_fast" / t / "conformal.csv"),
+             _conformal_csv(bench / f"conformal_methods_{k}" / "conformal.csv")],
             bench, blink) for k, t in (("sr", "sr_bicubic"), ("inpaint_random", "inpaint_random"))},
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
@@ -458,35 +522,79 @@ def _rel(target: Path, page_dir: Path) -> str:
     return "" if str(rel) == "." else rel.as_posix() + "/"
 
 
-def render_page(text: str, builders: dict[str, Callable[[], str]]) -> str:
-    """``text`` with the body of every ``<!-- table:NAME -->`` ... ``<!-- /table -->`` block regenerated."""
+def check_markers(text: str, page: str, required: Sequence[str] = ()) -> None:
+    """ValueError naming ``page`` and the table when a marker is malformed (not ``<!-- table:NAME -->``
+    or ``<!-- /table -->``, an opening one not ending its line), an opening marker has no closing one
+    before the next table, a closing marker has no opening one, or a table of ``required`` is not
+    on the page."""
+    names, open_name, open_line = [], None, 0
+    missing = [t for t in required if f"<!-- table:{t} -->" not in text]
+    gone = f" (the page must hold table {', '.join(repr(t) for t in missing)})" if missing else ""
+    for m in ANY_MARKER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        if m.group("close"):
+            if m.group(0).rstrip("\n") != "<!-- /table -->":
+                raise ValueError(f"{page}, line {line}: malformed closing marker {m.group(0).strip()!r}; write "
+                                 f"'<!-- /table -->'")
+            if open_name is None:
+                after = f" after table {names[-1]!r}" if names else ""
+                raise ValueError(f"{page}, line {line}: a closing marker '<!-- /table -->'{after} has no opening "
+                                 f"marker '<!-- table:NAME -->' before it{gone}; restore the opening marker")
+            open_name = None
+            continue
+        name = m.group("name")
+        if m.group(0) != f"<!-- table:{name} -->\n" or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"{page}, line {line}: malformed opening marker {m.group(0).strip()!r} of table "
+                             f"{name!r}; write '<!-- table:NAME -->' on a line of its own")
+        if open_name is not None:
+            raise ValueError(f"{page}, line {open_line}: table {open_name!r} has no closing marker '<!-- /table -->' "
+                             f"before table {name!r} (line {line})")
+        names.append(name)
+        open_name, open_line = name, line
+    if open_name is not None:
+        raise ValueError(f"{page}, line {open_line}: table {open_name!r} has no closing marker '<!-- /table -->'")
+    if missing:
+        raise ValueError(f"{page}: no table {', '.join(repr(t) for t in missing)}: the page must hold "
+                         + " and ".join(f"'<!-- table:{t} -->' ... '<!-- /table -->'" for t in missing))
+
+
+def render_page(text: str, builders: dict[str, Callable[[], str]], page: str = "<page>",
+                required: Sequence[str] = ()) -> str:
+    """``text`` with the body of every ``<!-- table:NAME -->`` ... ``<!-- /table -->`` block
+    regenerated; its markers checked first (:func:`check_markers`, naming ``page``)."""
+    check_markers(text, page, required)
+
     def sub(m: re.Match) -> str:
         name = m.group("name")
         if name not in builders:
-            raise ValueError(f"unknown table {name!r} (known: {', '.join(sorted(builders))})")
+            raise ValueError(f"{page}: unknown table {name!r} (known: {', '.join(sorted(builders))})")
         return m.group(1) + builders[name]().rstrip("\n") + "\n" + m.group(4)
 
     return MARKER.sub(sub, text)
 
 
-def update_pages(root: Path, pages: Sequence[str] = PAGES, check: bool = False,
+def update_pages(root: Path, pages: Sequence[str] | None = None, check: bool = False,
                  docs: Path | None = None) -> list[Path]:
-    """Regenerate the tables of ``pages`` (relative to ``root``) from ``root/docs``; return the pages that
-    changed (with ``check``, that would change: nothing is written)."""
+    """Regenerate the tables of ``pages`` (relative to ``root``; None: :data:`PAGE_TABLES`'s) from
+    ``root/docs``; return the pages that changed (with ``check``, that would change: nothing is
+    written). A page of :data:`PAGE_TABLES` must hold its tables; every page's markers are checked
+    (:func:`check_markers`: ValueError naming the page and the table) before anything is written."""
     root = Path(root)
     docs = Path(docs) if docs is not None else root / "docs"
+    pages = tuple(PAGE_TABLES) if pages is None else pages
     changed = []
     for rel in pages:
         page = root / rel
         if not page.is_file():
             continue
         old = page.read_text()
-        new = render_page(old, table_builders(docs, page.parent))
+        new = render_page(old, table_builders(docs, page.parent), str(page), PAGE_TABLES.get(rel, ()))
         if new != old:
-            changed.append(page)
-            if not check:
-                atomic_write_text(page, new)
-    return changed
+            changed.append((page, new))
+    if not check:
+        for page, new in changed:
+            atomic_write_text(page, new)
+    return [page for page, _ in changed]
 
 
 def run_report(root: Path, check: bool = False) -> int:

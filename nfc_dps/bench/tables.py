@@ -30,13 +30,60 @@ def fmt(v: float | None, spec: str) -> str:
     return format(v, spec)
 
 
-def load_results(path: Path) -> list[dict[str, str]]:
-    """Rows of a results CSV (missing file: [])."""
+#: results.csv's columns that hold numbers (empty allowed; "nan" / "inf" as :func:`fmt` writes them)
+NUMBER_COLUMNS = ("nfe", "psnr", "ssim", "mse", "lpips", "seconds", "peak_mem_mb")
+#: the columns that name a row and may not be empty
+NAME_COLUMNS = ("task", "image", "method", "estimator")
+
+
+def load_results(path: Path, strict: bool = False) -> list[dict[str, str]]:
+    """Rows of a results CSV (missing file: []). ``strict`` (what the report reads): ValueError
+    naming the file and the line of the first malformed row (:func:`check_result_row`) or a header
+    without one of ``KEY``'s columns."""
     path = Path(path)
     if not path.is_file():
         return []
     with open(path, newline="") as f:
-        return [dict(r) for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        if not strict:
+            return [dict(r) for r in reader]
+        header = reader.fieldnames or []
+        missing = [c for c in KEY if c not in header]
+        if missing:
+            raise ValueError(f"{path}, line 1: the header has no column {', '.join(missing)} (a results CSV's "
+                             f"columns: {','.join(COLUMNS)})")
+        rows = []
+        for r in reader:
+            problem = check_result_row(r, len(header))
+            if problem:
+                raise ValueError(f"{path}, line {reader.line_num}: malformed row: {problem}")
+            rows.append(dict(r))
+        return rows
+
+
+def check_result_row(row: dict[Any, Any], width: int) -> str | None:
+    """What is wrong with a row csv.DictReader read from a results CSV of ``width`` columns, or None:
+    fields missing or extra, an empty name column (``NAME_COLUMNS``), a budget that is not an int
+    >= 0, a number column that is not a number."""
+    if None in row:
+        return f"{width + len(row[None])} fields, the header has {width}"
+    short = [k for k, v in row.items() if v is None]
+    if short:
+        return f"{width - len(short)} fields, the header has {width} (no {', '.join(short[:3])})"
+    empty = [c for c in NAME_COLUMNS if c in row and not row[c].strip()]
+    if empty:
+        return f"empty {', '.join(empty)}"
+    budget = row.get("budget", "")
+    if budget and not (budget.isdigit()):
+        return f"budget {budget!r} is not an int >= 0"
+    for c in NUMBER_COLUMNS:
+        v = row.get(c, "")
+        if v:
+            try:
+                float(v)
+            except ValueError:
+                return f"{c} {v!r} is not a number"
+    return None
 
 
 def is_failed(row: dict[str, str]) -> bool:
