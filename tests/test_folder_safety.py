@@ -452,3 +452,205 @@ def test_demo_names_the_task_on_a_nan_restoration_or_a_full_disk(tmp_path, prior
     assert run("demo", "-o", tmp_path / "demo", "--size", "32", "--tasks", "sr_bicubic", prior=prior_dir) == 2
     err = capsys.readouterr().err
     assert "grid.png: No space left on device" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- files no nfc-dps run wrote (N1)
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_restore_refuses_the_folder_of_the_original_photos(tmp_path, prior_dir, capsys):
+    photos, inp = tmp_path / "photos", tmp_path / "in"
+    make_images(photos, 2)
+    (photos / "notes.txt").write_text("the originals")
+    make_images(inp, 2, c=1)  # the measurements, named as the originals
+    before = _tree(photos)
+    code = run("restore", "-i", inp, "-o", photos, "--task", "denoise", prior=prior_dir)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert str(photos / "im0.png") in err and "--overwrite" in err and "Traceback" not in err
+    assert _tree(photos) == before  # nothing replaced, nothing added (no records, no lock file)
+    assert run("restore", "-i", inp, "-o", photos, "--task", "denoise", "--overwrite", prior=prior_dir) == 0
+    assert _tree(photos)["im0.png"] != before["im0.png"] and _tree(photos)["notes.txt"] == before["notes.txt"]
+
+
+def test_restore_refuses_to_replace_a_users_results_csv(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "in", 1)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.csv").write_text("photo,rating\nim0.png,5\n")
+    before = _tree(mine)
+    assert run("restore", "-i", tmp_path / "in", "-o", mine, "--task", "denoise", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert str(mine / "results.csv") in err and "Traceback" not in err
+    assert _tree(mine) == before
+
+
+def test_a_file_added_to_an_output_folder_is_not_replaced_by_a_rerun(tmp_path, prior_dir, capsys):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 1)
+    argv = ("restore", "-i", inp, "-o", out, "--task", "denoise")
+    assert run(*argv, prior=prior_dir) == 0
+    write_image(out / "holiday.png", smooth(phase=7))  # the user's own picture, put there later
+    ours = (out / "holiday.png").read_bytes()
+    write_image(inp / "holiday.png", smooth(phase=2))
+    assert run(*argv, prior=prior_dir) == 2
+    assert str(out / "holiday.png") in capsys.readouterr().err
+    assert (out / "holiday.png").read_bytes() == ours
+    assert run(*argv, prior=prior_dir, steps=3) == 2  # other settings: still not replaced
+    assert (out / "holiday.png").read_bytes() == ours
+
+
+def test_simulate_refuses_to_replace_files_it_did_not_write(tmp_path, capsys):
+    clean, data = tmp_path / "clean", tmp_path / "data"
+    make_images(clean, 2)
+    make_images(data / "ground_truth", 1, c=1)  # the user's own ground_truth/im0.png
+    before = _tree(data)
+    assert run("simulate", "-i", clean, "-o", data, "--task", "denoise") == 2
+    err = capsys.readouterr().err
+    assert str(data / "ground_truth" / "im0.png") in err and "--overwrite" in err and "Traceback" not in err
+    assert _tree(data) == before
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "simulation.json").write_text('{"my": "notes"}')
+    assert run("simulate", "-i", clean, "-o", tmp_path / "mine", "--task", "denoise") == 2
+    assert str(tmp_path / "mine" / "simulation.json") in capsys.readouterr().err
+    assert run("simulate", "-i", clean, "-o", data, "--task", "denoise", "--overwrite") == 0
+    assert _tree(data)["ground_truth/im0.png"] != before["ground_truth/im0.png"]
+    assert run("simulate", "-i", clean, "-o", data, "--task", "denoise", "--noise-sigma", "0.2") == 0  # its own
+
+
+def test_the_outputs_of_a_run_killed_before_its_records_stay_its_own(tmp_path, prior_dir, monkeypatch):
+    """A run killed after writing outputs that no manifest entry or simulation record lists yet:
+    the rerun replaces them (they are its own), as before."""
+    from nfc_dps.cli import restore, simulate
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_images(inp, 3)
+    real = restore.write_outputs
+
+    def dying(*a, **k):
+        entry = real(*a, **k)
+        raise _Killed
+
+    monkeypatch.setattr(restore, "write_outputs", dying)
+    argv = ("restore", "-i", inp, "-o", out, "--task", "denoise", "--preset", "fast", "--samples", "2")
+    with pytest.raises(_Killed):
+        run(*argv, prior=prior_dir)
+    monkeypatch.undo()
+    assert (out / "im0.png").is_file() and (out / "std" / "im0.npy").is_file()
+    assert run(*argv, prior=prior_dir) == 0
+    assert [r["status"] for r in _rows(out)] == ["done"] * 3
+    assert "unfinished" not in json.loads((out / "manifest.json").read_text())
+
+    calls, write = [], simulate.nio.write_image
+
+    def dying_write(path, *a, **k):
+        calls.append(path)
+        if len(calls) == 3:
+            raise _Killed
+        return write(path, *a, **k)
+
+    monkeypatch.setattr(simulate.nio, "write_image", dying_write)
+    with pytest.raises(_Killed):
+        run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise")
+    monkeypatch.undo()
+    assert (tmp_path / "sim" / "measurements" / "im0.png").is_file()
+    assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 0
+
+
+def _rows(out: Path) -> list[dict]:
+    import csv
+
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------- interval names (N3)
+
+
+def _calibration_file(tmp_path: Path, prior: str) -> Path:
+    from nfc_dps.conformal import DEFAULT_EPS, Calibration, prior_fingerprint, sampler_fields
+    from nfc_dps.priors.default import load_prior
+    from nfc_dps.samplers import get_config
+
+    cal = Calibration(q=1.7, coverage=0.9, rule="pooled", eps=DEFAULT_EPS, n_images=12, num_samples=2, method="nfc",
+                      preset="fast", sampler=sampler_fields(get_config("nfc", "fast", num_levels=2)),
+                      prior={"fingerprint": prior_fingerprint(load_prior(prior))},
+                      task={"task": "denoise", "noise_sigma": 0.025})
+    return cal.save(tmp_path / "cal.json")
+
+
+def test_interval_names_never_replace_an_earlier_runs_restoration(tmp_path, prior_dir, capsys):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    write_image(inp / "a_lower.png", smooth())
+    write_image(inp / "a.png", smooth(phase=1))
+    base = ("restore", "-o", out, "--task", "denoise", "--preset", "fast", "--samples", "2")
+    assert run(*base, "-i", inp / "a_lower.png", prior=prior_dir) == 0
+    restored = (out / "a_lower.png").read_bytes()
+    cal = ("--calibration", _calibration_file(tmp_path, prior_dir))
+    for extra in ((), ("--overwrite",)):
+        assert run(*base, "-i", inp / "a.png", *cal, *extra, prior=prior_dir) == 2
+        err = capsys.readouterr().err
+        assert "a_lower.png" in err and "a.png" in err and "manifest.json" in err and "Traceback" not in err
+        assert "would overwrite the restoration of a_lower.png" in err
+        assert (out / "a_lower.png").read_bytes() == restored and not (out / "a.png").exists()
+    listed = [o for e in json.loads((out / "manifest.json").read_text())["images"].values() for o in e["outputs"]]
+    assert listed.count("a_lower.png") == 1
+
+
+def test_a_restoration_never_replaces_an_earlier_runs_interval(tmp_path, prior_dir, capsys):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    write_image(inp / "a.png", smooth())
+    base = ("restore", "-o", out, "--task", "denoise", "--preset", "fast", "--samples", "2")
+    cal = ("--calibration", _calibration_file(tmp_path, prior_dir))
+    assert run(*base, "-i", inp / "a.png", *cal, prior=prior_dir) == 0
+    lower = (out / "a_lower.png").read_bytes()
+    write_image(inp / "a_lower.png", smooth(phase=1))
+    assert run(*base, "-i", inp / "a_lower.png", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert "would overwrite the lower interval bound of a.png" in err and "Traceback" not in err
+    assert (out / "a_lower.png").read_bytes() == lower
+    # a.png redone without --calibration in the same run frees the name: no refusal, listed once
+    assert run(*base, "-i", inp, prior=prior_dir) == 0
+    images = json.loads((out / "manifest.json").read_text())["images"]
+    assert images["a.png"]["outputs"][0] == "a.png" and "a_lower.png" not in images["a.png"]["outputs"]
+    assert images["a_lower.png"]["outputs"][0] == "a_lower.png" and not (out / "a_upper.png").exists()
+
+
+def test_a_rerun_replaces_the_files_of_an_image_stopped_half_written(tmp_path, prior_dir, monkeypatch):
+    """An image whose restoration failed to write after its std map (a write error: the run goes
+    on and ends), and a simulation stopped by a full disk after an image's truth: the rerun
+    replaces those files (they are nfc-dps's), as before."""
+    import errno
+    import sys
+
+    import nfc_dps.io as nio
+
+    inp, out, sim = tmp_path / "in", tmp_path / "out", tmp_path / "sim"
+    make_images(inp, 3)
+    real = nio.atomic_write_bytes
+
+    def failing_at(target: Path, code: int):
+        def write(path, data):
+            if Path(path) == target:
+                raise OSError(code, os.strerror(code), str(path))
+            return real(path, data)
+        return write
+
+    restore = ("restore", "-i", inp, "-o", out, "--task", "denoise", "--preset", "fast", "--samples", "2",
+               "--prior", prior_dir)
+    simulate = ("simulate", "-i", inp, "-o", sim, "--task", "denoise")
+    for target, code, exit_code, written, args in (
+            (out / "im1.png", errno.EIO, 1, out / "std" / "im1.npy", restore),
+            (sim / "measurements" / "im1.png", errno.ENOSPC, 2, sim / "ground_truth" / "im1.png", simulate)):
+        with monkeypatch.context() as m:
+            m.setattr(nio, "atomic_write_bytes", failing_at(target, code))
+            m.setattr(sys.modules[real.__module__], "atomic_write_bytes", failing_at(target, code))
+            assert run(*args) == exit_code
+        assert written.is_file() and not target.exists()
+        assert run(*args) == 0

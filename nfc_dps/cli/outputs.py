@@ -1,6 +1,7 @@
 """The output folder of a run: created and checked writable (not an input folder), locked for one
-run at a time (:func:`folder_lock`), output names that never collide (:func:`output_stems`), and
-the errors of a disk that cannot take more data (:class:`OutputError`)."""
+run at a time (:func:`folder_lock`), output names that never collide (:func:`output_stems`), no
+file replaced that no earlier nfc-dps run recorded (:func:`refuse_unrecorded`), and the errors of a
+disk that cannot take more data (:class:`OutputError`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import io
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -184,3 +185,38 @@ def output_stems(paths: Sequence[Path], names: Sequence[str] | None = None,
             raise UsageError(f"{p} would be written as {stem}.png, which an earlier run wrote for {other}; rename "
                              f"it, or use another --output")
     return stems
+
+
+def existing_files(out: Path, subfolders: Sequence[str] = ()) -> dict[str, str]:
+    """The entries at the top level of ``out`` and of each of its ``subfolders``: their paths
+    relative to ``out`` ('/'-separated), keyed by the same in lower case (as a case-insensitive
+    disk compares them). UsageError naming a folder that cannot be listed."""
+    found: dict[str, str] = {}
+    for sub in ("", *subfolders):
+        folder = out / sub if sub else out
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    rel = f"{sub}/{entry.name}" if sub else entry.name
+                    found.setdefault(rel.casefold(), rel)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise UsageError(f"--output {folder}: cannot list the folder ({e.strerror or e})") from e
+    return found
+
+
+def refuse_unrecorded(output: Path, out: Path, planned: Iterable[str], recorded: Callable[[str], bool],
+                      subfolders: Sequence[str] = ()) -> None:
+    """Before any work: a UsageError (exit 2) naming the first file of ``planned`` (paths relative to
+    ``out``, the folder ``output`` resolved) that exists and that ``recorded`` says no earlier
+    nfc-dps run into the folder wrote; the run would replace it. ``--overwrite`` is the way to
+    replace such files."""
+    present = existing_files(out, subfolders)
+    found = [present[key] for key in dict.fromkeys(p.casefold() for p in planned)
+             if key in present and not recorded(present[key])]
+    if found:
+        more = f" (and {len(found) - 1} more such file(s))" if len(found) > 1 else ""
+        raise UsageError(f"--output {output} holds {output / found[0]}{more}, which this run would replace and which "
+                         f"no earlier nfc-dps run into that folder wrote; nothing was written: choose another "
+                         f"--output folder, or pass --overwrite to replace such files")

@@ -6,27 +6,40 @@ Under ``torchrun`` each rank restores its share of the files and keeps its progr
 ``.shards/rank<r>.json`` (the manifest entries of its files and its rows); at the end rank 0
 merges every shard into the three files and removes the shards. A run killed before that leaves
 its shards: the next run merges them into manifest.json first (:func:`merge_leftover_shards`), so
-what was finished is skipped."""
+what was finished is skipped.
+
+Before its first image a run lists its output stems under ``unfinished`` in manifest.json, and the
+last save keeps only those of images left without an entry whose files remain: files of these
+names are a run's own even when it was killed before its manifest listed them. What the folder
+records (:func:`earlier_runs`) decides which files a run may replace."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 from .. import io as nio
 from ..run_record import package_versions
-from .common import Log, UsageError
-from .outputs import OutputError
+from .common import RESOLVED_JSON, Log, UsageError
+from .outputs import OutputError, existing_files
 
 MANIFEST = "manifest.json"
 RESULTS_CSV = "results.csv"
 SUMMARY_JSON = "summary.json"
 SHARD_DIR = ".shards"
+#: manifest.json's list of the output stems of images a run started and no entry lists yet
+UNFINISHED = "unfinished"
+#: the files of a run's records (a restore output folder's own, beside the images)
+RECORD_FILES = (MANIFEST, RESULTS_CSV, SUMMARY_JSON, RESOLVED_JSON)
+#: the subfolders that hold outputs named after an image's stem
+STEM_FOLDERS = ("std", "samples")
 RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "nfe", "seconds",
                  "size", "alpha", "error"]
 
@@ -66,6 +79,102 @@ def recorded_stems(out: Path) -> dict[str, str]:
         if outputs and "/" not in outputs[0] and (out / outputs[0]).is_file():  # a name whose output is gone is free
             stems[name] = Path(outputs[0]).stem
     return stems
+
+
+def stem_candidates(rel: str) -> list[str]:
+    """The output stems whose image may have written ``rel`` (a path relative to the output folder):
+    <s>.png, <s>_lower.png, <s>_upper.png, std/<s>.png|.npy, samples/<s>_<j>.png."""
+    path = PurePosixPath(rel)
+    stem, folder = path.stem, str(path.parent)
+    if folder == "samples":
+        m = re.fullmatch(r"(.+)_\d+", stem)
+        return [m.group(1)] if m else []
+    if folder == "std":
+        return [stem]
+    if folder != ".":
+        return []
+    return [stem] + [stem[:-len(end)] for end in ("_lower", "_upper") if stem.endswith(end) and len(stem) > len(end)]
+
+
+def output_kind(rel: str, stem: str) -> str:
+    """What ``rel`` is of the image whose output stem is ``stem``, in words."""
+    if rel.casefold() == f"{stem}.png".casefold():
+        return "restoration"
+    for end in ("lower", "upper"):
+        if rel.casefold() == f"{stem}_{end}.png".casefold():
+            return f"{end} interval bound"
+    return {"std": "std map", "samples": "sample"}.get(str(PurePosixPath(rel).parent), "output")
+
+
+@dataclass
+class EarlierRuns:
+    """What earlier ``restore`` runs recorded in an output folder (:func:`earlier_runs`).
+
+    ``known``: the folder holds a restore run's records (a manifest, or resolved_config.json of
+    restore); ``unreadable``: its manifest.json cannot be read, so which file is whose is not
+    known; ``entries``: the inputs the manifest has an entry for; ``owners``: each output a
+    finished entry lists (in lower case) -> (its input, what it is of it); ``unfinished``: the
+    output stems (in lower case) of images a run started and no entry lists."""
+
+    known: bool = False
+    unreadable: bool = False
+    entries: set[str] = field(default_factory=set)
+    owners: dict[str, tuple[str, str]] = field(default_factory=dict)
+    unfinished: set[str] = field(default_factory=set)
+
+    def wrote(self, rel: str) -> bool:
+        """An earlier restore run wrote ``rel`` (relative to the folder), as far as its records tell."""
+        if self.known and self.unreadable:
+            return True
+        key = rel.casefold()
+        if key in self.owners or (self.known and key in {f.casefold() for f in RECORD_FILES}):
+            return True
+        return any(s.casefold() in self.unfinished for s in stem_candidates(rel))
+
+
+def _read_json(path: Path) -> Any:
+    """``path``'s JSON; None when it does not exist, ValueError when it cannot be read as JSON."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(str(e)) from e
+
+
+def _stems(value: Any) -> list[str]:
+    """The stems of a manifest's ``unfinished`` (nothing for another type)."""
+    return [s for s in value if isinstance(s, str)] if isinstance(value, list) else []
+
+
+def earlier_runs(out: Path) -> EarlierRuns:
+    """What the records of earlier restore runs in ``out`` say (see :class:`EarlierRuns`)."""
+    runs = EarlierRuns()
+    try:
+        config = _read_json(out / RESOLVED_JSON)
+    except ValueError:
+        config = None
+    runs.known = isinstance(config, dict) and config.get("command") == "restore"
+    runs.known |= (out / SHARD_DIR).is_dir() and any((out / SHARD_DIR).glob("rank*.json"))
+    try:
+        manifest = _read_json(out / MANIFEST)
+    except ValueError:
+        manifest = []
+    if manifest is None:
+        return runs
+    images = manifest.get("images") if isinstance(manifest, dict) else None
+    if not isinstance(images, dict):
+        runs.unreadable = True
+        return runs
+    runs.known = True
+    runs.unfinished = {s.casefold() for s in _stems(manifest.get(UNFINISHED))}
+    for name, entry in images.items():
+        runs.entries.add(name)
+        outputs = finished_outputs(entry)
+        stem = PurePosixPath(outputs[0]).stem if outputs else ""
+        for rel in outputs or ():
+            runs.owners.setdefault(rel.casefold(), (name, output_kind(rel, stem)))
+    return runs
 
 
 class RunRecords:
@@ -150,6 +259,29 @@ class RunRecords:
             if self.out.resolve() in path.resolve().parents and path.is_file():  # only files inside the folder
                 path.unlink()
 
+    def begin(self, stems: list[str]) -> None:
+        """Before the first image (rank 0): add the run's output ``stems`` to the manifest's
+        ``unfinished`` and write manifest.json, so what a run killed before its next save wrote is
+        known as its own. OSError propagates."""
+        held = _stems(self.manifest.get(UNFINISHED))
+        self.manifest[UNFINISHED] = sorted(set(held) | set(stems))
+        nio.write_json(self.manifest_path, self.manifest)
+
+    def _settle_unfinished(self) -> None:
+        """At the end of a run: ``unfinished`` keeps the stems that no entry lists and whose files remain."""
+        held = _stems(self.manifest.pop(UNFINISHED, None))
+        if not held:
+            return
+        listed = {PurePosixPath(o[0]).stem.casefold() for o in map(finished_outputs, self.images.values()) if o}
+        try:
+            files = existing_files(self.out, STEM_FOLDERS).values()
+        except UsageError:  # the folder cannot be listed: keep every stem
+            files, listed = [f"{s}.png" for s in held], set()
+        present = {s.casefold() for rel in files for s in stem_candidates(rel)}
+        keep = [s for s in held if s.casefold() not in listed and s.casefold() in present]
+        if keep:
+            self.manifest[UNFINISHED] = keep
+
     def write_manifest(self) -> None:
         """manifest.json alone (or this rank's shard file): what a rerun trusts; OSError propagates."""
         if self.shard is not None:
@@ -165,6 +297,8 @@ class RunRecords:
             nio.write_json(shard_path(self.out, self.shard), {"names": self.shard_names, "images": mine,
                                                               "rows": self.rows})
             return
+        if final:
+            self._settle_unfinished()
         nio.write_json(self.manifest_path, self.manifest)
         rows = sorted(self.rows, key=lambda r: (r["index"] if isinstance(r["index"], int) else 1 << 30, r["name"]))
         nio.write_csv(self.out / RESULTS_CSV, rows, RESULT_FIELDS)

@@ -23,10 +23,11 @@ from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVE
                      image_seed, input_names, open_prior, parse_device, prior_key, read_inputs, set_threads,
                      sha256_file, sha256_json)
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
-from .outputs import OutputError, cannot_write, check_output_folder, output_stems, run_lock
+from .outputs import OutputError, cannot_write, check_output_folder, output_stems, refuse_unrecorded, run_lock
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image, input_notes
-from .records import SHARD_DIR, SUMMARY_JSON, RunRecords, merge_leftover_shards, outputs_ok, recorded_stems
-from .restore_outputs import Item, Job, add_ground_truth_metrics, write_outputs
+from .records import (MANIFEST, RECORD_FILES, SHARD_DIR, STEM_FOLDERS, SUMMARY_JSON, RunRecords, earlier_runs,
+                      merge_leftover_shards, outputs_ok, recorded_stems)
+from .restore_outputs import Item, Job, add_ground_truth_metrics, check_output_names, planned_outputs, write_outputs
 from .restore_setup import input_folders, load_run_calibration, run_configs, run_sampler, task_with_operator_files
 from .tasks import OperatorSource, resolve_task
 
@@ -56,8 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "other result. <name> is the input's stem, or stem_ext where inputs share a stem (a_png, a_jpg);\n"
                     "an input keeps the name an earlier run into the folder gave it, and no input takes another's\n"
                     "(a.png restored as a.png, then a.jpg added: a_jpg). Inputs whose output names would still\n"
-                    "coincide (a.png and a.PNG) are refused before any work. Images in subfolders of --input are\n"
-                    "not restored (a warning counts them).")
+                    "coincide (a.png and a.PNG), or whose interval would take another input's name (a.png's\n"
+                    "a_lower.png beside an input a_lower.png, in this run or recorded by an earlier one), are refused\n"
+                    "before any work. A run replaces only files that earlier nfc-dps runs into --output recorded:\n"
+                    "a folder holding any other file of an output's name (the original photos, your own\n"
+                    "results.csv) is refused before any work, naming it; --overwrite replaces such files. Images\n"
+                    "in subfolders of --input are not restored (a warning counts them).")
     r.add_argument("--input", "-i", default=None,
                    help="measurement image or folder (default with a simulation.json config: its measurements)")
     r.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
@@ -88,7 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"equal those of one image at a time up to float rounding of batched network layers")
     r.add_argument("--gt", default=None, metavar="DIR", help="ground-truth folder (same file names): PSNR/SSIM per image")
     r.add_argument("--bit-depth", type=int, choices=(8, 16), default=None, help="output bit depth (default: the input's)")
-    r.add_argument("--overwrite", action="store_true", help="redo images already done in the output folder")
+    r.add_argument("--overwrite", action="store_true",
+                   help="redo images already done in the output folder, and replace files of the output names "
+                        "that no earlier nfc-dps run wrote there")
     common_flags(r)
     r.set_defaults(func=cmd_restore)
 
@@ -126,7 +133,7 @@ def cmd_restore(args) -> int:
             except OutputError as e:
                 raise UsageError(f"{e}; free space and rerun the same command") from e
         dist.barrier()  # every rank reads the complete manifest
-        names, stems = _names(args, inp, images, others, out, [gt_dir, *operator_folders.values()], dist, log)
+        names, stems = _names(args, inp, images, others, out, [gt_dir, *operator_folders.values()], dist, log, samples)
         prior = _checked_prior(args, device, first, sampler, samples, bundle, log)
         record = resolved_config(task, sampler, seed, samples, prior=prior_key(args.prior)["path"],
                                  command="restore", device=str(device), precision=prior.precision, inputs=str(inp.resolve()),
@@ -143,14 +150,21 @@ def cmd_restore(args) -> int:
         mine = items[dist.rank::dist.world]
         run = RestoreRun(args, log, task, sampler, prior, device, seed, samples, out, inp, gt_dir, dist,
                          [it.name for it in mine], own_outputs={f"{it.out_stem}.png" for it in items}, first=first)
+        if dist.rank == 0:
+            try:
+                run.records.begin(stems)
+            except OSError as e:
+                raise UsageError(cannot_write(e)) from e
         return run.run(mine, others if dist.rank == 0 else [], total=len(items))
 
 
 def _names(args, inp: Path, images: list[Path], others: list[Path], out: Path, also_read: list, dist: Dist,
-           log: Log) -> tuple[list[str], list[str]]:
+           log: Log, samples: int = 1) -> tuple[list[str], list[str]]:
     """(names, output stems) of the --input files ``images``, under the run's lock: rank 0 names the
     outputs (from the manifest and the outputs on disk, which other ranks may already be writing)
-    and every rank uses its names; --overwrite too: no orphans."""
+    and every rank uses its names; --overwrite too: no orphans. Refused here, before any work: an
+    output of one input named as another's (:func:`check_output_names`), and, without
+    --overwrite, a file the run would replace that no earlier run recorded."""
     if inp.is_dir():
         nested = nio.images_in_subfolders(inp, [out, *[f for f in also_read if f]]) if dist.rank == 0 else 0
         if nested:
@@ -163,17 +177,25 @@ def _names(args, inp: Path, images: list[Path], others: list[Path], out: Path, a
     if dist.rank == 0:
         try:
             named = output_stems(images, names, recorded_stems(out))
+            _check_outputs(args, out, names, named, samples)
         except UsageError as e:
             error = str(e)
     stems, error = dist.broadcast((named, error))
     if error is not None:
         raise UsageError(error)
-    if args.calibration_loaded is not None:  # <a>_lower.png of input a would overwrite input a_lower's output
-        clash = sorted(set(stems) & {f"{s}_{end}" for s in stems for end in ("lower", "upper")})
-        if clash:
-            raise UsageError(f"--calibration writes <name>_lower.png / <name>_upper.png, which would overwrite the "
-                             f"restoration of {', '.join(clash[:3])}; restore those inputs into another folder")
     return names, stems
+
+
+def _check_outputs(args, out: Path, names: list[str], stems: list[str], samples: int) -> None:
+    """The run's output names against each other and what the folder records (see :func:`_names`)."""
+    earlier = earlier_runs(out)
+    plan = {name: planned_outputs(stem, samples, args.save_samples, args.calibration_loaded is not None)
+            for name, stem in zip(names, stems)}
+    check_output_names(plan, earlier, Path(args.output) / MANIFEST)
+    if args.overwrite:
+        return
+    files = [rel for name, outputs in plan.items() if name not in earlier.entries for rel, _ in outputs]
+    refuse_unrecorded(Path(args.output), out, [*files, *RECORD_FILES], earlier.wrote, STEM_FOLDERS)
 
 
 def _checked_prior(args, device, first, sampler: ResolvedSampler, samples: int, bundle, log: Log) -> Any:

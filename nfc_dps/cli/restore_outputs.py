@@ -1,6 +1,8 @@
 """What one restored image leaves in the output folder: its input and job (:class:`Item`,
 :class:`Job`), its files (:func:`write_outputs`: the restoration, std map, samples and calibrated
-interval, the main image last) and its metrics against a ground truth (:func:`add_ground_truth_metrics`)."""
+interval, the main image last; :func:`planned_outputs` names them before the run, and
+:func:`check_output_names` refuses a run where one input's would replace another's) and its
+metrics against a ground truth (:func:`add_ground_truth_metrics`)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import io as nio
-from .common import STD_PNG_SCALE, image_metrics, match_file, to_numpy
+from .common import STD_PNG_SCALE, UsageError, image_metrics, match_file, to_numpy
 from .outputs import npy_bytes
+from .records import EarlierRuns
 
 
 @dataclass
@@ -40,6 +43,51 @@ class Job:
     operator: Any
     group: tuple
 
+
+
+def planned_outputs(stem: str, samples: int, save_samples: bool, calibrated: bool) -> list[tuple[str, str]]:
+    """(path relative to the output folder, what it is) of each file :func:`write_outputs` writes for
+    the input of output stem ``stem``, the restoration first."""
+    files = [(f"{stem}.png", "restoration")]
+    if samples > 1:
+        files += [(f"std/{stem}.png", "std map"), (f"std/{stem}.npy", "std map")]
+        if save_samples:
+            files += [(f"samples/{stem}_{j}.png", "sample") for j in range(samples)]
+    if calibrated:
+        files += [(f"{stem}_{end}.png", f"{end} interval bound") for end in ("lower", "upper")]
+    return files
+
+
+def check_output_names(plan: dict[str, list[tuple[str, str]]], earlier: EarlierRuns, manifest: Path) -> None:
+    """UsageError (before any work) where a file of one input (``plan``: input name -> its
+    :func:`planned_outputs`) is a file of another input: of this run, or of an earlier run that
+    ``manifest`` records (``earlier``), unless this run redoes that input without it. Two
+    restorations of one name are :func:`~nfc_dps.cli.outputs.output_stems`' to settle."""
+    mine = {name: {rel.casefold() for rel, _ in files} for name, files in plan.items()}
+    planned: dict[str, tuple[str, str]] = {}
+    for name, files in plan.items():
+        for rel, kind in files:
+            other = planned.setdefault(rel.casefold(), (name, kind))
+            if other[0] != name:
+                if other[1].endswith("interval bound"):  # name it as the interval written over a restoration
+                    name, kind, other = other[0], other[1], (name, kind)
+                raise UsageError(_clash(rel, (name, kind), other, "that this run writes"))
+    for name, files in plan.items():
+        for rel, kind in files:
+            other = earlier.owners.get(rel.casefold())
+            if other is None or other[0] == name or (kind, other[1]) == ("restoration", "restoration"):
+                continue
+            if other[0] in mine and rel.casefold() not in mine[other[0]]:
+                continue  # redone now without it
+            raise UsageError(_clash(rel, (name, kind), other, f"that an earlier run recorded in {manifest}"))
+
+
+def _clash(rel: str, one: tuple[str, str], other: tuple[str, str], where: str) -> str:
+    """The refusal of ``rel`` written as ``one`` (input, what) over ``other``'s file."""
+    writes = (f"--calibration writes the {one[1]} of {one[0]} as {rel}" if one[1].endswith("interval bound")
+              else f"{one[0]} would be written as {rel} (its {one[1]})")
+    return (f"{writes}, which would overwrite the {other[1]} of {other[0]} {where}; restore {one[0]} and "
+            f"{other[0]} into separate --output folders, or rename one of them")
 
 
 def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: int | None, samples: int,

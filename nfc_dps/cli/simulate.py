@@ -18,7 +18,9 @@ from .common import (DISK_FULL, EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, Usag
                      input_names, noise_seed, read_inputs, to_numpy)
 from .flags import task_flags
 from .preflight import input_notes
-from .outputs import cannot_write, check_output_folder, folder_lock, npy_bytes, output_stems
+from .outputs import cannot_write, check_output_folder, existing_files, folder_lock, npy_bytes, output_stems, \
+    refuse_unrecorded
+from ..operators import TASKS
 from .tasks import OperatorSource, check_operator_file, resolve_seed, resolve_task
 from ..api import as_batch
 
@@ -35,12 +37,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "'restore --config OUT/simulation.json' reads back (operators from the saved files). "
                                    "Into a folder an earlier simulate wrote: with the same settings its other images "
                                    "are kept (add images one run at a time); with other settings (task, noise, seed, "
-                                   "bit depth) what it wrote for images not simulated now is removed, and said so.")
+                                   "bit depth) what it wrote for images not simulated now is removed, and said so. "
+                                   "A folder holding a file of an output's name that no earlier simulate run "
+                                   "recorded is refused before any work, naming it (--overwrite replaces it).")
     s.add_argument("--input", "-i", required=True, help="clean image or folder")
     s.add_argument("--output", "-o", required=True, help="output folder (not the input folder)")
     task_flags(s, "base seed (default 0); each image's operator and noise seeds come from it and the image's "
                "file name, never its position, so adding files changes no other measurement")
     s.add_argument("--bit-depth", type=int, choices=(8, 16), default=16, help="measurement PNG bit depth (default 16)")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace files of the output names in --output that no earlier simulate run wrote there")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages")
     s.set_defaults(func=cmd_simulate)
 
@@ -57,6 +63,58 @@ def _restore_task_for(task: TaskConfig, has_kernel: bool, has_mask: bool) -> dic
 
 #: key of an incomplete simulation.json: the settings of the run that was rewriting the folder
 REWRITING_WITH = "rewriting_with"
+#: key of simulation.json's "note": the output stems of images a run started and its record does not
+#: list, whose files remain (a run killed or stopped mid-image): they are a simulate run's own
+UNFINISHED = "unfinished"
+
+
+def _planned_files(stem: str, task: TaskConfig) -> list[str]:
+    """The files (relative to the output folder) that :func:`_simulate_one` writes for output ``stem``."""
+    files = [f"measurements/{stem}.png", f"ground_truth/{stem}.png"]
+    family = TASKS[task.task].family
+    if family == "blur":
+        files += [f"kernels/{stem}.npy", f"kernels/{stem}.png"]
+    elif family == "inpaint":
+        files.append(f"masks/{stem}.png")
+    return files
+
+
+def _unfinished(sim: Any) -> list[str]:
+    """The unfinished stems a simulation record lists."""
+    note = sim.get("note") if isinstance(sim, dict) else None
+    stems = note.get(UNFINISHED) if isinstance(note, dict) else None
+    return [s for s in stems if isinstance(s, str)] if isinstance(stems, list) else []
+
+
+def _refuse_unrecorded(output: Path, out: Path, stems: list[str], task: TaskConfig) -> None:
+    """Before any work: refuse (UsageError naming it) a file this run would write that no earlier
+    simulate run into ``out`` recorded (its simulation.json: images, unfinished stems)."""
+    try:
+        sim = json.loads((out / SIMULATION_JSON).read_text()) if (out / SIMULATION_JSON).exists() else None
+    except (OSError, ValueError):
+        sim = None
+    ours = isinstance(sim, dict) and sim.get("kind") == KIND_SIMULATION
+    records = sim.get("images") if ours and isinstance(sim.get("images"), list) else []
+    recorded = {f.casefold() for r in records if isinstance(r, dict) for f in _files_of(r)}
+    unfinished = {s.casefold() for s in _unfinished(sim)} if ours else set()
+    if ours:
+        recorded.add(SIMULATION_JSON.casefold())
+
+    def wrote(rel: str) -> bool:
+        return rel.casefold() in recorded or ("/" in rel and Path(rel).stem.casefold() in unfinished)
+
+    planned = [SIMULATION_JSON, *(f for stem in stems for f in _planned_files(stem, task))]
+    refuse_unrecorded(output, out, planned, wrote, OUTPUT_SUBFOLDERS)
+
+
+def _still_unfinished(out: Path, stems: list[str], images: list[dict[str, Any]]) -> list[str]:
+    """Of ``stems``, those no record of ``images`` lists and whose files remain in ``out``."""
+    listed = {Path(r["measurement"]).stem.casefold() for r in images}
+    try:
+        present = {Path(rel).stem.casefold() for rel in existing_files(out, OUTPUT_SUBFOLDERS).values() if "/" in rel}
+    except UsageError:
+        present = {s.casefold() for s in stems}
+    return sorted({s for s in stems if s.casefold() not in listed and s.casefold() in present})
 
 
 def _files_of(rec: dict[str, Any]) -> list[str]:
@@ -87,16 +145,19 @@ def _previous_simulation(out: Path, log: Log) -> tuple[list[dict[str, Any]], dic
     return records, settings
 
 
-def _mark_incomplete(out: Path, previous: list[dict[str, Any]], settings: dict[str, Any]) -> None:
-    """Before any file of an earlier simulation in ``out`` is replaced: its simulation.json says
-    the folder is being rewritten, so an interrupted run leaves no record that restore would
-    trust; the final record replaces it."""
+def _mark_incomplete(out: Path, previous: list[dict[str, Any]], settings: dict[str, Any],
+                     unfinished: list[str]) -> None:
+    """Before any file in ``out`` is written: its simulation.json says the folder is being
+    rewritten, so an interrupted run leaves no record that restore would trust, and lists the
+    ``unfinished`` output stems, so its files stay a simulate run's own; the final record replaces it."""
     path = out / SIMULATION_JSON
     try:
         sim = json.loads(path.read_text())
     except (OSError, ValueError):
         sim = {}
     sim = sim if isinstance(sim, dict) else {}
+    note = sim.get("note") if isinstance(sim.get("note"), dict) else {}
+    sim.update(note={**note, UNFINISHED: unfinished})
     sim.update(kind=KIND_SIMULATION, images=previous, **{REWRITING_WITH: settings},
                **{INCOMPLETE: "a simulate run into this folder was interrupted: its measurements may not be the "
                                "ones this record describes; rerun simulate"})
@@ -131,13 +192,20 @@ def cmd_simulate(args) -> int:
         # it wrote for them is removed below (restore reads the folder)
         previous, previous_settings = _previous_simulation(out, log)
         stems = output_stems(images, names, {r["name"]: Path(r["measurement"]).stem for r in previous})
+        if not args.overwrite:
+            _refuse_unrecorded(Path(args.output), out, stems, task)
+        try:
+            held = _unfinished(json.loads((out / SIMULATION_JSON).read_text()))
+        except (OSError, ValueError):
+            held = []
+        unfinished = sorted(set(held) | set(stems))
         failures = [{"name": p.name, "error": nio.unusable_reason(p)} for p in others]
         for f in failures:
             log.error(f"FAILED {f['name']}: {f['error']}")
         settings = json.loads(json.dumps({"simulated_task": task.as_dict(), "simulation_seed": seed,
                                           "bit_depth": args.bit_depth}))
-        if previous and images:
-            _mark_incomplete(out, previous, settings)
+        if images:
+            _mark_incomplete(out, previous, settings, unfinished)
         records, disk_full = [], None
         for i, path in enumerate(tqdm(images, desc="simulate", unit="img", disable=args.quiet)):
             try:
@@ -155,6 +223,9 @@ def cmd_simulate(args) -> int:
             redone = set(names) - {f["name"] for f in failures}
             kept = [r for r in previous if r["name"] not in redone and all((out / f).is_file() for f in _files_of(r))]
         sim = _simulation_record(task, seed, args.bit_depth, inp, records + kept, failures)
+        left = _still_unfinished(out, unfinished, records + kept)
+        if left:
+            sim.setdefault("note", {})[UNFINISHED] = left
         try:
             nio.write_json(out / SIMULATION_JSON, sim)
         except OSError as e:
