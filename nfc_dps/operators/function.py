@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -13,13 +15,30 @@ __all__ = ["FunctionOperator"]
 
 
 def _shape(value: Sequence[int], name: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(v) for v in value)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}") from e
+    """``value`` as a tuple of positive ints: Python or numpy integers (or integral floats) are
+    taken, a non-integral float, a bool or a string is refused naming it."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}")
+    shape = []
+    for v in value:
+        if isinstance(v, (bool, np.bool_, str, bytes)):
+            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r} (holding {v!r})")
+        try:
+            shape.append(operator.index(v))  # int, numpy integer, integer 0-d tensor
+            continue
+        except TypeError:
+            pass
+        try:
+            f = float(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r} (holding {v!r})") from e
+        if not f.is_integer():
+            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}: {v!r} is not a whole "
+                             f"number (a size is not truncated)")
+        shape.append(int(f))
     if not shape or any(v < 1 for v in shape):
         raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {value!r}")
-    return shape
+    return tuple(shape)
 
 
 class FunctionOperator(LinearOperator):
@@ -40,11 +59,16 @@ class FunctionOperator(LinearOperator):
             None: torch's default). ``dtype`` stays the operator's ``dtype``: the classical
             baselines call ``A`` in it.
 
-    The pseudo-inverse and the proximal solve are the base class's conjugate gradients. On
-    construction ``A`` is applied once to zeros of ``image_shape`` (its output shape must be
-    ``measurement_shape``), and a given ``A_adjoint`` is checked against ``A`` on one random pair
-    (<A x, y> = <x, A^T y>, relative 1e-3). Units: any ([0, 1] images in ``restore``; the
-    measurement's range is whatever ``A`` gives, only its finiteness is checked there).
+    The pseudo-inverse and the proximal solve are the base class's conjugate gradients. Shapes
+    take Python or numpy integers; a non-integral size is refused. On construction ``A`` is
+    applied to a batch of two zero images and of two seeded random ones (a torch.Tensor of
+    ``measurement_shape`` with the input's batch size; ValueError naming the failure otherwise):
+    A(0) must be 0 and A(a x + b y) = a A(x) + b A(y) (relative 1e-4 in float32): an affine or
+    nonlinear map is refused, naming the failure. Without ``A_adjoint`` the autograd adjoint is
+    run once (TypeError when ``A`` leaves torch, e.g. through numpy); a given ``A_adjoint`` is
+    checked against ``A`` on one random pair (<A x, y> = <x, A^T y>, relative 1e-3). Every call
+    checks the output's type, shape and batch size. Units: any ([0, 1] images in ``restore``;
+    the measurement's range is whatever ``A`` gives, only its finiteness is checked there).
     """
 
     name = "function"
@@ -67,30 +91,68 @@ class FunctionOperator(LinearOperator):
         self._check(torch.device(device), self.dtype)
 
     def _check(self, device: torch.device, dtype: torch.dtype) -> None:
-        """A's output shape on zeros; a given adjoint against A on one random pair."""
-        out = self.A(torch.zeros((1, *self.image_dims), dtype=dtype, device=device))
-        if self.adjoint_fn is None:
-            return
+        """On a batch of two seeded random images x, y (and zeros): A's output type and shape
+        (batch kept), A(0) = 0 and A(a x + b y) = a A(x) + b A(y) (relative :meth:`_tolerance`);
+        the autograd adjoint runs, or a given adjoint matches A (<A x, y> = <x, A^T y>, relative 1e-3)."""
         gen = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn((1, *self.image_dims), generator=gen, dtype=dtype, device=device)
-        y = torch.randn(out.shape, generator=gen, dtype=dtype, device=device)
-        ax, aty = self.A(x), self.A_adjoint(y)
+        shape = (2, *self.image_dims)
+        zero = self.A(torch.zeros(shape, dtype=dtype, device=device))
+        x, u = (torch.randn(shape, generator=gen, dtype=dtype, device=device) for _ in range(2))
+        a, b = 0.75, -1.25
+        ax, au, mixed = self.A(x), self.A(u), self.A(a * x + b * u)
+        for what, t in (("A(0)", zero), ("A(x)", ax), ("A(a x + b y)", mixed)):
+            if not torch.isfinite(t).all():
+                raise ValueError(f"{what} holds non-finite values for seeded random images x, y of shape {shape}: "
+                                 f"A must be a linear map defined on every image")
+        tol = self._tolerance(dtype)
+        scale = float(ax.norm()) + float(au.norm())
+        if float(zero.norm()) > tol * max(scale, 1e-30):
+            raise ValueError(f"A is not linear: A(0) is not 0 (largest |A(0)| = {float(zero.abs().max()):.4g}; an "
+                             f"offset, an affine map?). FunctionOperator needs a linear map (A(0) = 0): subtract the "
+                             f"offset A(0) from the measurement and from A")
+        size = max(abs(a) * float(ax.norm()) + abs(b) * float(au.norm()), 1e-30)
+        err = float((mixed - (a * ax + b * au)).norm())
+        if err > tol * size:
+            raise ValueError(f"A is not linear: A(a x + b y) differs from a A(x) + b A(y) by {err:.4g} (relative "
+                             f"{err / size:.3g}, tolerance {tol:.1g}) for a = {a}, b = {b} and seeded random images "
+                             f"x, y. FunctionOperator needs a linear map (A(a x + b y) = a A(x) + b A(y) for every "
+                             f"x, y)")
+        y = torch.randn(ax.shape, generator=gen, dtype=dtype, device=device)
+        if self.adjoint_fn is None:
+            try:
+                self.A_adjoint(y)
+            except (RuntimeError, TypeError) as e:
+                raise TypeError(f"A_adjoint=None takes the adjoint as autograd's vector-Jacobian product of A, and A "
+                                f"does not run under autograd ({type(e).__name__}: {e}): write A with torch "
+                                f"operations on its input (no numpy), or pass A_adjoint") from e
+            return
+        aty = self.A_adjoint(y)
         lhs, rhs = float((ax * y).sum()), float((x * aty).sum())
         scale = float(ax.norm() * y.norm()) + float(x.norm() * aty.norm())
         if abs(lhs - rhs) > 1e-3 * max(scale, 1e-12):
             raise ValueError(f"A_adjoint is not the adjoint of A: <A x, y> = {lhs:.6g} but <x, A_adjoint(y)> = "
                              f"{rhs:.6g} for random x, y (pass A_adjoint=None for the autograd adjoint)")
 
-    def _expect(self, t: Tensor, dims: tuple[int, ...], what: str) -> None:
+    @staticmethod
+    def _tolerance(dtype: torch.dtype) -> float:
+        """The relative error the linearity check allows in ``dtype``: 1e-4, or 16 ulp where coarser."""
+        return max(1e-4, 16 * torch.finfo(dtype).eps)
+
+    def _expect(self, t: Any, dims: tuple[int, ...], what: str, batch: int | None = None) -> None:
         if not isinstance(t, Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+            hint = " (convert with torch.from_numpy, or better compute with torch operations)" \
+                if isinstance(t, np.ndarray) else ""
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}{hint}")
         if tuple(t.shape[1:]) != dims or t.ndim != len(dims) + 1:
             raise ValueError(f"{what} must have shape (B, {', '.join(map(str, dims))}), got {tuple(t.shape)}")
+        if batch is not None and t.shape[0] != batch:
+            raise ValueError(f"{what} has {t.shape[0]} item(s) on the batch axis, the input {batch}: each image of a "
+                             f"batch needs its own output (axis 0 is the batch)")
 
     def A(self, x: Tensor) -> Tensor:
         self._expect(x, self.image_dims, "the image")
         out = self.forward_fn(x)
-        self._expect(out, self.measurement_dims, f"A's output for an image of shape {tuple(x.shape)}")
+        self._expect(out, self.measurement_dims, f"A's output for an image of shape {tuple(x.shape)}", x.shape[0])
         return out
 
     def A_adjoint(self, y: Tensor) -> Tensor:
@@ -99,7 +161,8 @@ class FunctionOperator(LinearOperator):
             out = self.adjoint_fn(y)
         else:
             out = self._vjp(y)
-        self._expect(out, self.image_dims, f"A_adjoint's output for a measurement of shape {tuple(y.shape)}")
+        self._expect(out, self.image_dims, f"A_adjoint's output for a measurement of shape {tuple(y.shape)}",
+                     y.shape[0])
         return out
 
     def _vjp(self, y: Tensor) -> Tensor:
@@ -109,7 +172,7 @@ class FunctionOperator(LinearOperator):
             if y.is_inference():
                 y = y.clone()
             x = torch.zeros((y.shape[0], *self.image_dims), dtype=y.dtype, device=y.device, requires_grad=True)
-            (grad,) = torch.autograd.grad(self.forward_fn(x), x, grad_outputs=y, create_graph=y.requires_grad)
+            (grad,) = torch.autograd.grad(self.A(x), x, grad_outputs=y, create_graph=y.requires_grad)
         return grad
 
     def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
