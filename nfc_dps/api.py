@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from .io import INTEGER_SCALES
 from .operators.base import LinearOperator, noise_sigma_problem
+from .operators.nonlinear import is_linear
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
 from .samplers import Measurement, get_config, get_method, iter_chains, override_config
@@ -262,7 +263,11 @@ def restore(
         calibration = load_calibration(calibration)
         calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
                           noise_sigma=noise.sigma, factor=operator.downsampling_factor)
-    why = get_method(method).noise_problem(noise)
+    m = get_method(method)
+    why = m.operator_problem(operator)
+    if why:
+        raise ValueError(why)
+    why = m.noise_problem(noise)
     if why:
         raise ValueError(f"{method} {why}")
     problem = _Problem.set_up(operator, batch, noise, prior)
@@ -326,7 +331,8 @@ def _checked_measurement(y, operator, sigma_y, noise, seed, num_samples, max_bat
         why = noise.measurement_problem(batch)
         if why:
             raise ValueError(f"{why} (noise {noise})")
-    elif operator.family == "other":  # a map of unknown range (FunctionOperator): its measurement may lie anywhere
+    elif operator.family == "other" or getattr(operator, "measurement_range", (0, 1)) is None:
+        # a map of unknown range (FunctionOperator, phase retrieval): its measurement may lie anywhere
         if not torch.isfinite(batch).all():
             raise ValueError("measurement contains NaN or Inf")
     else:
@@ -406,6 +412,9 @@ class _Problem:
                              f"but the prior models {pc}")
         h, w = image_shape[-2:]
         mult = prior.size_multiple
+        if (h % mult or w % mult) and not is_linear(operator):
+            raise ValueError(f"the prior restores images whose sides are multiples of {mult}; this {operator.name} "
+                             f"measurement is of a {h}x{w} image: crop it to a multiple of {mult}")
         if h % mult or w % mult:  # restore on a padded canvas; the border is filled by the prior
             operator = CroppedOperator(operator, (h, w), (padded_size(h, mult), padded_size(w, mult)))
             image_shape = tuple(operator.image_shape(batch.shape))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
+from .noise import GaussianNoise, NoiseModel, parse_noise
 from .operators import TASKS, check_task_params, noise_sigma_problem, build_operator
 from .overrides import ConfigError, coerce, coerce_overrides, flatten
 from .samplers import METHODS, get_config, with_preset_hint
@@ -166,12 +167,19 @@ class TaskConfig:
     params: dict[str, Any] = field(default_factory=dict)
     noise_sigma: float = DEFAULT_NOISE_SIGMA
     source: str = "<defaults>"
+    #: a non-Gaussian noise model's spec (``poisson:30``; key ``noise``); None: Gaussian of noise_sigma
+    noise: str | None = None
+
+    @property
+    def noise_model(self) -> NoiseModel:
+        """The measurement's noise model: ``noise``'s, else Gaussian of ``noise_sigma``."""
+        return parse_noise(self.noise) if self.noise else GaussianNoise(self.noise_sigma)
 
     def as_dict(self) -> dict[str, Any]:
         """The config as written in a file (every parameter, defaults filled in)."""
         full = {**task_defaults(self.task), **self.params}
         return {"task": self.task, **{k: list(v) if isinstance(v, tuple) else v for k, v in full.items()},
-                "noise_sigma": self.noise_sigma}
+                "noise_sigma": self.noise_sigma, **({"noise": self.noise} if self.noise else {})}
 
     def with_params(self, task: str | None = None, **params: Any) -> "TaskConfig":
         """A copy with another task and/or parameters (validated); parameters of the old task that
@@ -180,7 +188,8 @@ class TaskConfig:
         allowed = task_defaults(name)
         merged = {k: v for k, v in self.params.items() if k in allowed}
         merged.update(params)
-        return parse_task({"task": name, **merged, "noise_sigma": self.noise_sigma}, self.source)
+        noise = {"noise": self.noise} if self.noise else {}
+        return parse_task({"task": name, **merged, "noise_sigma": self.noise_sigma, **noise}, self.source)
 
     def build(self, image_size: tuple[int, int], seed: int = 0):
         return build_operator(self.task, image_size=image_size, seed=seed, **self.params)
@@ -199,12 +208,27 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     why = noise_sigma_problem(noise)
     if why:
         raise ConfigError(f"{source}: key 'noise_sigma' {why}")
+    spec = data.pop("noise", None)
+    if spec is not None:
+        try:
+            model = parse_noise(spec) if isinstance(spec, str) else None
+        except ValueError as e:
+            raise ConfigError(f"{source}: key 'noise' {e}") from None
+        if model is None:
+            raise ConfigError(f"{source}: key 'noise' must be a spec such as 'poisson:30', got {spec!r}")
+        if isinstance(model, GaussianNoise):  # gaussian:s is noise_sigma s
+            why = noise_sigma_problem(model.sigma)
+            if why:
+                raise ConfigError(f"{source}: key 'noise' sigma {why}")
+            noise, spec = model.sigma, None
+        else:
+            spec = str(model)
     allowed = TASKS[name].params
     params: dict[str, Any] = {}
     for key, value in data.items():
         if key not in allowed:
             raise ConfigError(f"{source}: unknown key {key!r} for task {name!r}; allowed: "
-                              f"{', '.join(['task', *allowed, 'noise_sigma'])}")
+                              f"{', '.join(['task', *allowed, 'noise_sigma', 'noise'])}")
         value = _checked(value, _param_type(allowed[key], key in TASKS[name].pair_params), source, key)
         if key.endswith("_path") and base_dir is not None and not Path(value).is_absolute():
             value = str((base_dir / value).resolve())
@@ -213,7 +237,7 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
         check_task_params(name, **params)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from e
-    return TaskConfig(name, params, noise, source)
+    return TaskConfig(name, params, noise, source, spec)
 
 
 # --------------------------------------------------------------------------------------------

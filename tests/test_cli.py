@@ -140,7 +140,7 @@ def test_restore_lists_reads_and_resolves_once(tmp_path, prior_dir, monkeypatch)
     (tmp_path / "s.yaml").write_text("method: nfc\nprior_weight: 0.5\n")
     reads, listings, configs = [], [], []
     read_image, list_folder, get_config_ = nio.read_image, nio.list_folder, nfc_dps.config.get_config
-    monkeypatch.setattr(nio, "read_image", lambda path: reads.append(Path(path).name) or read_image(path))
+    monkeypatch.setattr(nio, "read_image", lambda path, **kw: reads.append(Path(path).name) or read_image(path, **kw))
     monkeypatch.setattr(nio, "list_folder", lambda folder: listings.append(Path(folder)) or list_folder(folder))
     monkeypatch.setattr(nfc_dps.config, "get_config", lambda *a, **k: configs.append(a) or get_config_(*a, **k))
     assert run("restore", "--input", tmp_path / "in", "--output", tmp_path / "out", "--task", "denoise",

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,8 +38,11 @@ from nfc_dps.operators.decomposition import FourierDecomposition, PixelDecomposi
 SMALL_PARAMS = {"factor": 2, "kernel_size": 5, "box_size": 2, "margin": 1}
 #: every registered task (both boundaries of the blurs), and a FunctionOperator over a random matrix
 KINDS = tuple(f"{name}:{b}" if "boundary" in task.params else name
-              for name, task in TASKS.items() for b in (("circular", "reflect") if "boundary" in task.params else ("",))
+              for name, task in TASKS.items() if task.family != "nonlinear"
+              for b in (("circular", "reflect") if "boundary" in task.params else ("",))
               ) + ("function",)
+#: the nonlinear tasks (their Jacobian is checked below) and a nonlinear FunctionOperator
+NONLINEAR_KINDS = tuple(name for name, task in TASKS.items() if task.family == "nonlinear") + ("function_nonlinear",)
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True)
 _FILES = Path(tempfile.mkdtemp(prefix="nfc_dps_operator_files_"))
 
@@ -75,7 +79,7 @@ def _operator(kind: str, h: int, w: int, seed: int, channels: int = 1) -> Linear
 
 
 def test_every_registered_task_is_a_kind():
-    assert {k.partition(":")[0] for k in KINDS} == set(TASKS) | {"function"}
+    assert {k.partition(":")[0] for k in KINDS + NONLINEAR_KINDS} == set(TASKS) | {"function", "function_nonlinear"}
 
 
 @st.composite
@@ -284,3 +288,58 @@ def test_approximate_gram_eigenvalues_are_exact_where_declared(problem):
     want = torch.cat([want, want.new_zeros(h * w - ih * iw)])
     assert approx.dtype == torch.float64 and approx.shape == (h * w,)
     torch.testing.assert_close(approx, want, rtol=1e-6, atol=1e-9)
+
+
+def _nonlinear(kind: str, h: int, w: int, seed: int, channels: int):
+    if kind == "function_nonlinear":
+        weights = torch.randn((channels, h, w), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return FunctionOperator(lambda x: torch.tanh(weights.to(x.dtype) * x) + x**3, (channels, h, w), (channels, h, w),
+                                linear=False, dtype=torch.float64)
+    params = {"kernel_size": 5} if kind == "deblur_camera" else {}
+    return build_operator(kind, (h, w), seed=seed, **params)
+
+
+@given(kind=st.sampled_from(NONLINEAR_KINDS), h=st.integers(4, 10).map(lambda v: 2 * v),
+       w=st.integers(4, 10).map(lambda v: 2 * v), channels=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+@PROPERTY_SETTINGS
+def test_nonlinear_jacobian_products_match_finite_differences(kind, h, w, channels, seed):
+    """J v against central differences and <J v, u> = <v, J^T u>, away from the maps' kinks
+    (x in [0.3, 0.7]: no clipping in HDR, sRGB's curves on their power branch); the linearisation's
+    shapes, and the Gauss-Newton prox lowers its objective from its start."""
+    op = _nonlinear(kind, h, w, seed, channels)
+    g = torch.Generator().manual_seed(seed)
+    x = 0.3 + 0.4 * torch.rand((2, channels, h, w), generator=g, dtype=torch.float64)
+    v = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    eps = 1e-6
+    fd = (op.A(x + eps * v) - op.A(x - eps * v)) / (2 * eps)
+    jv = op.jvp(x, v)
+    torch.testing.assert_close(jv, fd, atol=1e-6 * float(fd.abs().max()) + 1e-9, rtol=1e-5)
+    u = torch.randn(jv.shape, generator=g, dtype=torch.float64)
+    lhs, rhs = float((jv * u).sum()), float((v * op.vjp(x, u)).sum())
+    assert abs(lhs - rhs) <= 1e-9 * max(abs(lhs), 1.0)
+    lin = op.linearize(x)
+    assert tuple(lin.A(v).shape) == tuple(op.measurement_shape(x.shape)) == tuple(op.A(x).shape)
+    assert tuple(op.image_shape(op.A(x).shape)) == tuple(x.shape)
+    y = op.A(0.3 + 0.4 * torch.rand(x.shape, generator=g, dtype=torch.float64))
+    sigma, r = 0.05, 0.2
+
+    def objective(z):
+        return float(((y - op.A(z)) ** 2).sum() / (2 * sigma**2) + ((z - x) ** 2).sum() / (2 * r**2))
+
+    assert objective(op.prox(y, x, sigma, r)) < objective(x)
+
+
+def test_nonlinear_operators_refuse_an_adjoint_and_clip_where_they_say():
+    hdr = build_operator("hdr", (8, 8))
+    x = torch.linspace(0, 1, 64, dtype=torch.float64).view(1, 1, 8, 8)
+    with pytest.raises(TypeError, match="nonlinear: it has no adjoint"):
+        hdr.A_adjoint(x)
+    grad = hdr.vjp(x, torch.ones_like(x))
+    clipped = (2 * x - 0.5 <= 0) | (2 * x - 0.5 >= 1)
+    assert bool((grad[clipped] == 0).all()) and bool((grad[~clipped] == 2).all())
+    pr = build_operator("phase_retrieval", (16, 16))
+    assert pr.measurement_shape((1, 3, 16, 16)) == (1, 3, 24, 24)
+    with pytest.raises(ValueError, match="is the padded grid of no image"):
+        pr.image_shape((1, 3, 4, 24))
+    z = torch.rand(1, 1, 16, 16, dtype=torch.float64)
+    torch.testing.assert_close(pr.A(z), pr.A(z.flip(-1, -2)))  # the 180-degree twin

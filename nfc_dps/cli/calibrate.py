@@ -117,6 +117,9 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
     bundle = load_config(list(args.config or []))
     task = resolve_task(args, bundle)
     check_operator_file(task, None)
+    if task.noise:
+        raise UsageError(f"--noise {task.noise}: calibrated intervals are fitted and checked under Gaussian noise "
+                         f"(--noise-sigma) only")
     sampler = resolve_sampler(args, bundle)
     if args.samples < 2:
         raise UsageError(f"--samples must be >= 2 (a calibrated interval scales the spread of K samples), got "
@@ -148,7 +151,7 @@ def _simulate(path: Path, name: str, source: OperatorSource, task: TaskConfig, s
     ``simulate`` measures it. UsageError naming the image."""
     try:
         x = nio.read_image(path)[0] if x is None else x
-        x, _, op, y, _, _ = simulated_measurement(x, path.name, name, source, task.noise_sigma, seed)
+        x, _, op, y, _, _ = simulated_measurement(x, path.name, name, source, task.noise_model, seed)
     except (nio.ImageReadError, OSError, ValueError) as e:
         raise UsageError(f"calibration image {path}: {e}") from e
     return as_batch(x)[0], op, y.clamp(0, 1)

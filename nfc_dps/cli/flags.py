@@ -40,6 +40,9 @@ def task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
     p.add_argument("--noise-sigma", type=float, default=None,
                    help=f"measurement noise std in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}; "
                         f"DPS/DAPS's 0.05 in [-1, 1] units is 0.025 here)")
+    p.add_argument("--noise", default=None, metavar="KIND:VALUES",
+                   help="measurement noise model: gaussian:SIGMA, poisson:PEAK (counts / PEAK: PEAK photons at a "
+                        "clean value of 1) or poisson-gaussian:PEAK,SIGMA (default gaussian at --noise-sigma)")
     p.add_argument("--seed", type=int, default=None, help=seed_help)
 
 

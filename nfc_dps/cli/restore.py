@@ -17,6 +17,7 @@ from .. import io as nio
 from ..config import PER_IMAGE_SEED, ResolvedSampler
 from ..conformal import CalibrationError, prior_fingerprint
 from ..distributed import Dist, init_distributed, resolve_device
+from ..operators import TASKS
 from ..run_record import resolved_config
 from ..samplers.common import PriorRangeError
 from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, STD_PNG_SCALE, Log, UsageError, failure_reason,
@@ -242,7 +243,7 @@ class RestoreRun:
         })
         about = {"input": str(inp.resolve()), "output": str(out),
                  "task": task.as_dict(), "method": sampler.method, "preset": sampler.preset,
-                 "noise_sigma": task.noise_sigma, "seed": seed, "per_image_seed": PER_IMAGE_SEED,
+                 "noise_sigma": task.noise_sigma, **({"noise": task.noise} if task.noise else {}), "seed": seed, "per_image_seed": PER_IMAGE_SEED,
                  "num_samples": samples}
         self.dist = dist or Dist()
         sharded = self.dist.world > 1
@@ -345,13 +346,13 @@ class RestoreRun:
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
                        size=entry.get("size"), alpha=entry.get("alpha", ""))
-            add_ground_truth_metrics(row, item, self.gt_dir, self.out)
+            add_ground_truth_metrics(row, item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin)
             return row
         try:
             if self.first is not None and self.first.path == item.path:
                 y, info, self.first = self.first.image, self.first.info, None
             else:
-                y, info = nio.read_image(item.path)
+                y, info = nio.read_image(item.path, any_range=True)
             factor = self.source.factor()
             h, w = y.shape[:2]
             operator, _ = self.source.build(item.name, (h * factor, w * factor))
@@ -380,7 +381,7 @@ class RestoreRun:
 
         try:
             res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
-                          prior=self.prior, method=self.sampler.method, sigma_y=self.task.noise_sigma,
+                          prior=self.prior, method=self.sampler.method, noise=self.task.noise_model,
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
                           progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
                           calibration=self.calibration, keep_samples=self.args.save_samples)
@@ -409,7 +410,7 @@ class RestoreRun:
             entry["key"] = job.key
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
-            add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out)
+            add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin)
             self._record(job.row)
 
     def _failed(self, job: Job, error: Exception) -> dict[str, Any]:

@@ -135,9 +135,12 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
             "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path) -> None:
+def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path,
+                             rotation_twin: bool = False) -> None:
     """PSNR / SSIM of the row's output in ``out`` against the ground truth of ``item`` in ``gt_dir``
-    (same name, or same stem); a missing, unreadable or differently sized one is the row's error."""
+    (same name, or same stem); a missing, unreadable or differently sized one is the row's error.
+    ``rotation_twin``: the output rotated by 180 degrees is as good an answer (phase retrieval):
+    the better of the two is scored."""
     if gt_dir is None:
         return
     try:
@@ -159,4 +162,5 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
     if gt.shape != x.shape:
         row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
         return
-    row["psnr"], row["ssim"] = image_metrics(x, gt)
+    row["psnr"], row["ssim"] = max(image_metrics(x, gt), image_metrics(x[::-1, ::-1].copy(), gt)) if rotation_twin \
+        else image_metrics(x, gt)

@@ -23,6 +23,7 @@ from .outputs import cannot_write, check_output_folder, existing_files, folder_l
 from ..operators import TASKS
 from .tasks import OperatorSource, check_operator_file, resolve_seed, resolve_task
 from ..api import as_batch
+from ..noise import GaussianNoise
 
 
 #: the subfolders of the output folder that simulate writes
@@ -55,9 +56,11 @@ def _restore_task_for(task: TaskConfig, has_kernel: bool, has_mask: bool) -> dic
     """The task config that restores the simulated measurements exactly (kernels / masks from files)."""
     if has_kernel:
         return {"task": "deblur_kernel", "kernel_path": "kernels",
-                "boundary": task.params.get("boundary", "circular"), "noise_sigma": task.noise_sigma}
+                "boundary": task.params.get("boundary", "circular"), "noise_sigma": task.noise_sigma,
+                **({"noise": task.noise} if task.noise else {})}
     if has_mask:
-        return {"task": "inpaint_mask", "mask_path": "masks", "noise_sigma": task.noise_sigma}
+        return {"task": "inpaint_mask", "mask_path": "masks", "noise_sigma": task.noise_sigma,
+                **({"noise": task.noise} if task.noise else {})}
     return task.as_dict()
 
 
@@ -68,9 +71,15 @@ REWRITING_WITH = "rewriting_with"
 UNFINISHED = "unfinished"
 
 
+def measurement_extension(task: TaskConfig) -> str:
+    """.png for a measurement in [0, 1]; .tif (float32, exact) for one that may leave it (Poisson
+    counts / peak, an operator of unbounded range such as phase retrieval's amplitudes)."""
+    return ".tif" if task.noise or TASKS[task.task].unbounded else ".png"
+
+
 def _planned_files(stem: str, task: TaskConfig) -> list[str]:
     """The files (relative to the output folder) that :func:`_simulate_one` writes for output ``stem``."""
-    files = [f"measurements/{stem}.png", f"ground_truth/{stem}.png"]
+    files = [f"measurements/{stem}{measurement_extension(task)}", f"ground_truth/{stem}.png"]
     family = TASKS[task.task].family
     if family == "blur":
         files += [f"kernels/{stem}.npy", f"kernels/{stem}.png"]
@@ -244,14 +253,18 @@ def _simulate_one(index: int, path: Path, name: str, stem: str, source: Operator
                   out: Path, bit_depth: int, log: Log) -> dict[str, Any]:
     """Simulate one clean image: write its truth, measurement and kernel or mask; its record."""
     x, info = nio.read_image(path)
-    x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_sigma, seed)
+    x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_model, seed)
     for note in input_notes(info, x.shape[:2], op):
         log.error(f"note {path.name}: {note}")
-    rec = {"index": index, "name": path.name, "measurement": f"measurements/{stem}.png",
+    ext = measurement_extension(task)
+    rec = {"index": index, "name": path.name, "measurement": f"measurements/{stem}{ext}",
            "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
            "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
     nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
-    nio.write_image(out / rec["measurement"], to_numpy(y), bit_depth)
+    if ext == ".png":
+        nio.write_image(out / rec["measurement"], to_numpy(y), bit_depth)
+    else:
+        nio.write_measurement(out / rec["measurement"], to_numpy(y))
     kernel = op.blur_kernel()
     if kernel is not None:
         k = kernel.detach().cpu().double().numpy()
@@ -265,7 +278,7 @@ def _simulate_one(index: int, path: Path, name: str, stem: str, source: Operator
     return rec
 
 
-def simulated_measurement(x: Any, file_name: str, name: str, source: OperatorSource, noise_sigma: float, seed: int):
+def simulated_measurement(x: Any, file_name: str, name: str, source: OperatorSource, noise: Any, seed: int):
     """The measurement ``simulate`` takes of clean image ``x`` ((h, w[, C]) in [0, 1]; ``name``: its
     path relative to the input folder, ``file_name`` its file name): (x centre-cropped to a multiple
     of the SR factor, the crop [top, left, h, w] or None, the operator, y (1, C, h', w'), operator
@@ -283,7 +296,11 @@ def simulated_measurement(x: Any, file_name: str, name: str, source: OperatorSou
     op_seed = image_seed(seed, name)
     op, _ = source.build(file_name, (ch, cw), seed=op_seed)
     nseed = noise_seed(op_seed)
-    y = op.measure(as_batch(x)[0], noise_sigma, torch.Generator().manual_seed(nseed))
+    gen = torch.Generator().manual_seed(nseed)
+    if isinstance(noise, GaussianNoise):  # the Gaussian draws as they always were
+        y = op.measure(as_batch(x)[0], noise.sigma, gen)
+    else:
+        y = op.measure(as_batch(x)[0], noise=noise, generator=gen)
     return x, crop, op, y, op_seed, nseed
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
+from ..noise import GaussianNoise, parse_noise
 from ..operators import TASKS, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, match_file
@@ -40,8 +41,24 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
     why = noise_sigma_problem(noise) if isinstance(noise, float) else f"must be a number, got {noise!r}"
     if why:
         raise UsageError(f"--noise-sigma {why}")
+    spec = task.noise if args.noise_sigma is None else None  # --noise-sigma: Gaussian
+    if getattr(args, "noise", None) is not None:
+        if args.noise_sigma is not None:
+            raise UsageError("pass one of --noise and --noise-sigma (--noise gaussian:S is --noise-sigma S)")
+        try:
+            model = parse_noise(args.noise)
+        except ValueError as e:
+            raise UsageError(f"--noise: {e}") from None
+        if isinstance(model, GaussianNoise):
+            why = noise_sigma_problem(model.sigma)
+            if why:
+                raise UsageError(f"--noise {args.noise}: sigma {why}")
+            noise, spec = model.sigma, None
+        else:
+            spec = str(model)
     source = "--param" if args.param else task.source
-    return parse_task({"task": task.task, **params, "noise_sigma": float(noise)}, source)
+    return parse_task({"task": task.task, **params, "noise_sigma": float(noise),
+                       **({"noise": spec} if spec else {})}, source)
 
 
 def resolve_seed(args, bundle: ConfigBundle) -> int:

@@ -25,10 +25,11 @@ from .images import (
     quantize,
     read_image,
     write_image,
+    write_measurement,
 )
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageReadError", "ImageInfo", "read_image", "write_image", "list_images",
     "list_folder", "unusable_reason", "atomic_write_bytes", "atomic_write_text", "write_json", "write_csv",
-    "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens",
+    "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens", "write_measurement",
 ]

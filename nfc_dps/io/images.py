@@ -92,8 +92,11 @@ class ImageInfo:
 # reading
 
 
-def read_image(path: str | Path) -> tuple[np.ndarray, ImageInfo]:
+def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
     """Read an image as float32 (H, W) or (H, W, 3) in [0, 1], plus its :class:`ImageInfo`.
+
+    ``any_range``: a float TIFF's values may be any finite numbers (a measurement that leaves
+    [0, 1]: Poisson counts / peak, Fourier amplitudes; :func:`write_measurement` writes them).
 
     Raises :class:`ImageReadError` (a ValueError naming the file) for a missing, empty, corrupt
     or unsupported file.
@@ -122,7 +125,7 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageInfo]:
             bit_depth, colour_type = head[24], head[25]
             if bit_depth == 16 and colour_type in (2, 4, 6):
                 return _read_png16(path, head)
-        arr, info = _read_pillow(path)
+        arr, info = _read_pillow(path, any_range)
         info.pages = _page_count(path)
         return arr, info
     except ImageReadError:
@@ -185,12 +188,12 @@ def _split(path: Path, fmt: str, mode: str, bits: int, arr: np.ndarray, orientat
     return arr, ImageInfo(str(path), fmt, mode, bits, tuple(arr.shape), alpha, orientation)
 
 
-def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
+def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
     try:
         im = Image.open(path)
     except UnidentifiedImageError as e:
         if path.suffix.lower() in (".tif", ".tiff"):  # layouts Pillow does not open (16-bit gray + alpha, float RGB)
-            return _read_tiff_deep(path, "TIFF", None)
+            return _read_tiff_deep(path, "TIFF", None, any_range)
         raise ImageReadError(path, "not a readable image (corrupt, or not a PNG/JPEG/TIFF/BMP file)") from e
     with im:
         fmt = im.format or "?"
@@ -234,7 +237,7 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
             raw = np.asarray(im, dtype=np.float32)
             if not np.isfinite(raw).all():
                 raise ImageReadError(path, "float image contains NaN or Inf")
-            if raw.size and (raw.min() < 0 or raw.max() > 1):
+            if raw.size and (raw.min() < 0 or raw.max() > 1) and not any_range:
                 raise ImageReadError(path, f"float image values must lie in [0, 1], found [{raw.min():g}, {raw.max():g}]")
             return _split(path, fmt, mode, 32, raw[..., None], orientation, False, pending)
         if mode in ("L", "LA", "La"):
@@ -255,7 +258,7 @@ def _read_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
         return _split(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"), pending)
 
 
-def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.ndarray, ImageInfo]:
+def _read_tiff_deep(path: Path, mode: str, orientation: int | None, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
     """TIFFs Pillow reduces to 8 bits (16-bit colour), garbles (16-bit gray turned by its orientation
     tag) or does not open (16-bit gray + alpha, float colour), read with tifffile from the first page's own tags: planar or interleaved samples,
     extra samples (associated alpha is divided out, as Pillow does for 8-bit files; unspecified
@@ -289,7 +292,7 @@ def _read_tiff_deep(path: Path, mode: str, orientation: int | None) -> tuple[np.
         arr, bits = raw.astype(np.float32) / 255.0, 8
     elif raw.dtype.kind == "f":
         arr, bits = raw.astype(np.float32), 32
-        if not np.isfinite(arr).all() or arr.min() < 0 or arr.max() > 1:
+        if not np.isfinite(arr).all() or ((arr.min() < 0 or arr.max() > 1) and not any_range):
             raise ImageReadError(path, "float image values must be finite and lie in [0, 1]")
     else:
         raise ImageReadError(path, f"unsupported TIFF sample type {raw.dtype}")
@@ -463,6 +466,20 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
     except FloatingPointError as e:  # quantize's check, image and alpha together
         raise FloatingPointError(f"{path}: {e}; not written") from e
     return files.atomic_write_bytes(path, data)
+
+
+def write_measurement(path: str | Path, array: np.ndarray) -> Path:
+    """Write a measurement of any finite values, (H, W) or (H, W, 3), exactly: a float32 TIFF
+    (``path`` must end in .tif or .tiff), atomically; :func:`read_image` with ``any_range`` reads it."""
+    path = Path(path)
+    if path.suffix.lower() not in (".tif", ".tiff"):
+        raise ValueError(f"{path}: a measurement outside [0, 1] is written as a float TIFF (.tif)")
+    arr = np.ascontiguousarray(array, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        raise FloatingPointError(f"{path}: the measurement holds NaN or Inf; not written")
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, arr, photometric="rgb" if arr.ndim == 3 else "minisblack")
+    return files.atomic_write_bytes(path, buf.getvalue())
 
 
 def image_opens(path: str | Path) -> bool:

@@ -12,6 +12,8 @@ from .function import FunctionOperator
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .padding import CroppedOperator, padded_size
 from .weighted import WeightedOperator
+from .nonlinear import (CameraBlur, HighDynamicRange, LinearizedOperator, NonlinearFunctionOperator, NonlinearOperator,
+                        PhaseRetrieval, is_linear)
 from .kernels import gaussian_kernel, load_kernel, motion_kernel, normalize_kernel
 from .superres import SuperResolution, bicubic_matrix, keys_cubic
 
@@ -23,4 +25,6 @@ __all__ = [
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
     "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "Task", "build_operator", "check_task_params", "task_reading",
     "CroppedOperator", "padded_size", "FunctionOperator", "WeightedOperator",
+    "NonlinearOperator", "LinearizedOperator", "NonlinearFunctionOperator", "HighDynamicRange", "PhaseRetrieval", "CameraBlur",
+    "is_linear",
 ]

@@ -52,6 +52,9 @@ class FunctionOperator(LinearOperator):
             measurements of three axes, so a vector of m values is (1, m, 1).
         A_adjoint: (B, *measurement_shape) -> (B, *image_shape), the adjoint of ``A``; None:
             a vector-Jacobian product of ``A`` (one forward and one backward pass per call).
+        linear: False for a differentiable nonlinear map: the call then returns a
+            :class:`~nfc_dps.operators.nonlinear.NonlinearFunctionOperator` (no ``A_adjoint``,
+            ``family`` or ``dtype``; Jacobian products by autograd).
         name: its name in results records. family: one of ``FAMILIES`` ("other" unless the map
             is one of the built-in kinds; for "inpaint" NFC's default preset starts lower and DPIR
             starts from an interpolation of the observed pixels).
@@ -73,9 +76,23 @@ class FunctionOperator(LinearOperator):
 
     name = "function"
 
+    def __new__(cls, A: Callable[[Tensor], Tensor], image_shape: Sequence[int], measurement_shape: Sequence[int],
+                A_adjoint: Callable[[Tensor], Tensor] | None = None, *, linear: bool = True, name: str = "function",
+                **kwargs: Any) -> Any:
+        if linear is True:
+            return super().__new__(cls)
+        if linear is not False:
+            raise TypeError(f"linear must be True or False, got {linear!r}")
+        if A_adjoint is not None:
+            raise ValueError("a nonlinear map (linear=False) has no adjoint: its vector-Jacobian products come from "
+                             "autograd; pass A_adjoint=None")
+        from .nonlinear import NonlinearFunctionOperator  # builds on this module's checks
+
+        return NonlinearFunctionOperator(A, image_shape, measurement_shape, name=name, **kwargs)
+
     def __init__(self, A: Callable[[Tensor], Tensor], image_shape: Sequence[int], measurement_shape: Sequence[int],
-                 A_adjoint: Callable[[Tensor], Tensor] | None = None, *, name: str = "function", family: str = "other",
-                 device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
+                 A_adjoint: Callable[[Tensor], Tensor] | None = None, *, linear: bool = True, name: str = "function",
+                 family: str = "other", device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if not callable(A):
             raise TypeError(f"A must be callable on a (B, *image_shape) tensor, got {type(A).__name__}")
@@ -109,14 +126,14 @@ class FunctionOperator(LinearOperator):
         if float(zero.norm()) > tol * max(scale, 1e-30):
             raise ValueError(f"A is not linear: A(0) is not 0 (largest |A(0)| = {float(zero.abs().max()):.4g}; an "
                              f"offset, an affine map?). FunctionOperator needs a linear map (A(0) = 0): subtract the "
-                             f"offset A(0) from the measurement and from A")
+                             f"offset A(0) from the measurement and from A, or declare the map nonlinear: FunctionOperator(..., linear=False)")
         size = max(abs(a) * float(ax.norm()) + abs(b) * float(au.norm()), 1e-30)
         err = float((mixed - (a * ax + b * au)).norm())
         if err > tol * size:
             raise ValueError(f"A is not linear: A(a x + b y) differs from a A(x) + b A(y) by {err:.4g} (relative "
                              f"{err / size:.3g}, tolerance {tol:.1g}) for a = {a}, b = {b} and seeded random images "
                              f"x, y. FunctionOperator needs a linear map (A(a x + b y) = a A(x) + b A(y) for every "
-                             f"x, y)")
+                             f"x, y); a nonlinear map: FunctionOperator(..., linear=False)")
         y = torch.randn(ax.shape, generator=gen, dtype=dtype, device=device)
         if self.adjoint_fn is None:
             try:

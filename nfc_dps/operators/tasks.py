@@ -21,6 +21,7 @@ from .base import LinearOperator
 from .blur import BlurOperator
 from .colorize import Colorization
 from .denoising import Denoising
+from .nonlinear import CameraBlur, HighDynamicRange, PhaseRetrieval
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
 from .superres import SuperResolution
@@ -43,6 +44,10 @@ class Task:
     pair_params: int parameters that also take an (h, w) pair.
     check_size: params -> an image size every valid value of them fits (to check values before
         any image is read).
+    unbounded: the measurement may leave [0, 1] without noise (phase retrieval's amplitudes): files
+        of it are float TIFFs.
+    rotation_twin: the image rotated by 180 degrees measures the same (phase retrieval): a score
+        against the truth counts the better of the two.
     """
 
     name: str
@@ -54,6 +59,8 @@ class Task:
     factor_param: str | None = None
     pair_params: frozenset[str] = frozenset()
     check_size: Callable[[dict[str, Any]], tuple[int, int]] = field(default=lambda p: (8, 8))
+    unbounded: bool = False
+    rotation_twin: bool = False
 
     @property
     def file_param(self) -> str | None:
@@ -123,6 +130,13 @@ TASKS: dict[str, Task] = _register(
          check_size=lambda p: (8, 8)),
     Task("denoise", "denoise", {}, lambda h, w, seed, p: Denoising()),
     Task("colorize", "other", {}, lambda h, w, seed, p: Colorization()),
+    # nonlinear forward models (nfc_dps.operators.nonlinear)
+    Task("hdr", "nonlinear", {"scale": 2.0}, lambda h, w, seed, p: HighDynamicRange(p["scale"])),
+    Task("phase_retrieval", "nonlinear", {"oversample": 2.0}, lambda h, w, seed, p: PhaseRetrieval(p["oversample"]),
+         unbounded=True, rotation_twin=True),
+    Task("deblur_camera", "nonlinear", {"kernel_size": 61, "kernel_std": 3.0, "boundary": "circular"},
+         lambda h, w, seed, p: CameraBlur(BlurOperator(gaussian_kernel(p["kernel_size"], p["kernel_std"]),
+                                                       p["boundary"]))),
 )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from ..noise import NOISE_KINDS
+from ..operators.nonlinear import is_linear
 from ..overrides import ConfigError, apply_overrides
 
 from . import ddnm, ddrm, diffpir, dpir, dps
@@ -72,14 +73,29 @@ def sample_nfc_method(prior, measurement, config, generators=None, callback=None
     return sample(prior, measurement, config, generators, callback)
 
 
+#: the methods that take a nonlinear operator (named in the refusals of the others)
+NONLINEAR_METHODS = ("nfc", "daps", "dps", "dpir")
+
+
+def linear_only(display_name: str, extra: Callable[[Any], str | None] | None = None) -> Callable[[Any], str | None]:
+    """An ``operator_problem`` that refuses a nonlinear operator (then ``extra``'s problem, if any)."""
+    def problem(operator: Any) -> str | None:
+        if not is_linear(operator):
+            return (f"{display_name} needs a linear operator (its data step uses the pseudo-inverse or a "
+                    f"decomposition); for the nonlinear {operator.name} use {', '.join(NONLINEAR_METHODS)}")
+        return extra(operator) if extra is not None else None
+    return problem
+
+
 METHODS: dict[str, Method] = {
     "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, "NFC", default_preset="deterministic"),
     # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
     "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, "DAPS", fixed_fields=frozenset({"band", "detail"})),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS, "DPS"),
-    "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS, "DiffPIR"),
-    "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS, "DDNM+"),
-    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, "DDRM", operator_problem=ddrm.operator_problem,
+    "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS, "DiffPIR", operator_problem=linear_only("DiffPIR")),
+    "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS, "DDNM+", operator_problem=linear_only("DDNM+")),
+    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, "DDRM",
+                   operator_problem=linear_only("DDRM", ddrm.operator_problem),
                    noise_kinds=frozenset({"gaussian"})),  # its SVD does not survive per-pixel weights
     "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS, "DPIR"),
 }

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
+from ..operators.nonlinear import ModelUnitsOperator, is_linear
 from ..priors.base import Prior, PriorWrapper
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas
 from .gaussian_step import (blur_wiener_estimate, fit_spectrum_from_measurement, gaussian_conditional,
@@ -98,10 +99,31 @@ class ModelProblem:
 
 
 def to_model_units(operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: Sequence[int]) -> ModelProblem:
-    """[0, 1] measurement and sigma_y -> [-1, 1] model units (see module docstring)."""
+    """[0, 1] measurement and sigma_y -> [-1, 1] model units (see module docstring); for a
+    nonlinear operator (of :func:`model_operator`) y_m = 2 y - 1."""
+    if not is_linear(operator):
+        return ModelProblem(2 * y - 1, max(2.0 * float(sigma_y), MIN_LIKELIHOOD_SIGMA), tuple(image_shape))
     ones = torch.ones((1, *image_shape[1:]), dtype=y.dtype, device=y.device)
     y_m = 2 * y - operator.A(ones)
     return ModelProblem(y_m, max(2.0 * float(sigma_y), MIN_LIKELIHOOD_SIGMA), tuple(image_shape))
+
+
+def model_operator(operator: LinearOperator) -> LinearOperator:
+    """The operator samplers apply to [-1, 1] images: a linear one itself (its model-unit
+    measurement is 2 y - A(1)); a nonlinear one wrapped, A_m(x_m) = 2 A((x_m + 1) / 2) - 1."""
+    return operator if is_linear(operator) else ModelUnitsOperator(operator)
+
+
+def adjoint_at(operator: LinearOperator, x: Tensor, u: Tensor) -> Tensor:
+    """J(x)^T u: A^T u for a linear operator, the vector-Jacobian product at x for a nonlinear one."""
+    return operator.A_adjoint(u) if is_linear(operator) else operator.vjp(x, u)
+
+
+def data_gradient(operator: LinearOperator, x: Tensor, y: Tensor) -> Tensor:
+    """J(x)^T (A(x) - y), the gradient of ||y - A(x)||^2 / 2 (A^T (A x - y) for a linear operator)."""
+    if is_linear(operator):
+        return operator.A_adjoint(operator.A(x) - y)
+    return operator.data_gradient(x, y)
 
 
 def to_image_units(x_m: Tensor) -> Tensor:
@@ -134,6 +156,8 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
       so that it does not join opposite borders either (``gaussian_step.blur_wiener_estimate``).
     Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
     """
+    if not is_linear(operator):  # a model-units nonlinear operator: its own start from y
+        return operator.start(y)
     if kind == "pinv":
         return operator.A_pinv(y)
     if kind not in START_ESTIMATES:

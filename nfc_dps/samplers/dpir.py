@@ -29,7 +29,8 @@ from ..priors.base import Prior
 from ..schedules import DPIR_SIGMA_MAX
 from .chains import Measurement
 from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
-                     sigma_vector, spectrum_for, to_image_units, to_model_units)
+                     model_operator, sigma_vector, spectrum_for, to_image_units, to_model_units)
+from ..operators.nonlinear import is_linear
 from .self_ensemble import SelfEnsemblePrior
 
 
@@ -106,6 +107,8 @@ def dpir_start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: flo
     upsampling for SR)."""
     if kind == "auto":
         kind = "wiener" if operator.family == "inpaint" else "adjoint"
+    if not is_linear(operator):
+        return initial_estimate(operator, y_m, sigma_m, image_shape, kind)  # the operator's own start
     spectrum = spectrum_for("auto", prior, operator, y_m, image_shape, mean_steps=True) if kind == "wiener" else None
     return initial_estimate(operator, y_m, sigma_m, image_shape, kind, spectrum)
 
@@ -124,6 +127,7 @@ def sample_dpir(
     cfg = config
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
     schedule_top(prior, cfg.sigma_max)  # the first level: a denoiser-only prior whose range it leaves refuses
+    operator = model_operator(operator)  # a nonlinear one: its prox is Gauss-Newton
     prob = to_model_units(operator, y, sigma_y, image_shape)
     z = dpir_start(prior, operator, prob.y, prob.sigma, image_shape, cfg.start)
     for k, sigma in enumerate(dpir_sigmas(cfg, prob.sigma)):

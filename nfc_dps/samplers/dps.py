@@ -42,8 +42,9 @@ from ..operators.base import LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
 from .chains import Measurement
-from .common import (StepConfig, Callback, Generators, counting, schedule_top, sigma_vector, to_image_units,
-                     to_model_units)
+from .common import (StepConfig, Callback, Generators, adjoint_at, counting, model_operator, schedule_top,
+                     sigma_vector, to_image_units, to_model_units)
+from ..operators.nonlinear import is_linear
 
 # ---------------------------------------------------------------------------------------------
 # DPS
@@ -144,7 +145,7 @@ def dps_guidance(prior: Prior, operator: LinearOperator, y: Tensor, x: Tensor, s
         norm = residual.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.ndim - 1)))
         if band is not None:
             residual = fourier_filter(residual, band)
-        direction = -operator.A_adjoint(residual / norm)
+        direction = -adjoint_at(operator, x0_hat.detach(), residual / norm)
         (g,) = torch.autograd.grad(x0_hat, x_in, grad_outputs=direction)
     return x0_hat.detach(), g
 
@@ -160,8 +161,12 @@ def sample_dps(
     ignores it); image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
     operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
+    operator = model_operator(operator)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg = config
+    if cfg.band != "none" and not is_linear(operator):
+        raise ValueError(f"DPS's band={cfg.band!r} filters a linear operator's measurement; use band='none' with "
+                         f"the nonlinear {operator.name}")
     sigmas, ts = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
     h, w = prob.y.shape[-2:]
 

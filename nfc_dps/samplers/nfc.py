@@ -39,6 +39,7 @@ from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import Generators, LinearOperator, randn_per_image
 from ..priors.base import Prior
 from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas
+from ..operators.nonlinear import is_linear
 from .chains import Measurement
 from .common import (
     Callback,
@@ -47,6 +48,8 @@ from .common import (
     check_budget,
     check_flag,
     counting,
+    data_gradient,
+    model_operator,
     pf_ode_predict,
     schedule_top,
     spectrum_for,
@@ -192,8 +195,13 @@ def sample_nfc(
         raise TypeError(f"sample_nfc takes an NFCConfig, got {type(config).__name__} (the deterministic preset's "
                         f"ContinuationConfig runs with sample_nfc_continuation, or as method 'nfc')")
     prior = counting(prior)
+    operator = model_operator(operator)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     cfg, n = config, config.num_levels
+    if not is_linear(operator):
+        why = nonlinear_problem(cfg)
+        if why:
+            raise ValueError(f"{why}; with the nonlinear {operator.name} use NFC's default (deterministic) preset, or DAPS")
     sigmas = level_sigmas(cfg, schedule_top(prior, cfg.sigma_max))
     spectrum = None
     if cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral"):
@@ -227,6 +235,18 @@ def sample_nfc(
         if callback is not None:
             callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x0, "nfe": prior.nfe})
     return to_image_units(x)
+
+
+def nonlinear_problem(cfg: NFCConfig) -> str | None:
+    """Why this posterior config cannot run on a nonlinear operator (None: it can, by likelihood
+    gradients: Langevin inner steps, isotropic prior covariance, no band)."""
+    if cfg.prior_covariance == "spectral":
+        return "the spectral prior covariance is fitted to a linear operator's pseudo-inverse"
+    if cfg.band.active:
+        return "the band acts on a linear operator's measurement grid"
+    if cfg.inner == "exact" or cfg.final_step == "mean":
+        return "the exact Gaussian-conditional inner step needs a linear operator"
+    return None
 
 
 def inner_steps(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
@@ -350,11 +370,12 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     eta = step_fraction / lipschitz
     x = x0_hat
     for _ in range(steps):
-        residual = operator.A(x) - y
-        if band2 is not None:
-            residual = fourier_filter(residual, band2)  # W^T W r in one FFT pair
         diff = x - x0_hat
-        grad = operator.A_adjoint(residual) / sigma_y**2 + (fourier_filter(diff, inv_var) if spectral else diff * inv_var)
+        if band2 is None:
+            data = data_gradient(operator, x, y)
+        else:
+            data = operator.A_adjoint(fourier_filter(operator.A(x) - y, band2))  # W^T W r in one FFT pair
+        grad = data / sigma_y**2 + (fourier_filter(diff, inv_var) if spectral else diff * inv_var)
         x = x - eta * grad
         if temperature > 0:
             x = x + temperature * (2 * eta) ** 0.5 * randn_per_image(x.shape, generators, x.dtype, x.device)

@@ -32,7 +32,8 @@ from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
 from .chains import Measurement
 from .common import Callback, StepConfig, check_flag, counting, initial_estimate, pf_ode_predict
 from .common import schedule_top
-from .common import spectrum_for, to_image_units, to_model_units
+from .common import model_operator, spectrum_for, to_image_units, to_model_units
+from ..operators.nonlinear import is_linear
 from .nfc import ODE_SIGMA_MIN, RHO
 from .self_ensemble import SelfEnsemblePrior
 
@@ -120,10 +121,13 @@ def sample_nfc_continuation(
                         f"posterior presets' NFCConfig runs with sample_nfc, or as method 'nfc')")
     prior = counting(prior)
     cfg = config
+    operator = model_operator(operator)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     sigmas = continuation_sigmas(cfg, schedule_top(prior, top_sigma(cfg.sigma_max, operator, prob.sigma)), prob.sigma)
-    with record_function("nfc.spectrum"):
-        spectrum = spectrum_for("auto", prior, operator, prob.y, image_shape, mean_steps=True)
+    spectrum = None
+    if is_linear(operator):  # a nonlinear operator starts from its own estimate (operator.start)
+        with record_function("nfc.spectrum"):
+            spectrum = spectrum_for("auto", prior, operator, prob.y, image_shape, mean_steps=True)
     x = initial_estimate(operator, prob.y, prob.sigma, image_shape, "wiener", spectrum)
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
     for k, sigma in enumerate(sigmas[:-1]):
