@@ -207,6 +207,7 @@ def restore(
     max_batch: int | None = None,
     calibration: Any | None = None,
     keep_samples: bool = True,
+    restarts: int = 1,
     **overrides: Any,
 ) -> Restoration:
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
@@ -248,6 +249,9 @@ def restore(
             and operator family, else :class:`~nfc_dps.conformal.CalibrationError`.
         keep_samples: return the K samples; False keeps only their running mean and variance
             (``samples=None``), so memory does not grow with ``num_samples``.
+        restarts: run this many chains per image and keep the one the measurement fits best (the
+            noise model's likelihood of y given A(x), never the truth), as DPS and DAPS report
+            phase retrieval; needs a stochastic config and ``num_samples=1``; NFE is per chain.
     Gray measurements with an RGB prior are replicated to RGB, with noise std sigma_y * sqrt(3)
     per copy, and averaged back. Images whose size is not a multiple of ``prior.size_multiple``
     are restored on a padded canvas (the border is unmeasured, filled by the prior) and cropped.
@@ -255,8 +259,12 @@ def restore(
     """
     batch, back, noise, seeds, num_samples = _checked_measurement(y, operator, sigma_y, noise, seed, num_samples,
                                                                   max_batch)
+    restarts = _checked_restarts(restarts, num_samples)
     prior, batch, input_device = _checked_prior(prior, batch)
     cfg = _resolved_config(method, preset, config, overrides, num_samples)
+    if restarts > 1 and cfg.is_deterministic:
+        raise ValueError(f"restarts={restarts}: this {method} config is deterministic (every restart would be the "
+                         f"same); restart a stochastic one, e.g. method='daps' or preset='fast'")
     if calibration is not None:
         if not isinstance(noise, GaussianNoise):
             raise ValueError(f"calibrated intervals are fitted under Gaussian noise; this measurement's noise is {noise}")
@@ -272,10 +280,34 @@ def restore(
         raise ValueError(f"{method} {why}")
     problem = _Problem.set_up(operator, batch, noise, prior)
     t0 = time.perf_counter()
+    if restarts > 1:
+        samples, _, nfe = _run_chains(method, cfg, prior, problem, seeds, restarts, max_batch, True, input_device,
+                                      callback, progress)
+        samples = _best_fit(samples, restarts, operator, batch.to(input_device), noise)
+        return _assembled(samples, None, nfe, time.perf_counter() - t0, cfg, back, 1, None)
     samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
                                       keep_samples, input_device, callback, progress)
     seconds = time.perf_counter() - t0
     return _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
+
+
+def _checked_restarts(restarts: Any, num_samples: int) -> int:
+    if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 1:
+        raise ValueError(f"restarts must be an int >= 1, got {restarts!r}")
+    if restarts > 1 and num_samples > 1:
+        raise ValueError(f"restarts={restarts} keeps one chain per image; it does not combine with "
+                         f"num_samples={num_samples}")
+    return int(restarts)
+
+
+def _best_fit(samples: Tensor, restarts: int, operator: LinearOperator, y: Tensor, noise: NoiseModel) -> Tensor:
+    """Of ``restarts`` chains per image (image-major, clipped to [0, 1]), the one whose A(x) the
+    measurement y fits best under the noise model (B, C, H, W)."""
+    b = y.shape[0]
+    with torch.no_grad():
+        fit = torch.stack([noise.nll(y, operator.A(samples[j::restarts].to(y.dtype))) for j in range(restarts)], 1)
+    best = fit.argmin(1)
+    return samples.view(b, restarts, *samples.shape[1:])[torch.arange(b), best]
 
 
 def _resolved_config(method: str, preset: str | None, config: Any | None, overrides: dict[str, Any],

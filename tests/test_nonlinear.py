@@ -126,3 +126,36 @@ def test_cli_refuses_a_bad_noise_in_words(tmp_path, capsys, flags, message):
     assert main(["simulate", "--input", str(photos), "--output", str(tmp_path / "o"), "--task", "denoise", *flags]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_restarts_keep_the_chain_the_measurement_fits_best(prior):
+    op = build_operator("phase_retrieval", SIZE)
+    x = _truth(prior)
+    y = op.measure(x, 0.05, torch.Generator().manual_seed(1))
+    kw = dict(prior=prior, method="daps", preset="fast", num_levels=3, langevin_steps=5, sigma_y=0.05, progress=False)
+    chains = nfc_dps.restore(y, op, num_samples=3, **kw).samples  # (K, B, ...): the same chains
+    best = nfc_dps.restore(y, op, restarts=3, **kw)
+    fits = torch.stack([(op.A(chains[j]) - y).pow(2).flatten(1).sum(1) for j in range(3)], 1)
+    torch.testing.assert_close(best.image, chains[fits.argmin(1), torch.arange(2)])
+    with pytest.raises(ValueError, match="deterministic"):
+        nfc_dps.restore(y, op, prior=prior, restarts=2, sigma_y=0.05, progress=False)
+    with pytest.raises(ValueError, match="restarts must be an int >= 1"):
+        nfc_dps.restore(y, op, restarts=0, **kw)
+
+
+def test_cli_refuses_restarts_that_cannot_work(tmp_path, capsys, tiny_prior):
+    from nfc_dps import io as nio
+    from nfc_dps.cli import main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    nio.write_image(photos / "a.png", np.full((16, 16, 3), 0.5, np.float32))
+    for flags, message in ((["--restarts", "0"], "--restarts must be >= 1"),
+                           (["--restarts", "2"], "needs a stochastic sampler")):
+        assert main(["restore", "--input", str(photos), "--output", str(tmp_path / "o"), "--task", "denoise",
+                     "--prior", str(tiny_prior), *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["restore", "--input", str(photos), "--output", str(tmp_path / "o"), "--task", "denoise",
+                 "--prior", str(tiny_prior), "--method", "daps", "--steps", "2", "--set", "langevin_steps=2",
+                 "--restarts", "2", "-q"]) == 0
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["restarts"] == 2

@@ -81,6 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="posterior samples per image: writes their mean and a std map (default 1); needs a "
                         "sampling preset, e.g. --preset fast")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
+    r.add_argument("--restarts", type=int, default=1, metavar="N",
+                   help="run N chains per image and keep the one the measurement fits best (its likelihood; as DPS "
+                        "and DAPS report phase retrieval); needs a sampling method or preset (default 1)")
     r.add_argument("--calibration", default=None, metavar="FILE.json",
                    help="a file of 'nfc-dps calibrate' for this task, method, preset, K and prior: also writes the "
                         "calibrated interval <name>_lower.png / <name>_upper.png (docs/uncertainty.md)")
@@ -240,11 +243,13 @@ class RestoreRun:
             "task": task.as_dict(), "sampler": sampler.as_dict(), "samples": samples,
             "prior": prior_key(args.prior), "precision": prior.precision,  # bfloat16 and float32 differ slightly
             "bit_depth": args.bit_depth, "save_samples": args.save_samples,
+            **({"restarts": args.restarts} if args.restarts > 1 else {}),  # earlier runs' keys unchanged
         })
         about = {"input": str(inp.resolve()), "output": str(out),
                  "task": task.as_dict(), "method": sampler.method, "preset": sampler.preset,
-                 "noise_sigma": task.noise_sigma, **({"noise": task.noise} if task.noise else {}), "seed": seed, "per_image_seed": PER_IMAGE_SEED,
-                 "num_samples": samples}
+                 "noise_sigma": task.noise_sigma, **({"noise": task.noise} if task.noise else {}),
+                 "seed": seed, "per_image_seed": PER_IMAGE_SEED, "num_samples": samples,
+                 **({"restarts": args.restarts} if args.restarts > 1 else {})}
         self.dist = dist or Dist()
         sharded = self.dist.world > 1
         self.records = RunRecords(out, log, about, STD_PNG_SCALE if samples > 1 else None, args.overwrite,
@@ -384,7 +389,8 @@ class RestoreRun:
                           prior=self.prior, method=self.sampler.method, noise=self.task.noise_model,
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
                           progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
-                          calibration=self.calibration, keep_samples=self.args.save_samples)
+                          calibration=self.calibration, keep_samples=self.args.save_samples,
+                          restarts=self.args.restarts)
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e

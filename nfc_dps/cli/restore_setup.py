@@ -91,6 +91,11 @@ def run_sampler(args, bundle) -> tuple[ResolvedSampler, int, int]:
         raise UsageError(f"--samples must be >= 1, got {samples}")
     if args.save_samples and samples < 2:
         raise UsageError(f"--save-samples writes each of K >= 2 posterior samples; add --samples K (got K = {samples})")
+    if args.restarts < 1:
+        raise UsageError(f"--restarts must be >= 1, got {args.restarts}")
+    if args.restarts > 1 and (samples > 1 or sampler.config.is_deterministic):
+        raise UsageError(f"--restarts {args.restarts} keeps the best of N chains per image: it needs a stochastic "
+                         f"sampler (e.g. --method daps, or --preset fast) and no --samples")
     if samples > 1 and sampler.config.is_deterministic:
         raise UsageError(f"--samples {samples}: {sampler.method}/{sampler.preset} is deterministic (every sample "
                          f"would be the same); for posterior samples and a std map add --preset fast")
