@@ -138,7 +138,8 @@ def run_protocol(protocol: Protocol, log: Callable[[str], None] = print) -> dict
     check_protocol(spec, out / "config.json")  # before its rows are read as this protocol's
     existing = main.read(out)
     record, notes = check_folder_record(spec, out / "config.json", protocol.record(),
-                                        {f"{r['method']}@{r['budget']}" for r in existing})
+                                        {f"{r['method']}@{r['budget']}" if "budget" in r else r["method"]
+                                         for r in existing})  # a table without budgets: its method labels
     cases = protocol.cases()
     d.barrier()
     if d.rank == 0:

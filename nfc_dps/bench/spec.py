@@ -17,7 +17,7 @@ from ..operators import TASKS
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
 DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
-PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration")
+PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration", "nonlinear")
 
 FORMAT_VERSION = 1
 

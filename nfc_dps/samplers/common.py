@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
 from ..operators.nonlinear import ModelUnitsOperator, is_linear
+from ..operators.weighted import WeightedOperator
 from ..priors.base import Prior, PriorWrapper
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas
 from .gaussian_step import (blur_wiener_estimate, fit_spectrum_from_measurement, gaussian_conditional,
@@ -117,6 +118,25 @@ def model_operator(operator: LinearOperator) -> LinearOperator:
 def adjoint_at(operator: LinearOperator, x: Tensor, u: Tensor) -> Tensor:
     """J(x)^T u: A^T u for a linear operator, the vector-Jacobian product at x for a nonlinear one."""
     return operator.A_adjoint(u) if is_linear(operator) else operator.vjp(x, u)
+
+
+def data_gain(operator: LinearOperator, x: Tensor, iterations: int = 10) -> float:
+    """A bound on ||A||^2 (of the Jacobian at x for a nonlinear operator) for gradient step sizes:
+    1 for the built-in linear operators (normalised: blur, SR, masks); else 1.2 times ``iterations``
+    power iterations' estimate, at least 1 (a weighted measurement, a nonlinear map)."""
+    if is_linear(operator) and not isinstance(operator, WeightedOperator):
+        return 1.0
+    v = torch.randn(x.shape, generator=torch.Generator(device=x.device).manual_seed(0), dtype=x.dtype,
+                    device=x.device)
+    estimate = 1.0
+    for _ in range(iterations):
+        v = v / v.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.ndim - 1)))
+        if is_linear(operator):
+            v = operator.A_adjoint(operator.A(v))
+        else:
+            v = operator.vjp(x, operator.jvp(x, v))
+        estimate = float(v.flatten(1).norm(dim=1).max())
+    return max(1.0, 1.2 * estimate)
 
 
 def data_gradient(operator: LinearOperator, x: Tensor, y: Tensor) -> Tensor:

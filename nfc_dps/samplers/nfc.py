@@ -48,6 +48,7 @@ from .common import (
     check_budget,
     check_flag,
     counting,
+    data_gain,
     data_gradient,
     model_operator,
     pf_ode_predict,
@@ -266,11 +267,15 @@ def inner_steps(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
                                             temperature=cfg.inner_temperature, coverage=coverage)
         return step
 
+    gains: list[float] = []  # ||A||^2's bound, found at the first level's estimate
+
     def langevin(x0_hat: Tensor, prior_var: float | Tensor, band: Tensor | None, k: int) -> Tensor:
         step_fraction = LANGEVIN_STEP * (1 + (k / cfg.num_levels) * (LANGEVIN_DECAY - 1))
+        if not gains:
+            gains.append(data_gain(operator, x0_hat))
         with record_function("nfc.inner_langevin"):
             return langevin_refine(operator, prob.y, x0_hat, prob.sigma, prior_var, band, cfg.langevin_steps,
-                                   step_fraction, generators, cfg.inner_temperature)
+                                   step_fraction, generators, cfg.inner_temperature, gains[0])
 
     step = exact(True) if cfg.inner == "exact" else langevin
     return step, exact(False) if cfg.final_step == "mean" else step
@@ -357,16 +362,16 @@ def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int,
 
 def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y: float, prior_var: float | Tensor,
                     band: Tensor | None, steps: int, step_fraction: float, generators: Generators,
-                    temperature: float = 1.0) -> Tensor:
+                    temperature: float = 1.0, gain: float = 1.0) -> Tensor:
     """DAPS's inner loop: Langevin dynamics on -log p(x0 | x0_hat, y), started at x0_hat.
 
-    Step size = step_fraction / L, L the gradient's Lipschitz bound (||A|| <= 1, W <= 1). The noise
+    Step size = step_fraction / L, L the gradient's Lipschitz bound (||A||^2 <= ``gain``, W <= 1). The noise
     is scaled by ``temperature`` t (target ∝ p^(1/t^2): same mode, t^2 times the covariance).
     """
     spectral = isinstance(prior_var, Tensor)
     inv_var = 1.0 / prior_var  # computed once, not per step
     band2 = None if band is None else band**2
-    lipschitz = 1.0 / sigma_y**2 + float(inv_var.max() if spectral else inv_var)
+    lipschitz = gain / sigma_y**2 + float(inv_var.max() if spectral else inv_var)
     eta = step_fraction / lipschitz
     x = x0_hat
     for _ in range(steps):

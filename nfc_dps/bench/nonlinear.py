@@ -1,0 +1,218 @@
+"""The tier beyond linear operators and Gaussian noise (``--protocol nonlinear``): DAPS's HDR and
+phase retrieval, blur in linear light as a camera records it, and Poisson deblurring and denoising
+at two photon levels, on the held-out photos (the local protocol's crops), against DAPS and DPS at
+NFC's NFE and at their presets, DPIR and each problem's classical answer
+(:mod:`nfc_dps.baselines_nonlinear`).
+
+Rows (results.csv): setting, method, nfe, image, psnr, ssim, seconds, note. The methods:
+
+* ``nfc``: NFC's default (16 NFE); ``nfc-gaussian`` (Poisson settings): the same sampler told the
+  noise is Gaussian of the Poisson model's reference std (the likelihood is the difference);
+* ``daps@16``, ``dps@16``: DAPS and DPS at NFC's NFE; ``daps``, ``dps``: at their ``fast`` presets;
+  phase retrieval restarts each 4 times and keeps the best fit, as DPS and DAPS report it;
+* ``dpir``: DPIR's default (8 NFE; Gauss-Newton data steps on the nonlinear operators);
+* ``classical``: HIO + error reduction, the unclipped inverse with biharmonic inpainting, TV in linear
+  light, Richardson-Lucy, Anscombe + TV.
+
+Phase retrieval's PSNR is the better of the estimate's and its 180-degree rotation's.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable, Hashable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..api import restore, stable_seed
+from ..baselines_nonlinear import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
+from ..io import atomic_write_text
+from ..metrics import psnr, ssim
+from ..noise import GaussianNoise, NoiseModel, PoissonNoise
+from ..operators import build_operator
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..samplers import get_config
+from .measurements import _center_crop_zoom
+from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
+from .tables import fmt
+
+RESULTS = Table("results.csv", ("setting", "method", "nfe", "image", "psnr", "ssim", "seconds", "note"),
+                ("setting", "method", "image"), ("setting", "method"))
+#: NFC's default NFE: the budget DAPS and DPS get in the equal-NFE rows
+EQUAL_NFE = 16
+#: restarts of the stochastic samplers on phase retrieval (DPS's and DAPS's reported protocol)
+PHASE_RESTARTS = 4
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One problem of the tier: its task, the task's parameters at 64 px (``params64``) and at 256
+    px (``params256``), the noise, and its column label in the tables."""
+
+    name: str
+    task: str
+    noise: NoiseModel
+    label: str
+    params64: tuple = ()
+    params256: tuple = ()
+
+    def params(self, size: int) -> dict[str, Any]:
+        return dict(self.params256 if size >= 256 else self.params64)
+
+
+#: the local protocol's Gaussian blur at 64 px, the paper protocol's at 256
+_BLUR64, _BLUR256 = (("kernel_size", 25), ("kernel_std", 2.0)), (("kernel_size", 61), ("kernel_std", 3.0))
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("hdr", "hdr", GaussianNoise(0.025), "HDR"),
+    Setting("phase_retrieval", "phase_retrieval", GaussianNoise(0.05), "phase retrieval"),
+    Setting("deblur_camera", "deblur_camera", GaussianNoise(0.025), "camera deblur", _BLUR64, _BLUR256),
+    Setting("poisson_deblur_10", "deblur_gaussian", PoissonNoise(10), "Poisson deblur, peak 10", _BLUR64, _BLUR256),
+    Setting("poisson_deblur_50", "deblur_gaussian", PoissonNoise(50), "Poisson deblur, peak 50", _BLUR64, _BLUR256),
+    Setting("poisson_denoise_10", "denoise", PoissonNoise(10), "Poisson denoise, peak 10"),
+    Setting("poisson_denoise_50", "denoise", PoissonNoise(50), "Poisson denoise, peak 50"),
+)}
+#: the rows' methods, in table order
+METHOD_ROWS = ("nfc", "nfc-gaussian", "daps@16", "dps@16", "daps", "dps", "dpir", "classical")
+CLASSICAL_LABELS = {"hdr": "unclipped inverse + biharmonic inpainting", "phase_retrieval": "HIO + ER (4 starts)",
+                    "deblur_camera": "TV in linear light", "deblur_gaussian": "Richardson-Lucy",
+                    "denoise": "Anscombe + TV"}
+
+
+def _run(method: str, setting: Setting) -> tuple[str, str | None, dict[str, Any]] | None:
+    """(sampler, preset, restore() keywords) of a sampler's row (``classical``: ("classical", None, {}));
+    None where the row does not exist."""
+    if method == "classical":
+        return "classical", None, {}
+    poisson = not isinstance(setting.noise, GaussianNoise)
+    restarts = {"restarts": PHASE_RESTARTS} if setting.task == "phase_retrieval" else {}
+    if method == "nfc":
+        return "nfc", None, {}
+    if method == "nfc-gaussian":
+        return ("nfc", None, {"gaussian": True}) if poisson else None
+    if method == "dpir":
+        return "dpir", None, {}
+    base, _, budget = method.partition("@")
+    cfg = get_config(base, "fast")
+    if budget:
+        cfg = cfg.with_nfe(int(budget))
+    return base, None, {"config": cfg, **restarts}
+
+
+class NonlinearTier(Protocol):
+    """The tier through the benchmark runner: per setting (a group: its measurements), every method."""
+
+    tables = (RESULTS,)
+
+    def prepare(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device
+        unknown = [t for t in spec.tasks if t not in SETTINGS]
+        if unknown:
+            raise ValueError(f"--tasks {','.join(unknown)}: the nonlinear protocol's settings are {', '.join(SETTINGS)}")
+        self.settings = [SETTINGS[t] for t in (spec.tasks or SETTINGS)]
+        names = spec.image_names or HELDOUT_IMAGES
+        self.names = list(names[: spec.num_images] if spec.num_images else names)
+        self.methods = [m for m in METHOD_ROWS if not spec.methods or m in spec.methods or m.split("@")[0] in spec.methods]
+        self.prior = load_bench_prior(spec, device)
+        self.prior_info = prior_record(spec.prior)
+
+    def record(self) -> dict[str, Any]:
+        configs = {m: _run(m, SETTINGS["hdr"])[2].get("config") for m in self.methods if "@" in m or m in ("daps", "dps")}
+        return folder_record(self.spec, {k: v for k, v in configs.items() if v is not None}, self.prior_info,
+                             self.prior.precision)
+
+    def cases(self) -> list[Case]:
+        return [Case((s.name, m), s.name, tuple((s.name, m, n) for n in self.names), m)
+                for s in self.settings for m in self.methods if _run(m, s) is not None]
+
+    def setup(self, group: Hashable, log: Callable[[str], None] = print) -> SimpleNamespace:
+        """The setting's operator, truths x (N, 3, size, size) and seeded measurements y."""
+        spec, setting = self.spec, SETTINGS[str(group)]
+        zoom = spec.zoom if spec.size < 256 else 1
+        x = torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), spec.size, zoom)).permute(2, 0, 1)
+                         for n in self.names]).float().to(self.device)
+        op = build_operator(setting.task, spec.size, seed=0, **setting.params(spec.size)).to(self.device)
+        gens = [torch.Generator(device=self.device).manual_seed(stable_seed(spec.seed, "nonlinear", setting.name, n))
+                for n in self.names]
+        y = op.measure(x, noise=setting.noise, generator=gens)
+        log(f"{setting.name}: {len(self.names)} images of {spec.size} px")
+        return SimpleNamespace(setting=setting, op=op, x=x, y=y)
+
+    def _estimate(self, c: SimpleNamespace, method: str) -> tuple[Tensor, int]:
+        s, op, y = c.setting, c.op, c.y
+        sigma = getattr(s.noise, "sigma", 0.0)
+        if method == "classical":
+            cpu = copy.deepcopy(op).cpu()
+            if s.task == "phase_retrieval":
+                return hio_er(cpu, y.cpu()), 0
+            if s.task == "hdr":
+                return hdr_inverse_inpaint(cpu, y.cpu()), 0
+            if s.task == "deblur_camera":
+                return camera_tv(cpu, y.cpu(), sigma), 0
+            if s.task == "deblur_gaussian":
+                return richardson_lucy(cpu, y.cpu(), s.noise.peak), 0
+            return anscombe_tv(y.cpu(), s.noise.peak), 0
+        name, preset, kw = _run(method, s)
+        kw = dict(kw)
+        noise = GaussianNoise(s.noise.reference_std()) if kw.pop("gaussian", False) else s.noise
+        seeds = [stable_seed(self.spec.seed, "nonlinear-sampler", s.name, n) for n in self.names]
+        out = restore(y, op, prior=self.prior, method=name, preset=preset, noise=noise, seed=seeds, progress=False,
+                      **kw)
+        return out.image, int(out.nfe)
+
+    def measure(self, c: SimpleNamespace, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        setting, method = case.name
+        t0 = time.perf_counter()
+        try:
+            xr, nfe = self._estimate(c, method)
+            xr = xr.to(c.x.device).clamp(0, 1)
+            note = ""
+        except Exception as e:  # noqa: BLE001 - a failing method is a noted row
+            xr, nfe, note = None, 0, f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+        seconds = (time.perf_counter() - t0) / len(self.names)
+        for i, name in enumerate(self.names):
+            row: Row = {"setting": setting, "method": method, "nfe": nfe, "image": name, "seconds": round(seconds, 2),
+                        "psnr": "", "ssim": "", "note": note}
+            if xr is not None:
+                est, truth = xr[i:i + 1].double(), c.x[i:i + 1].double()
+                candidates = [est, est.flip(-1, -2)] if setting == "phase_retrieval" else [est]
+                best = max(candidates, key=lambda e: float(psnr(e, truth)))
+                row["psnr"], row["ssim"] = round(float(psnr(best, truth)), 4), round(float(ssim(best, truth)), 4)
+            if (setting, method, name) not in done:
+                yield RESULTS.file, row
+        log(f"{setting} {method}: " + (note or f"{np.mean([float(psnr(xr[i:i+1].double(), c.x[i:i+1].double())) for i in range(len(self.names))]):.2f} dB"))
+
+    def header(self) -> dict[str, Any]:
+        return {"images": f"{', '.join(self.names)} ({self.spec.size} px)", "prior": self.prior_info,
+                "settings": "; ".join(f"{s.name}: {s.task} {s.params(self.spec.size) or ''} noise {s.noise}"
+                                      for s in self.settings)}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        lines = [f"- {k}: {v}" for k, v in header.items()]
+        atomic_write_text(self.spec.out / "summary.md", "# Nonlinear and Poisson tier\n\n" + "\n".join(lines) + "\n\n"
+                          + nonlinear_table(tables[RESULTS.file]) + "\n")
+        return {}
+
+
+def nonlinear_table(rows: list[Row]) -> str:
+    """Mean PSNR per (method, setting) in a markdown table (settings as columns; '–' where none)."""
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
+    L = ["| method | NFE | " + " | ".join(SETTINGS[s].label for s in settings) + " |",
+         "|---|---|" + "---|" * len(settings)]
+    for m in METHOD_ROWS:
+        mine = [r for r in rows if r["method"] == m]
+        if not mine:
+            continue
+        cells, nfes = [], sorted({str(r["nfe"]) for r in mine if str(r.get("psnr", "")) != ""})
+        for s in settings:
+            vals = [float(r["psnr"]) for r in mine if r["setting"] == s and str(r.get("psnr", "")) not in ("", "nan")]
+            cells.append(fmt(float(np.mean(vals)), ".2f") if vals else "–")
+        label = "classical (per column: " + ", ".join(CLASSICAL_LABELS[SETTINGS[s].task] for s in settings) + ")" \
+            if m == "classical" else m
+        L.append(f"| {label} | {'/'.join(nfes) or '–'} | " + " | ".join(cells) + " |")
+    return "\n".join(L)
