@@ -26,16 +26,17 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .config import DEFAULT_NOISE_SIGMA as DEFAULT_SIGMA_Y
+from .config import validate_overrides
+from .conformal import load_calibration, prior_fingerprint
 from .io import INTEGER_SCALES
+from .noise import GaussianNoise, NoiseModel, as_noise
 from .operators.base import LinearOperator, noise_sigma_problem
 from .operators.nonlinear import is_linear
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior, prior_device
-from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 from .priors.default import load_prior
-from .config import DEFAULT_NOISE_SIGMA as DEFAULT_SIGMA_Y, validate_overrides
-from .conformal import load_calibration, prior_fingerprint
-from .noise import GaussianNoise, NoiseModel, as_noise
+from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 
 
 @dataclass

@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency, ring_mean
+from .operators import build_operator
 from .operators.base import LinearOperator, check_image, conjugate_gradient
 from .operators.blur import BlurOperator
-from .operators import build_operator
 from .priors.training_data import HELDOUT_IMAGES, load_skimage_image
 
 __all__ = [

@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
+
 from .noise import GaussianNoise, NoiseModel, parse_noise
-from .operators import TASKS, check_task_params, noise_sigma_problem, build_operator
+from .operators import TASKS, build_operator, check_task_params, noise_sigma_problem
 from .overrides import ConfigError, coerce, coerce_overrides, flatten
 from .samplers import METHODS, get_config, with_preset_hint
 

@@ -57,11 +57,13 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from .operators.tasks import TASKS
+
 from .io import write_json
+from .operators.tasks import TASKS
 
 __all__ = ["DEFAULT_EPS", "EDGE_WEIGHTS", "RULES", "CalibrationError", "Calibration", "RuleFit", "min_images",
-           "edge_strength", "spread", "normalized_scores", "fit_quantile", "fit_rule", "interval", "load_calibration", "prior_fingerprint", "task_family"]
+           "edge_strength", "spread", "normalized_scores", "fit_quantile", "fit_rule", "interval", "load_calibration",
+           "prior_fingerprint", "task_family"]
 
 #: floor added to the std before normalising (one 8-bit grey level, [0, 1] units)
 DEFAULT_EPS = 1.0 / 255.0

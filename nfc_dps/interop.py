@@ -19,11 +19,11 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from .api import restore
 from .operators.base import LinearOperator, prox_scales
 from .priors.base import Prior
 from .priors.denoiser import DenoiserPrior
 from .samplers import get_config
-from .api import restore
 
 __all__ = ["PhysicsOperator", "from_deepinv_physics", "from_deepinv_denoiser", "DeepinvSolver"]
 

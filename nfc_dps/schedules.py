@@ -135,7 +135,8 @@ class BandSchedule:
     * ``cutoff="linear"``: c_k = cutoff_start + (1 - cutoff_start) * u_k (the paper's 0.4 -> 1.0);
     * ``cutoff="spectral"``: c_k solves S(c) = sigma_k^2 for the power law S fitted to
       the measurement (clamped to [cutoff_start, 1]): the frequency where the image spectrum
-      meets the current diffusion noise (for a stationary Gaussian prior the denoiser is the Wiener gain S/(S + sigma^2), a low-pass with cutoff S(c) = sigma^2);
+      meets the current diffusion noise (for a stationary Gaussian prior the denoiser is the Wiener gain S/(S +
+      sigma^2), a low-pass with cutoff S(c) = sigma^2);
     * lambda_k = cosine decay from ``blend_start`` to 0; the last level is all-pass (lambda = 0,
       c = 1) so the target returns to the true posterior.
     M_k's edge is a raised cosine ``BAND_TRANSITION`` wide (fraction of the corner frequency).

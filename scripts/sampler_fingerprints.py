@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from nfc_dps import build_operator
-from nfc_dps.operators import TASKS as REGISTRY
 from nfc_dps.baselines import CLASSICAL_METHODS, NotApplicable, restore_classical
+from nfc_dps.operators import TASKS as REGISTRY
 from nfc_dps.priors.gaussian import GaussianSpectralPrior
 from nfc_dps.samplers import METHODS, Measurement, get_config, sample_chains
 

@@ -36,3 +36,18 @@ def tiny_prior(tmp_path_factory) -> Path:
     unet.save_pretrained(root / "unet")
     (root / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
     return root
+
+
+@pytest.fixture(scope="session")
+def prior_dir(tmp_path_factory) -> str:
+    """A tiny, untrained diffusers UNet saved as an EDM prior (H, W multiples of 2)."""
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16),
+                       norm_num_groups=4, layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+    path = tmp_path_factory.mktemp("prior")
+    unet.save_pretrained(path)
+    (path / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
+    return str(path)

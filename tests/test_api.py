@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_samplers import ShrinkPrior
 
 import nfc_dps
 from nfc_dps.operators import BlurOperator, Denoising, gaussian_kernel
 from nfc_dps.samplers import get_config
-from test_samplers import ShrinkPrior
 
 CFG = dict(num_levels=3, ode_steps=1)
 

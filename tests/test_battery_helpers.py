@@ -9,7 +9,6 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -105,9 +104,10 @@ def test_a_killed_holder_frees_the_lock_and_a_live_one_is_named(tmp_path: Path) 
 
 # ---------------------------------------------------------------- train-prior's folders (S4, U3, low)
 
+from test_train import TINY, _cfg, _quiet, folder  # noqa: E402,F401 - folder is a fixture
+
 from nfc_dps import cli  # noqa: E402
 from nfc_dps.training import TrainingError, train_prior  # noqa: E402
-from test_train import TINY, _cfg, _quiet, folder  # noqa: E402,F401 - folder is a fixture
 
 
 def test_train_prior_takes_the_work_folder_lock(folder: Path, tmp_path: Path, capsys) -> None:

@@ -4,7 +4,6 @@ result files; idempotent; and the committed docs are what the committed result f
 from __future__ import annotations
 
 import csv
-import shutil
 from itertools import product
 from pathlib import Path
 

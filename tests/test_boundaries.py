@@ -17,8 +17,7 @@ from nfc_dps.operators.base import LinearOperator
 from nfc_dps.operators.blur import fast_fft_size
 from nfc_dps.operators.kernels import gaussian_kernel, motion_kernel
 from nfc_dps.priors.base import Prior
-from nfc_dps.samplers.common import initial_estimate, to_image_units, to_model_units
-from nfc_dps.samplers.common import spectrum_for
+from nfc_dps.samplers.common import initial_estimate, spectrum_for, to_image_units, to_model_units
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -16,29 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from test_battery_helpers import hold_lock
 
 from nfc_dps.cli import main
 from nfc_dps.cli.common import LOCK_FILE, RESOLVED_JSON, image_seed
-from nfc_dps.samplers import get_config
 from nfc_dps.io import TEMP_SUFFIX, image_opens, read_image, write_image
-
-from test_battery_helpers import hold_lock
-
-
-@pytest.fixture(scope="module")
-def prior_dir(tmp_path_factory) -> str:
-    """A tiny, untrained diffusers UNet saved as an EDM prior (H, W multiples of 2)."""
-    from diffusers import UNet2DModel
-
-    torch.manual_seed(0)
-    unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16),
-                       norm_num_groups=4, layers_per_block=1,
-                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
-    path = tmp_path_factory.mktemp("prior")
-    unet.save_pretrained(path)
-    (path / "nfc_dps_prior.json").write_text(json.dumps({"parameterization": "edm"}))
-    return str(path)
+from nfc_dps.samplers import get_config
 
 
 def smooth(h=32, w=32, c=3, phase=0.0) -> np.ndarray:

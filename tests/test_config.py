@@ -17,8 +17,8 @@ from nfc_dps.config import (
     parse_scalar,
     parse_task,
 )
-from nfc_dps.run_record import resolved_config
 from nfc_dps.operators import TASKS
+from nfc_dps.run_record import resolved_config
 from nfc_dps.samplers import METHODS, get_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

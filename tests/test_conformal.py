@@ -12,8 +12,20 @@ import pytest
 import torch
 
 from nfc_dps.cli import main
-from nfc_dps.conformal import (DEFAULT_EPS, EDGE_WEIGHTS, Calibration, CalibrationError, edge_strength, fit_quantile,
-                               fit_rule, interval, load_calibration, min_images, normalized_scores, prior_fingerprint)
+from nfc_dps.conformal import (
+    DEFAULT_EPS,
+    EDGE_WEIGHTS,
+    Calibration,
+    CalibrationError,
+    edge_strength,
+    fit_quantile,
+    fit_rule,
+    interval,
+    load_calibration,
+    min_images,
+    normalized_scores,
+    prior_fingerprint,
+)
 from nfc_dps.io import read_image, write_image
 from nfc_dps.samplers import get_config
 

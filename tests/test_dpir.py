@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from test_samplers import SIGMA_Y, SIZE, oracle_problem
+from test_samplers import _psnr_model as psnr_model
 
 import nfc_dps
 from nfc_dps.operators import BlurOperator, Inpainting, SuperResolution, box_mask, gaussian_kernel
@@ -14,8 +16,6 @@ from nfc_dps.samplers.dpir import DPIR_SIGMA_MAX, DPIRConfig, dpir_sigmas, sampl
 from nfc_dps.samplers.nfc import NFCConfig, sample_nfc
 from nfc_dps.samplers.nfc_continuation import ContinuationConfig, sample_nfc_continuation
 
-from test_samplers import SIGMA_Y, SIZE, oracle_problem
-from test_samplers import _psnr_model as psnr_model
 
 def test_dpir_schedule_is_dpirs():
     """Geometric from 49/255 ([0, 1] units) to max(sigma_y, 0.01), in model units (x 2)."""
@@ -97,8 +97,8 @@ def test_initial_estimates_fit_the_measurement(kind):
 def test_dpir_starts_inpainting_from_an_interpolation_and_the_rest_from_the_adjoint():
     """"auto": the Wiener interpolation where pixels are unobserved, else A^T y / g; on the Gaussian
     oracle with a box hole, DPIR from the interpolation ends nearer the truth than from the flat fill."""
-    from nfc_dps.samplers.dpir import dpir_start
     from nfc_dps.samplers.common import spectrum_for
+    from nfc_dps.samplers.dpir import dpir_start
 
     prior, _, _, x, _ = oracle_problem(2, seed=3)
     g = torch.Generator().manual_seed(0)

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import make_images, run, smooth
 
 from nfc_dps.cli import main
 from nfc_dps.io import read_image, write_image
-
-from test_cli import make_images, prior_dir, run, smooth  # noqa: F401 - prior_dir is a fixture
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
@@ -440,8 +439,9 @@ def test_simulate_stops_on_a_full_disk_and_records_what_it_finished(tmp_path, mo
 
 
 def test_demo_names_the_task_on_a_nan_restoration_or_a_full_disk(tmp_path, prior_dir, monkeypatch, capsys):
-    from nfc_dps.cli import demo
     from test_cli import _full_disk
+
+    from nfc_dps.cli import demo
 
     with monkeypatch.context() as m:
         m.setattr(demo, "restore", lambda *a, **k: (_ for _ in ()).throw(FloatingPointError("NaN/Inf in the output")))
@@ -532,7 +532,7 @@ def test_the_outputs_of_a_run_killed_before_its_records_stay_its_own(tmp_path, p
     real = restore.write_outputs
 
     def dying(*a, **k):
-        entry = real(*a, **k)
+        real(*a, **k)
         raise _Killed
 
     monkeypatch.setattr(restore, "write_outputs", dying)

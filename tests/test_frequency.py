@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from nfc_dps.frequency import (
-    fourier_filter,
     fit_power_law,
+    fourier_filter,
     haar_decompose,
     haar_fuse,
     haar_reconstruct,
@@ -34,7 +34,8 @@ def test_lowpass_all_pass_at_one_and_monotone(h, w):
     assert torch.equal(lowpass_mask(h, w, 1.0), torch.ones(h, w))
     assert torch.equal(lowpass_mask(h, w, 1.5, rfft=True), torch.ones(h, w // 2 + 1))
     x = torch.randn(2, 3, h, w, dtype=torch.float64)
-    assert torch.equal(fourier_filter(x, lowpass_mask(h, w, 1.0, dtype=torch.float64)), fourier_filter(x, torch.ones(h, w, dtype=torch.float64)))
+    assert torch.equal(fourier_filter(x, lowpass_mask(h, w, 1.0, dtype=torch.float64)),
+                       fourier_filter(x, torch.ones(h, w, dtype=torch.float64)))
     assert torch.allclose(fourier_filter(x, lowpass_mask(h, w, 1.0, rfft=True, dtype=torch.float64)), x, atol=1e-12)
     prev = torch.zeros(h, w)
     for c in torch.linspace(0, 1, 21):

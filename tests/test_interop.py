@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nfc_dps import restore
-from nfc_dps.interop import DeepinvSolver, PhysicsOperator, from_deepinv_denoiser, from_deepinv_physics
+from nfc_dps.interop import DeepinvSolver, from_deepinv_denoiser, from_deepinv_physics
 from nfc_dps.operators import FunctionOperator, LinearOperator, build_operator
 from nfc_dps.priors import DenoiserPrior, Prior
 from nfc_dps.samplers import get_config

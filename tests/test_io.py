@@ -16,11 +16,11 @@ from nfc_dps.io import (
     atomic_write_bytes,
     image_opens,
     list_folder,
-    unusable_reason,
     list_images,
     quantize,
     read_image,
     remove_stale_temp_files,
+    unusable_reason,
     write_csv,
     write_image,
     write_json,
@@ -169,8 +169,9 @@ def test_exif_orientation_matches_pillow(tmp_path, orientation):
 
 def test_16bit_png_orientation_uses_same_rule(tmp_path):
     """The own decoder's orientation matches Pillow's exif_transpose on the 8-bit equivalent."""
-    from nfc_dps.io.images import _orient
     from PIL import ImageOps
+
+    from nfc_dps.io.images import _orient
 
     a = (np.random.default_rng(1).random((3, 5, 3)) * 255).astype(np.uint8)
     for o in range(1, 9):

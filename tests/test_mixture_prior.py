@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from nfc_dps.frequency import frequency_radius
 from nfc_dps.metrics import coverage, expected_coverage
 from nfc_dps.operators import BlurOperator, Denoising, Inpainting, gaussian_kernel
 from nfc_dps.priors import GaussianMixturePrior
-from nfc_dps.frequency import frequency_radius
-from nfc_dps.samplers.nfc import NFCConfig, sample_daps, sample_nfc
 from nfc_dps.samplers import Measurement
+from nfc_dps.samplers.nfc import NFCConfig, sample_daps, sample_nfc
 
 F64 = torch.float64
 

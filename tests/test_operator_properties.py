@@ -21,14 +21,10 @@ from nfc_dps.operators import (
     TASKS,
     BlurOperator,
     CroppedOperator,
-    Denoising,
     FunctionOperator,
-    Inpainting,
     LinearOperator,
-    SuperResolution,
     build_operator,
     gaussian_kernel,
-    motion_kernel,
     random_mask,
 )
 from nfc_dps.operators.base import FAMILIES

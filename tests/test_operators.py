@@ -20,13 +20,11 @@ from nfc_dps.operators import (
     SuperResolution,
     box_mask,
     build_operator,
-    normal_equations_prox,
     gaussian_kernel,
     load_mask,
+    normal_equations_prox,
     random_mask,
 )
-
-
 
 SHAPES = [(2, 3, 32, 48), (1, 1, 40, 24)]
 

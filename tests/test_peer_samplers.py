@@ -193,7 +193,8 @@ def test_diffpir_matches_posterior_spread():
     """At sigma_y = 0.5 ([0, 1] units) the posterior is far from y (gain 0.2 against y's 1): DiffPIR's
     samples have its gain (measured 0.23) and its spread (residual variance 0.86 v)."""
     x0, y, v, gain = denoising_problem(0.5)
-    out = sample_diffpir(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.5, x0.shape), DiffPIRConfig(num_steps=50), gens(range(4)))
+    out = sample_diffpir(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.5, x0.shape),
+                         DiffPIRConfig(num_steps=50), gens(range(4)))
     om, g, resid = fit(out, y)
     assert abs(g - gain) < 0.05, g
     assert 0.6 * v < resid < 1.5 * v, resid / v  # the posterior spread, not a point estimate

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nfc_dps.cli import main
 from nfc_dps.bench import prior_report as report
+from nfc_dps.cli import main
 
 pytestmark = pytest.mark.slow  # runs the report on a network prior
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from nfc_dps.frequency import corner_radius, fit_power_law, radial_power_spectrum, smooth_power_law
 from nfc_dps.priors import EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior, load_diffusers_prior
 from nfc_dps.priors.base import PREDICTION_TYPES, reflect_pad, x0_to_prediction
-from nfc_dps.frequency import corner_radius, fit_power_law, radial_power_spectrum, smooth_power_law
 from nfc_dps.priors.gaussian import GaussianSpectralPrior, circulant_transfer
 
 

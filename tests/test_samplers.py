@@ -15,7 +15,6 @@ from nfc_dps.samplers import METHODS, Measurement, get_config
 from nfc_dps.samplers.nfc import NFCConfig, sample_daps, sample_nfc
 from nfc_dps.schedules import BandSchedule, DetailSchedule
 
-
 SIZE = 32
 SIGMA_Y = 0.05  # model units ([-1, 1]); 0.025 in [0, 1] units
 
@@ -409,9 +408,8 @@ def test_wide_hole_preconditioner_converges_faster_on_box_inpainting():
 def test_auto_spectrum_rule():
     """'auto': the measurement's fit for conditional-mean steps on operators that observe every
     pixel; the prior's declared law for draws and for inpainting; an exact spectrum always wins."""
-    from nfc_dps.samplers.common import counting
+    from nfc_dps.samplers.common import counting, spectrum_for
     from nfc_dps.samplers.gaussian_step import fit_spectrum_from_measurement
-    from nfc_dps.samplers.common import spectrum_for
 
     declared = ShrinkPrior(channels=1)
     declared.power_law = (1e-3, 2.0)
@@ -450,9 +448,8 @@ def test_dense_random_masks_have_no_wide_hole(missing):
 def test_exact_spectrum_flag_follows_wrappers_and_auto_ignores_padding():
     from nfc_dps.operators.padding import CroppedOperator
     from nfc_dps.priors.base import TiledPrior
-    from nfc_dps.samplers.common import counting
+    from nfc_dps.samplers.common import counting, spectrum_for
     from nfc_dps.samplers.gaussian_step import fit_spectrum_from_measurement
-    from nfc_dps.samplers.common import spectrum_for
 
     exact = GaussianSpectralPrior((SIZE, SIZE), alpha=2.0, pixel_std=0.5, channels=1)
     assert counting(exact).spectrum_is_exact and counting(TiledPrior(exact, SIZE)).spectrum_is_exact

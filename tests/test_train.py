@@ -7,8 +7,8 @@ determinism and error handling, not quality.
 from __future__ import annotations
 
 import argparse
-import json
 import functools
+import json
 from pathlib import Path
 
 import numpy as np

@@ -57,8 +57,8 @@ OUT/chains/SETTING_METHOD@BUDGET.npz (:func:`save_chains`: refit a rule without 
 
 from __future__ import annotations
 
-import math
 import io
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Sequence
@@ -69,21 +69,28 @@ from torch import Tensor
 
 from ..api import stable_seed
 from ..conformal import DEFAULT_EPS, EDGE_WEIGHTS, fit_rule, interval
-from ..priors.training_data import HELDOUT_IMAGES
-from ..training.leaves import textured_leaves
 from ..io import atomic_write_bytes, atomic_write_text
 from ..metrics import coverage, expected_coverage
 from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
 from ..priors.default import load_prior
-from ..priors.training_data import load_skimage_image
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..samplers import METHODS, Measurement, sample_chains
+from ..training.leaves import textured_leaves
+from .calibration_report import (
+    calibration_markdown,
+    conformal_markdown,
+    conformal_summary,
+    coverage_summary,
+    mean_rows,
+    raw_z,
+    read_calibration_csv,
+    reliability_plot,
+)
 from .measurements import _center_crop_zoom, measurement
 from .mixture import SETTINGS
 from .runner import Case, Protocol, Row, Table, folder_record, prior_record
 from .spec import BenchSpec, MethodRun, method_config, not_applicable, seed_name, task_specs
-from .calibration_report import (calibration_markdown, conformal_markdown, conformal_summary, coverage_summary,
-                                 mean_rows, raw_z, read_calibration_csv, reliability_plot)
 
 __all__ = ["WIDTHS", "DEFAULT_SETTINGS", "coverage_curve", "calibration_rows", "Calibration",
            "calibration_markdown", "reliability_plot", "read_calibration_csv", "photo_tiles", "conformal_rows",

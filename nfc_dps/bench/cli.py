@@ -77,7 +77,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
     p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
     p.add_argument("--images", default=None, help="folder of images (paper protocol; optional for local)")
-    p.add_argument("--image-names", default="", help="comma list of scikit-image names (local: default the held-out four; paper: instead of --images)")
+    p.add_argument("--image-names", default="",
+                   help="comma list of scikit-image names (local: default the held-out four; paper: instead of --images)")
     p.add_argument("--num-images", type=int, default=None, help="use the first N images (oracle: N images, default 30; "
                                                                 "mixture: measurements, default 4; calibration: "
                                                                 "embedded test tiles, default 2)")

@@ -20,8 +20,18 @@ from .instruments import PeakMemory, lpips_status, row_metrics, save_png
 from .measurements import load_images, measurement
 from .plots import make_plots
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
-from .spec import (CLASSICAL_METHODS, DIFFUSION_METHODS, BenchSpec, MethodRun, TaskSpec, budget_str, estimators,
-                   method_runs, not_applicable, task_specs)
+from .spec import (
+    CLASSICAL_METHODS,
+    DIFFUSION_METHODS,
+    BenchSpec,
+    MethodRun,
+    TaskSpec,
+    budget_str,
+    estimators,
+    method_runs,
+    not_applicable,
+    task_specs,
+)
 from .tables import COLUMNS, KEY, is_failed, result_row, row_order, summary_markdown
 
 #: results.csv of the grid (and of the oracle): one row per task x image x method x estimator x budget

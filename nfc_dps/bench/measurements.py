@@ -16,10 +16,10 @@ from torch import Tensor
 
 from ..api import stable_seed
 from ..io import atomic_write_bytes, atomic_write_text
-from .instruments import save_png
-from .spec import BenchSpec, TaskSpec, seed_name
 from ..operators import BlurOperator, Denoising, Inpainting, build_operator
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from .instruments import save_png
+from .spec import BenchSpec, TaskSpec, seed_name
 
 
 def _center_crop_zoom(img: np.ndarray, size: int, zoom: int) -> np.ndarray:

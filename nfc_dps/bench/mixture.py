@@ -52,16 +52,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..priors.base import Prior, PriorWrapper
-from .spec import method_config, MIXTURE_RECORD_KEY
-from ..samplers import METHODS, Measurement, sample_chains
-from ..samplers.nfc import NFCConfig
-from ..metrics import coverage, sliced_wasserstein, expected_coverage
 from ..api import stable_seed
 from ..io import atomic_write_text
-from .runner import Case, Protocol, Row, Table, folder_record
+from ..metrics import coverage, expected_coverage, sliced_wasserstein
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianMixturePrior
+from ..priors.base import Prior, PriorWrapper
+from ..samplers import METHODS, Measurement, sample_chains
+from ..samplers.nfc import NFCConfig
+from .runner import Case, Protocol, Row, Table, folder_record
+from .spec import MIXTURE_RECORD_KEY, method_config
 
 __all__ = ["SETTINGS", "PRESTATED_SETTING", "MixtureSetting", "mixture_runs", "Mixture", "mixture_markdown"]
 
@@ -357,7 +357,8 @@ def mixture_markdown(rows: list[dict[str, Any]], header: dict[str, Any], bounds:
           f"mean of K exact samples (1 + 1/K) v, one exact sample 2 v). `tv`: total variation between the exact "
           "posterior weights and the samples' component fractions; `sw`: sliced 2-Wasserstein distance to 4K exact "
           f"posterior draws (model units); `drift`: RMS of x0_hat - E[x0 | x_k, y] (model units), mean over levels "
-          f"with {EARLY_SIGMA[0]:g} <= sigma_k < {EARLY_SIGMA[1]:g} (early) and sigma_k < {EARLY_SIGMA[0]:g} (late). Coverage: % of pixels within ±1/±2 sample "
+          f"with {EARLY_SIGMA[0]:g} <= sigma_k < {EARLY_SIGMA[1]:g} (early) and sigma_k < {EARLY_SIGMA[0]:g} (late). "
+          "Coverage: % of pixels within ±1/±2 sample "
           f"stds, at K = 4 (an exact sampler with Gaussian pixel posteriors: {ref4}) and K = {k} ({refk}). "
           "The `exact-sample` row is the floor of tv and sw at this K.", ""]
     for s in settings:

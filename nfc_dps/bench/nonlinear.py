@@ -185,7 +185,7 @@ class NonlinearTier(Protocol):
                 row["psnr"], row["ssim"] = round(float(psnr(best, truth)), 4), round(float(ssim(best, truth)), 4)
             if (setting, method, name) not in done:
                 yield RESULTS.file, row
-        log(f"{setting} {method}: " + (note or f"{np.mean([float(psnr(xr[i:i+1].double(), c.x[i:i+1].double())) for i in range(len(self.names))]):.2f} dB"))
+        log(f"{setting} {method}: " + (note or f"{float(psnr(xr.double(), c.x.double()).mean()):.2f} dB"))
 
     def header(self) -> dict[str, Any]:
         return {"images": f"{', '.join(self.names)} ({self.spec.size} px)", "prior": self.prior_info,

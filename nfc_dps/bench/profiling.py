@@ -15,15 +15,14 @@ import torch
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
+from ..api import restore
+from ..distributed import Dist, init_distributed, resolve_device
 from ..io import atomic_write_text
+from ..priors.base import PriorWrapper
 from .instruments import machine_description
 from .measurements import load_images, measurement
-from ..distributed import Dist, init_distributed, resolve_device
 from .runner import load_bench_prior, prior_record
 from .spec import BenchSpec, method_runs, task_specs
-from ..priors.base import PriorWrapper
-from ..api import restore
-
 
 #: the profile's column of each ``record_function`` range the samplers mark (``nfc.<phase>``)
 PHASE_LABELS = {"nfc.predictor": "predictor", "nfc.inner_exact": "inner (exact)",

@@ -13,7 +13,8 @@ captioned from ``<name>_summary.md``'s header, ``calibration*/calibration.csv``,
 oracle's ``oracle*_summary.md``, ``docs/prior_report.json`` and docs/scale.md's JSON files. Each
 page of ``PAGE_TABLES`` must hold its tables: a missing or malformed opening or closing marker is
 an error naming the page and the table, as are an unknown table name and a malformed row of a
-result file (naming the file and its line). Running it twice changes nothing. ``--check`` writes nothing and exits 1 when a page differs from what the result files
+result file (naming the file and its line). Running it twice changes nothing. ``--check`` writes nothing and exits 1
+when a page differs from what the result files
 give (tests/test_bench_report.py runs it on the repository).
 
 A new prior or preset: ``scripts/rerun_tables.sh`` reruns the protocols and copies their result
@@ -34,13 +35,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..io import atomic_write_text
+from ..samplers import METHODS
+from .calibration_report import conformal_table, coverage_table, read_calibration_csv
+from .prior_report_markdown import prior_table
+from .report_scale import scale_table, throughput_table
 from .spec import DEFAULT_TASKS, TASK_LABELS
 from .tables import group_rows, load_results, mean_std, numbers
-from .calibration_report import conformal_table, coverage_table, read_calibration_csv
-from .report_scale import scale_table, throughput_table
-from .prior_report_markdown import prior_table
-from ..samplers import METHODS
-from ..io import atomic_write_text
 
 TASKS = DEFAULT_TASKS
 #: display names, in the order rows are listed (network methods, then the classical answers)

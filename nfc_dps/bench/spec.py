@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..baselines import CLASSICAL_METHODS
-from ..samplers import METHODS
-from ..samplers import get_config
-from ..baselines import applicable
+from ..baselines import CLASSICAL_METHODS, applicable
 from ..operators import TASKS
+from ..samplers import METHODS, get_config
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)

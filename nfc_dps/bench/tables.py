@@ -15,7 +15,6 @@ import numpy as np
 
 from .spec import BenchSpec, MethodRun, budget_str
 
-
 COLUMNS = ["protocol", "task", "image", "method", "estimator", "budget", "nfe", "psnr", "ssim", "mse", "lpips",
            "seconds", "peak_mem_mb", "seed", "note"]
 KEY = ("task", "image", "method", "estimator", "budget")

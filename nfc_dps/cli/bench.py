@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import UsageError
 from ..bench.cli import run_from_args
+from .common import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

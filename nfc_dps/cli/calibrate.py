@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import io as nio
+from ..api import as_batch, restore, stable_seed
 from ..config import ResolvedSampler, TaskConfig, load_config
-from .common import (DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, input_names, open_prior, read_inputs,
-                     parse_device, prior_key, set_threads)
+from ..conformal import DEFAULT_EPS, RULES, Calibration, CalibrationError, fit_rule, min_images, prior_fingerprint, sampler_fields
+from ..samplers.common import PriorRangeError
+from .common import DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, input_names, open_prior, parse_device, prior_key, read_inputs, set_threads
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import check_output_file
-from .simulate import simulated_measurement
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
+from .simulate import simulated_measurement
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
-from ..conformal import RULES, DEFAULT_EPS, Calibration, CalibrationError, fit_rule, min_images, prior_fingerprint, sampler_fields
-from ..samplers.common import PriorRangeError
-from ..api import as_batch, restore, stable_seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

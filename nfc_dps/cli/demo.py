@@ -11,18 +11,29 @@ from typing import Any
 import numpy as np
 
 from .. import io as nio
+from ..api import restore
+from ..bench.spec import DEFAULT_TASKS, task_specs
 from ..config import DEFAULT_NOISE_SIGMA, ResolvedSampler, SamplerSpec, parse_task
-from ..samplers import METHODS
-from ..run_record import resolved_config
 from ..operators import TASKS
-from .common import (EXIT_OK, RESOLVED_JSON, Log, UsageError, image_metrics, noise_seed, open_prior, parse_device,
-                     prior_key, set_threads, to_numpy)
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..run_record import resolved_config
+from ..samplers import METHODS
+from .common import (
+    EXIT_OK,
+    RESOLVED_JSON,
+    Log,
+    UsageError,
+    image_metrics,
+    noise_seed,
+    open_prior,
+    parse_device,
+    prior_key,
+    set_threads,
+    to_numpy,
+)
 from .flags import common_flags, prior_flags
 from .outputs import cannot_write, check_output_folder, folder_lock
 from .preflight import check_prior_fits
-from ..bench.spec import DEFAULT_TASKS, task_specs
-from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
-from ..api import restore
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

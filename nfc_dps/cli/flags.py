@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from ..config import DEFAULT_NOISE_SIGMA
-from ..priors.diffusers_prior import PRECISIONS
 from ..operators import TASKS
+from ..priors.diffusers_prior import PRECISIONS
 from ..samplers import METHODS
 
 
@@ -54,4 +54,5 @@ def sampler_flags(p: argparse.ArgumentParser, preset_help: str) -> None:
     p.add_argument("--preset", default=None, help=preset_help)
     p.add_argument("--steps", type=int, default=None, help="annealing levels / sampler steps (overrides the preset)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="sampler field of the preset, e.g. --set prior_weight=0.3 (nfc deterministic) or --set band.cutoff_start=0.5 (nfc fast) (repeatable)")
+                   help="sampler field of the preset, e.g. --set prior_weight=0.3 (nfc deterministic) or "
+                        "--set band.cutoff_start=0.5 (nfc fast) (repeatable)")

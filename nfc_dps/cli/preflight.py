@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import io as nio
+from ..priors.base import prior_device
+from ..samplers import get_method
 from .common import UsageError
 from .tasks import OperatorSource
-from ..samplers import get_method
-from ..priors.base import prior_device
 
 
 class FirstImage(NamedTuple):

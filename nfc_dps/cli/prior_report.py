@@ -10,13 +10,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from .common import EXIT_OK, Log, UsageError
-from .outputs import cannot_write, check_output_file
-from ..priors.diffusers_prior import PRECISIONS
 from ..bench.prior_report import SIGMAS, ReportError, ReportSettings, prior_report
 from ..bench.prior_report_markdown import loss_table
-from ..training.plot import read_loss_csv, render_loss_png
 from ..io import atomic_write_text
+from ..priors.diffusers_prior import PRECISIONS
+from ..training.plot import read_loss_csv, render_loss_png
+from .common import EXIT_OK, Log, UsageError
+from .outputs import cannot_write, check_output_file
 
 EXAMPLES = """examples:
   nfc-dps prior-report                                   # the embedded default prior

@@ -20,18 +20,44 @@ from ..distributed import Dist, init_distributed, resolve_device
 from ..operators import TASKS
 from ..run_record import resolved_config
 from ..samplers.common import PriorRangeError
-from .common import (DEFAULT_MAX_BATCH, DISK_FULL, EXIT_FAILED, EXIT_OK, RESOLVED_JSON, STD_PNG_SCALE, Log, UsageError, failure_reason,
-                     image_seed, input_names, open_prior, parse_device, prior_key, read_inputs, set_threads,
-                     sha256_file, sha256_json)
+from .common import (
+    DEFAULT_MAX_BATCH,
+    DISK_FULL,
+    EXIT_FAILED,
+    EXIT_OK,
+    RESOLVED_JSON,
+    STD_PNG_SCALE,
+    Log,
+    UsageError,
+    failure_reason,
+    image_seed,
+    input_names,
+    open_prior,
+    parse_device,
+    prior_key,
+    read_inputs,
+    set_threads,
+    sha256_file,
+    sha256_json,
+)
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, output_stems, refuse_unrecorded, run_lock
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image, input_notes
-from .records import (MANIFEST, RECORD_FILES, SHARD_DIR, STEM_FOLDERS, SUMMARY_JSON, RunRecords, earlier_runs,
-                      merge_leftover_shards, outputs_ok, recorded_stems)
+from .records import (
+    MANIFEST,
+    RECORD_FILES,
+    SHARD_DIR,
+    STEM_FOLDERS,
+    SUMMARY_JSON,
+    RunRecords,
+    earlier_runs,
+    merge_leftover_shards,
+    outputs_ok,
+    recorded_stems,
+)
 from .restore_outputs import Item, Job, add_ground_truth_metrics, check_output_names, planned_outputs, write_outputs
 from .restore_setup import input_folders, load_run_calibration, run_configs, run_sampler, task_with_operator_files
 from .tasks import OperatorSource, resolve_task
-
 
 #: the subfolders of the output folder that restore writes (std maps, samples, torchrun's progress)
 OUTPUT_SUBFOLDERS = ("std", "samples", SHARD_DIR)

@@ -12,19 +12,29 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import io as nio
-from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
-from ..run_record import package_versions
-from .common import (DISK_FULL, EXIT_FAILED, EXIT_OK, SIMULATION_JSON, Log, UsageError, failure_reason, image_seed,
-                     input_names, noise_seed, read_inputs, to_numpy)
-from .flags import task_flags
-from .preflight import input_notes
-from .outputs import cannot_write, check_output_folder, existing_files, folder_lock, npy_bytes, output_stems, \
-    refuse_unrecorded
-from ..operators import TASKS
-from .tasks import OperatorSource, check_operator_file, resolve_seed, resolve_task
 from ..api import as_batch
+from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
 from ..noise import GaussianNoise
-
+from ..operators import TASKS
+from ..run_record import package_versions
+from .common import (
+    DISK_FULL,
+    EXIT_FAILED,
+    EXIT_OK,
+    SIMULATION_JSON,
+    Log,
+    UsageError,
+    failure_reason,
+    image_seed,
+    input_names,
+    noise_seed,
+    read_inputs,
+    to_numpy,
+)
+from .flags import task_flags
+from .outputs import cannot_write, check_output_folder, existing_files, folder_lock, npy_bytes, output_stems, refuse_unrecorded
+from .preflight import input_notes
+from .tasks import OperatorSource, check_operator_file, resolve_seed, resolve_task
 
 #: the subfolders of the output folder that simulate writes
 OUTPUT_SUBFOLDERS = ("measurements", "ground_truth", "kernels", "masks")

@@ -8,11 +8,9 @@ from pathlib import Path
 
 from ..config import ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
 from ..noise import GaussianNoise, parse_noise
-from ..operators import TASKS, noise_sigma_problem, task_reading
+from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, match_file
-from ..operators import load_kernel, load_mask, build_operator
-
 
 #: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel (the flag)
 RANDOM_TASKS = {name: f"--{t.draws}" for name, t in TASKS.items() if t.draws}

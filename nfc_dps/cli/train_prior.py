@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..training import TrainingError, train_prior
+from ..training.args import EXAMPLES, add_arguments, config_from_args
 from .common import EXIT_OK, Log, UsageError, parse_device, set_threads
 from .flags import common_flags
-from ..training.args import EXAMPLES, add_arguments, config_from_args
-from ..training import TrainingError, train_prior
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -31,5 +31,6 @@ from .images import (
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageReadError", "ImageInfo", "read_image", "write_image", "list_images",
     "list_folder", "unusable_reason", "atomic_write_bytes", "atomic_write_text", "write_json", "write_csv",
-    "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens", "write_measurement",
+    "remove_stale_temp_files", "TEMP_SUFFIX", "quantize", "image_opens", "write_measurement", "images_in_subfolders",
+    "scan_images", "INTEGER_SCALES", "encode_image",
 ]

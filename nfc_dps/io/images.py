@@ -260,7 +260,8 @@ def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, Image
 
 def _read_tiff_deep(path: Path, mode: str, orientation: int | None, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
     """TIFFs Pillow reduces to 8 bits (16-bit colour), garbles (16-bit gray turned by its orientation
-    tag) or does not open (16-bit gray + alpha, float colour), read with tifffile from the first page's own tags: planar or interleaved samples,
+    tag) or does not open (16-bit gray + alpha, float colour), read with tifffile from the first page's own tags:
+    planar or interleaved samples,
     extra samples (associated alpha is divided out, as Pillow does for 8-bit files; unspecified
     ones are dropped), "min is white" gray inverted. ``orientation`` None: the page's tag 274."""
     try:

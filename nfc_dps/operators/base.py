@@ -182,7 +182,8 @@ class LinearOperator(torch.nn.Module):
         return None if decomposition is None else decomposition.gram_eigenvalues(h, w)
 
     def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
-        """The eigenvalues of A^T A (h * w, or C * h * w for an operator that mixes channels) where they are declared (``gram_eigenvalues``), else an
+        """The eigenvalues of A^T A (h * w, or C * h * w for an operator that mixes channels) where they are declared
+        (``gram_eigenvalues``), else an
         approximation of them (in no particular order) where the operator has one, else None.
         For uses that need only their distribution (a trace, a mean)."""
         return self.gram_eigenvalues(h, w)

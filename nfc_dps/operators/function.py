@@ -126,7 +126,8 @@ class FunctionOperator(LinearOperator):
         if float(zero.norm()) > tol * max(scale, 1e-30):
             raise ValueError(f"A is not linear: A(0) is not 0 (largest |A(0)| = {float(zero.abs().max()):.4g}; an "
                              f"offset, an affine map?). FunctionOperator needs a linear map (A(0) = 0): subtract the "
-                             f"offset A(0) from the measurement and from A, or declare the map nonlinear: FunctionOperator(..., linear=False)")
+                             f"offset A(0) from the measurement and from A, or declare the map nonlinear: "
+                             f"FunctionOperator(..., linear=False)")
         size = max(abs(a) * float(ax.norm()) + abs(b) * float(au.norm()), 1e-30)
         err = float((mixed - (a * ax + b * au)).norm())
         if err > tol * size:

@@ -21,9 +21,9 @@ from .base import LinearOperator
 from .blur import BlurOperator
 from .colorize import Colorization
 from .denoising import Denoising
-from .nonlinear import CameraBlur, HighDynamicRange, PhaseRetrieval
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
+from .nonlinear import CameraBlur, HighDynamicRange, PhaseRetrieval
 from .superres import SuperResolution
 
 __all__ = ["Task", "TASKS", "build_operator", "check_task_params", "task_reading"]

@@ -27,9 +27,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from .adm import (ADM_SCHEDULER_CONFIG, adm_unet_config, attention_head_dim, attention_levels, build_adm_unet,
-                  resolve_adm_preset)
-
+from .adm import ADM_SCHEDULER_CONFIG, adm_unet_config, attention_head_dim, attention_levels, build_adm_unet, resolve_adm_preset
 
 # (ADM sub-key, diffusers sub-key) of the plain (no reshaping) module parts.
 _RES_PARTS = (
@@ -151,7 +149,9 @@ def convert_adm_state_dict(sd: Mapping[str, Tensor], preset: str | Mapping[str, 
         if any(k.startswith("label_emb") for k in unexpected):
             hint = " (label_emb.*: a class-conditional checkpoint, not supported)"
         elif missing or unexpected:
-            hint = f" (is the preset right? image_size={p['image_size']}, num_channels={p['num_channels']}, num_res_blocks={p['num_res_blocks']}, channel_mult={p['channel_mult']}, attention_resolutions={p['attention_resolutions']})"
+            hint = (f" (is the preset right? image_size={p['image_size']}, num_channels={p['num_channels']}, "
+                    f"num_res_blocks={p['num_res_blocks']}, channel_mult={p['channel_mult']}, "
+                    f"attention_resolutions={p['attention_resolutions']})")
         parts = []
         if missing:
             parts.append(f"{len(missing)} missing keys: {_few(missing)}")

@@ -23,6 +23,7 @@ from typing import Callable, ContextManager
 
 import torch
 from torch import Tensor, nn
+
 from ..frequency import power_law_spectrum
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")

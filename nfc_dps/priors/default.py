@@ -72,7 +72,8 @@ def prior_identity(path: str | Path | None, contents: bool = False) -> dict[str,
     """What identifies the prior folder ``path`` (None or "": the embedded default), without loading it.
 
     Keys: "path" (the folder as given, or the default's), "resolved" (absolute), "embedded_default"
-    (no path given and $NFC_DPS_DEFAULT_PRIOR unset: the shipped weights), "files" ({path relative to the folder: [size in bytes, mtime in ns]},
+    (no path given and $NFC_DPS_DEFAULT_PRIOR unset: the shipped weights), "files" ({path relative to the folder:
+    [size in bytes, mtime in ns]},
     sorted; empty when the folder is missing). With ``contents`` and at least one file, also
     "sha256" (16 hex digits over the names and bytes of its .safetensors / .bin / .json files,
     which reads them all) and "modified" (the newest file's local time, ISO 8601 to the second).

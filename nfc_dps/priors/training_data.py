@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
 from ..frequency import fit_power_law
 
 #: skimage.data photographs used for training (gray ones are replicated to RGB).

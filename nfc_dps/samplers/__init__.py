@@ -16,7 +16,6 @@ from typing import Any, Callable
 from ..noise import NOISE_KINDS
 from ..operators.nonlinear import is_linear
 from ..overrides import ConfigError, apply_overrides
-
 from . import ddnm, ddrm, diffpir, dpir, dps
 from .chains import Measurement, chain_generators, image_generators, iter_chains, sample_chains
 from .common import CountingPrior, counting
@@ -154,6 +153,8 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
     return new
 
 
-__all__ = ["METHODS", "Method", "Measurement", "sample_chains", "iter_chains", "image_generators", "chain_generators", "get_method", "get_config", "override_config", "with_preset_hint", "CountingPrior", "counting",
-           "NFCConfig", "sample_nfc", "sample_daps", "ContinuationConfig", "sample_nfc_continuation", "DPSConfig", "sample_dps", "DiffPIRConfig", "sample_diffpir",
-           "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm", "DPIRConfig", "sample_dpir"]
+__all__ = ["METHODS", "Method", "Measurement", "sample_chains", "iter_chains", "image_generators", "chain_generators",
+           "get_method", "get_config", "override_config", "with_preset_hint", "CountingPrior", "counting", "linear_only",
+           "NFCConfig", "sample_nfc", "sample_daps", "ContinuationConfig", "sample_nfc_continuation", "DPSConfig",
+           "sample_dps", "DiffPIRConfig", "sample_diffpir", "DDNMConfig", "sample_ddnm", "DDRMConfig", "sample_ddrm",
+           "DPIRConfig", "sample_dpir"]

@@ -22,8 +22,7 @@ from ..operators.nonlinear import ModelUnitsOperator, is_linear
 from ..operators.weighted import WeightedOperator
 from ..priors.base import Prior, PriorWrapper
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas
-from .gaussian_step import (blur_wiener_estimate, fit_spectrum_from_measurement, gaussian_conditional,
-                            is_nonwrapping_blur, pixel_coverage)
+from .gaussian_step import blur_wiener_estimate, fit_spectrum_from_measurement, gaussian_conditional, is_nonwrapping_blur, pixel_coverage
 
 Callback = Callable[[dict[str, Any]], None] | None
 

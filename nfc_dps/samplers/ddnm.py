@@ -16,7 +16,8 @@ Range-space correction, ``correction=``:
   lam_i = 1 and gamma_i = sqrt(sigma_{i+1}^2 - sigma_y^2) while sigma_{i+1} >= sigma_y, else
   lam_i = sigma_{i+1} / sigma_y and gamma_i = 0: the correction's noise lam_i A^+ n is counted
   against the next level's noise budget. Where A A^T = c I (inpainting and denoising: c = 1;
-  one row w of channel weights: c = ||w||^2; block-average SR by s: c = 1 / s^2) A^+ n is noise of std sigma_y / sqrt(c) on each orthonormal direction of A's row space, and
+  one row w of channel weights: c = ||w||^2; block-average SR by s: c = 1 / s^2) A^+ n is noise of std sigma_y /
+  sqrt(c) on each orthonormal direction of A's row space, and
   sigma_y / sqrt(c) is what the rule counts (:func:`row_space_noise`); gamma_i re-noises A's
   null space too (:func:`scaled_projection`). Other operators with a decomposition (circulant blur,
   denoising) take the rule per singular value, as DDNM+'s SVD form: lam_k = min(1, s_k
@@ -45,8 +46,18 @@ from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
 from .chains import Measurement
-from .common import (StepConfig, Callback, Generators, check_step_settings, counting, ddim_step, schedule_top, sigma_vector,
-                     to_image_units, to_model_units)
+from .common import (
+    Callback,
+    Generators,
+    StepConfig,
+    check_step_settings,
+    counting,
+    ddim_step,
+    schedule_top,
+    sigma_vector,
+    to_image_units,
+    to_model_units,
+)
 
 CORRECTIONS = ("prox", "scaled")
 

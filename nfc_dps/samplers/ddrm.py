@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -25,8 +26,17 @@ from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, sigma_grid
 from .chains import Measurement
-from .common import (StepConfig, Callback, Generators, check_step_settings, counting, schedule_top, sigma_vector,
-                     to_image_units, to_model_units)
+from .common import (
+    Callback,
+    Generators,
+    StepConfig,
+    check_step_settings,
+    counting,
+    schedule_top,
+    sigma_vector,
+    to_image_units,
+    to_model_units,
+)
 
 
 @dataclass(frozen=True)

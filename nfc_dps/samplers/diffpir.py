@@ -36,8 +36,7 @@ from ..operators.base import randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
 from .chains import Measurement
-from .common import (StepConfig, Callback, Generators, counting, ddim_step, schedule_top, sigma_vector, to_image_units,
-                     to_model_units)
+from .common import Callback, Generators, StepConfig, counting, ddim_step, schedule_top, sigma_vector, to_image_units, to_model_units
 
 
 @dataclass(frozen=True)

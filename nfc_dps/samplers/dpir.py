@@ -25,14 +25,26 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..operators.base import LinearOperator
+from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import DPIR_SIGMA_MAX
 from .chains import Measurement
-from .common import (StepConfig, START_ESTIMATES, Callback, Generators, check_flag, counting, initial_estimate, schedule_top,
-                     model_operator, sigma_vector, spectrum_for, to_image_units, to_model_units)
-from ..operators.nonlinear import is_linear
+from .common import (
+    START_ESTIMATES,
+    Callback,
+    Generators,
+    StepConfig,
+    check_flag,
+    counting,
+    initial_estimate,
+    model_operator,
+    schedule_top,
+    sigma_vector,
+    spectrum_for,
+    to_image_units,
+    to_model_units,
+)
 from .self_ensemble import SelfEnsemblePrior
-
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,22 @@ from torch import Tensor
 
 from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
+from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
 from .chains import Measurement
-from .common import (StepConfig, Callback, Generators, adjoint_at, counting, model_operator, schedule_top,
-                     sigma_vector, to_image_units, to_model_units)
-from ..operators.nonlinear import is_linear
+from .common import (
+    Callback,
+    Generators,
+    StepConfig,
+    adjoint_at,
+    counting,
+    model_operator,
+    schedule_top,
+    sigma_vector,
+    to_image_units,
+    to_model_units,
+)
 
 # ---------------------------------------------------------------------------------------------
 # DPS

@@ -119,7 +119,8 @@ def gaussian_conditional(
     Perturb-and-solve: x~ = center + C^1/2 e, u~ = W y + sigma_y e', then
     x = argmin ||u~ - W A x||^2 / (2 sigma_y^2) + ||x - x~||_C^-1^2 / 2 is an exact sample.
     Closed form where the operator's decomposition diagonalises C and W (circulant operators: Fourier)
-    and for the isotropic, unweighted case (the operator's prox); conjugate gradients otherwise. ``temperature`` t scales both perturbations,
+    and for the isotropic, unweighted case (the operator's prox); conjugate gradients otherwise. ``temperature`` t
+    scales both perturbations,
     so the draw has the same mean and t^2 times the covariance (t = 1: exact; t = 0: the mean).
     """
     spectral = isinstance(prior_var, Tensor)

@@ -37,9 +37,9 @@ from torch.profiler import record_function
 
 from ..frequency import fourier_filter, haar_fuse, lowpass_mask
 from ..operators.base import Generators, LinearOperator, randn_per_image
+from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas
-from ..operators.nonlinear import is_linear
 from .chains import Measurement
 from .common import (
     Callback,
@@ -59,8 +59,8 @@ from .common import (
 )
 from .gaussian_step import (
     conditional_error_variance,
-    normal_eigenvalues,
     gaussian_conditional,
+    normal_eigenvalues,
     pixel_coverage,
     spectral_crossing,
     spectral_prior_variance,

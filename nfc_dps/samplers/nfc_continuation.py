@@ -27,13 +27,23 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from ..operators.base import Generators, LinearOperator
+from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
 from .chains import Measurement
-from .common import Callback, StepConfig, check_flag, counting, initial_estimate, pf_ode_predict
-from .common import schedule_top
-from .common import model_operator, spectrum_for, to_image_units, to_model_units
-from ..operators.nonlinear import is_linear
+from .common import (
+    Callback,
+    StepConfig,
+    check_flag,
+    counting,
+    initial_estimate,
+    model_operator,
+    pf_ode_predict,
+    schedule_top,
+    spectrum_for,
+    to_image_units,
+    to_model_units,
+)
 from .nfc import ODE_SIGMA_MIN, RHO
 from .self_ensemble import SelfEnsemblePrior
 

@@ -1,6 +1,7 @@
 """Named presets for NFC and DAPS. ``deterministic`` (NFC only, its default) is the plug-and-play
 continuation (``nfc_continuation.py``, its own config): a Wiener start, 16 levels from DPIR's
-first level down to max(0.02, sigma_y / 2) in model units, no re-noising, no random draw (16 NFE). ``paper`` reproduces the published settings (1000 NFE);
+first level down to max(0.02, sigma_y / 2) in model units, no re-noising, no random draw (16 NFE). ``paper``
+reproduces the published settings (1000 NFE);
 ``fast`` is 100 NFE: NFC with the exact Gaussian-conditional inner step, DAPS with its own
 Langevin inner loop (as published). ``fast_psnr`` (NFC only) is ``fast`` with the conditional
 mean as the inner step (``inner_temperature=0``), ``renoise="matched"`` and the geometric

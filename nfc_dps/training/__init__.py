@@ -9,8 +9,8 @@
 * :mod:`.args` - the command-line flags of ``nfc-dps train-prior``.
 """
 
-from .data import TrainingError
 from .config import TrainConfig, TrainResult
+from .data import TrainingError
 from .loop import train_prior
 
 __all__ = ["TrainConfig", "TrainResult", "TrainingError", "train_prior"]

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from ..priors.archs import ARCHS
+from .config import TrainConfig
 from .data import DEFAULT_SCALES
 from .leaves import SYNTHETIC
-from .config import TrainConfig
 
 EXAMPLES = """examples:
   nfc-dps train-prior --workdir runs/ct --images scans/ --channels 1 --minutes 60 --export priors/ct

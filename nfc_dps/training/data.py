@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from .. import io as nio
-from .leaves import DEFAULT_SYNTHETIC, SYNTHETIC, synthetic_image
 from ..priors.training_data import HELDOUT_IMAGES, TRAIN_IMAGES, load_skimage_image
+from .leaves import DEFAULT_SYNTHETIC, SYNTHETIC, synthetic_image
 
 BUILTIN = "builtin"
 DEFAULT_SCALES = (1.0, 0.75, 0.5)

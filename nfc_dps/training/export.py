@@ -24,12 +24,10 @@ import numpy as np
 import torch
 
 from .. import io as nio
-from ..priors.archs import size_independent
+from ..priors.archs import ARCHS, DEFAULT_ARCH, size_independent, unet_config
 from ..priors.base import Prior, reflect_pad
-from ..priors.diffusers_prior import PRIOR_CONFIG_NAME
+from ..priors.diffusers_prior import PRIOR_CONFIG_NAME, _find_unet_dir, _read_json
 from ..priors.training_data import center_crop
-from ..priors.archs import ARCHS, DEFAULT_ARCH, unet_config
-from ..priors.diffusers_prior import _find_unet_dir, _read_json
 from .data import TrainingError
 
 EVAL_SIGMAS = (0.05, 0.1, 0.2)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy import ndimage
+
 from ..priors.training_data import dead_leaves
 
 #: the procedural generators of ``train-prior --synthetic``
