@@ -23,6 +23,7 @@ import copy
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
+from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator
 
 import numpy as np
@@ -39,7 +40,7 @@ from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..samplers import get_config
 from .measurements import _center_crop_zoom
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
-from .tables import fmt
+from .tables import fmt, load_results
 
 RESULTS = Table("results.csv", ("setting", "method", "nfe", "image", "psnr", "ssim", "seconds", "note"),
                 ("setting", "method", "image"), ("setting", "method"))
@@ -197,6 +198,26 @@ class NonlinearTier(Protocol):
         atomic_write_text(self.spec.out / "summary.md", "# Nonlinear and Poisson tier\n\n" + "\n".join(lines) + "\n\n"
                           + nonlinear_table(tables[RESULTS.file]) + "\n")
         return {}
+
+
+def nonlinear_doc_table(folder: Path, link: str) -> str:
+    """The tier's table from a committed run folder (results.csv, summary.md's header), with its
+    source line."""
+    from .report import read_header
+
+    path = folder / RESULTS.file
+    if not path.is_file():
+        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
+    rows = load_results(path)
+    for i, r in enumerate(rows, start=2):
+        try:
+            [float(r[c]) for c in ("psnr", "ssim") if r[c] != ""]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
+    h = read_header(folder / "summary.md")
+    rel = f"{link}{folder.name}/{RESULTS.file}"
+    return (nonlinear_table(rows) + f"\n\nPSNR in dB, mean over the images. Source: [`{folder.name}/{RESULTS.file}`]"
+            f"({rel}); {h.get('images', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
 
 
 def nonlinear_table(rows: list[Row]) -> str:

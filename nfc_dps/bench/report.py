@@ -38,6 +38,7 @@ import numpy as np
 from ..io import atomic_write_text
 from ..samplers import METHODS
 from .calibration_report import conformal_table, coverage_table, read_calibration_csv
+from .nonlinear import nonlinear_doc_table
 from .prior_report_markdown import prior_table
 from .report_scale import scale_table, throughput_table
 from .spec import DEFAULT_TASKS, TASK_LABELS
@@ -61,6 +62,7 @@ PAGE_TABLES: dict[str, tuple[str, ...]] = {
     "docs/uncertainty.md": ("conformal_oracles", "conformal_nfc_fast", "conformal_methods_sr",
                             "conformal_methods_inpaint_random"),
     "docs/scale.md": ("scale_cpu", "restore_throughput"),
+    "docs/nonlinear.md": ("nonlinear64",),
     "README.md": ("which",),
 }
 PAGES = tuple(PAGE_TABLES)
@@ -509,6 +511,7 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),
+        "nonlinear64": lambda: nonlinear_doc_table(bench / "nonlinear64", blink),
         "scale_cpu": lambda: scale_table(bench / "scale_cpu.json", blink),
         "restore_throughput": lambda: throughput_table(bench / "restore_throughput.json", blink),
     }
