@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -219,13 +220,31 @@ def read_inputs(flag: str, inp: Path) -> tuple[list[Path], list[Path]]:
 
 
 def check_readable_folder(flag: str, folder: Path) -> None:
-    """UsageError naming ``flag`` when ``folder`` is not a folder whose entries can be listed."""
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {folder}: not a folder")
+    """UsageError naming ``flag`` when ``folder`` is not a folder whose entries can be listed and
+    opened (read and search permission)."""
     try:
-        next(folder.iterdir(), None)
+        is_dir = folder.is_dir()
+        if is_dir:
+            os.stat(os.path.join(folder, os.curdir))  # needs search permission: the entries' files open
+            next(folder.iterdir(), None)
     except OSError as e:
         raise UsageError(f"{flag} {folder}: cannot read the folder ({e.strerror or e})") from e
+    if not is_dir:
+        raise UsageError(f"{flag} {folder}: not a folder")
+
+
+def check_input(flag: str, path: Path) -> None:
+    """UsageError naming ``flag`` when ``path`` does not exist, lies in a folder that cannot be
+    searched, or is a folder that cannot be read (:func:`check_readable_folder`)."""
+    try:
+        is_dir = stat.S_ISDIR(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise UsageError(f"{flag} {path}: no such file or folder") from e
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot read it ({e.strerror or e}; check the permissions of the folder "
+                         f"{path.parent})") from e
+    if is_dir:
+        check_readable_folder(flag, path)
 
 
 def input_names(images: Sequence[Path], inp: Path) -> list[str]:

@@ -100,6 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reports_errors():  # under torchrun: once, on rank 0 (every rank refuses alike)
             print(f"nfc-dps {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except PermissionError as e:  # a file met outside the checks that name their flag: one line, not a traceback
+        remove_created_if_empty()
+        shutdown()
+        if reports_errors():
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"nfc-dps {args.command}: error: {where}{e.strerror or e} (check the permissions of the file and "
+                  f"its folders)", file=sys.stderr)
+        return EXIT_USAGE
     except Terminated:
         print(f"nfc-dps {args.command}: terminated (SIGTERM); {_rerun(args.command)}", file=sys.stderr)
         return EXIT_TERMINATED

@@ -10,7 +10,7 @@ from typing import Any
 from ..config import ResolvedSampler, load_config, parse_task
 from ..conformal import CalibrationError, load_calibration
 from ..operators import TASKS
-from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_readable_folder
+from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_input, check_readable_folder
 from .tasks import RANDOM_TASKS, check_operator_file, resolve_sampler, resolve_seed, with_operator_files
 
 
@@ -20,6 +20,8 @@ def run_configs(args, log: Log) -> tuple[Any, Path | None]:
     from files it drew (deblur_motion) is restored with the operator files the simulation recorded."""
     configs = list(args.config or [])
     inp = Path(args.input) if args.input else None
+    if inp is not None:
+        check_input("--input", inp)  # before its simulation.json is looked for
     if inp is not None and inp.is_dir() and (inp / SIMULATION_JSON).is_file():
         configs.insert(0, inp / SIMULATION_JSON)
         inp = None
@@ -52,10 +54,7 @@ def input_folders(args, bundle, inp: Path | None) -> tuple[Path, Path | None]:
             gt_dir = bundle.simulation_dir / sim["ground_truth"]
     if inp is None:
         raise UsageError("--input is required (a measurement image or a folder of them)")
-    if not inp.exists():
-        raise UsageError(f"--input {inp}: no such file or folder")
-    if inp.is_dir():
-        check_readable_folder("--input", inp)
+    check_input("--input", inp)
     if gt_dir is not None:
         check_readable_folder("--gt", gt_dir)
     return inp, gt_dir

@@ -24,6 +24,7 @@ from .common import (
     SIMULATION_JSON,
     Log,
     UsageError,
+    check_input,
     failure_reason,
     image_seed,
     input_names,
@@ -193,8 +194,7 @@ def cmd_simulate(args) -> int:
     task = resolve_task(args, bundle)
     seed = resolve_seed(args, bundle)
     inp = Path(args.input)
-    if not inp.exists():
-        raise UsageError(f"--input {inp}: no such file or folder")
+    check_input("--input", inp)
     check_operator_file(task, None)
     images, others = read_inputs("--input", inp)
     if not images and not others:

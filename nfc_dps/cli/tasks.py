@@ -10,7 +10,7 @@ from ..config import ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, par
 from ..noise import GaussianNoise, parse_noise
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
-from .common import UsageError, match_file
+from .common import UsageError, check_input, match_file
 
 #: tasks whose operator is drawn at random: restoring real data needs the actual mask / kernel (the flag)
 RANDOM_TASKS = {name: f"--{t.draws}" for name, t in TASKS.items() if t.draws}
@@ -101,8 +101,7 @@ def with_operator_files(task: TaskConfig, **files: str | None) -> TaskConfig:
         if reading is None:
             takers = [t.name for t in TASKS.values() if task_reading(t.family, what)]
             raise UsageError(f"--{what} applies to the tasks {', '.join(takers)}, not {task.task!r}")
-        if not Path(value).exists():
-            raise UsageError(f"--{what} {value}: no such file or folder")
+        check_input(f"--{what}", Path(value))
         task = task.with_params(task=reading.name, **{reading.file_param: str(Path(value).resolve())})
     return task
 
@@ -154,8 +153,7 @@ def check_operator_file(task: TaskConfig, flag_value: str | None) -> None:
                          f"(or {key} in the task config)")
     where = flag if flag_value else f"{task.source}: {key}"
     path = Path(value)
-    if not path.exists():
-        raise UsageError(f"{where} {path}: no such file or folder")
+    check_input(where, path)
     if path.is_dir():
         return  # per-image files: each is checked, and reported by name, with its image
     try:

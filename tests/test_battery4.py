@@ -1,0 +1,116 @@
+"""The fourth reliability battery (issue 43): what was left after its first fixes. Each test
+repeats a repro of the issue; each failed on the code before its fix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import make_images, run
+
+
+def _mode_000(monkeypatch, folder: Path) -> None:
+    """``folder`` as a mode-000 folder is for a user who does not own it: it cannot be listed and
+    nothing in it can be looked up (the tests may run as root, who reads it anyway)."""
+    top = os.fspath(folder)
+    inside = top + os.sep
+    real = {name: getattr(os, name) for name in ("stat", "lstat", "listdir", "scandir")}
+
+    def blocked(path, listing: bool) -> bool:
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return False
+        p = os.fsdecode(os.fspath(path))
+        return p.startswith(inside) or (listing and p.rstrip(os.sep) == top)
+
+    def patched(name: str, listing: bool):
+        def call(path=".", *args, **kwargs):
+            if blocked(path, listing):
+                raise PermissionError(13, "Permission denied", os.fsdecode(os.fspath(path)))
+            return real[name](path, *args, **kwargs)
+        return call
+
+    for name in real:
+        monkeypatch.setattr(os, name, patched(name, name in ("listdir", "scandir")))
+
+
+# -- N7: an unreadable input folder
+
+
+def test_a_mode_000_input_folder_is_one_line_naming_it(tmp_path, prior_dir, monkeypatch, capsys) -> None:
+    """restore: a PermissionError traceback at <input>/simulation.json."""
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    _mode_000(monkeypatch, inp)
+    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"--input {inp}: cannot read the folder (Permission denied)" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["restore", "simulate"])
+def test_a_file_in_a_mode_000_folder_is_one_line_naming_it(tmp_path, prior_dir, monkeypatch, capsys, command) -> None:
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    _mode_000(monkeypatch, inp)
+    extra = {"prior": prior_dir} if command == "restore" else {}
+    assert run(command, "-i", inp / "im0.png", "-o", tmp_path / "out", "--task", "denoise", **extra) == 2
+    err = capsys.readouterr().err
+    assert f"--input {inp / 'im0.png'}: cannot read it (Permission denied; check the permissions of the folder {inp})" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_mask_folder_or_config_in_a_mode_000_folder_is_one_line(tmp_path, prior_dir, monkeypatch, capsys) -> None:
+    inp, masks = tmp_path / "in", tmp_path / "masks"
+    make_images(inp, 1)
+    make_images(masks, 1)
+    assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 0
+    with monkeypatch.context() as m:
+        _mode_000(m, masks)
+        assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "inpaint_mask", "--mask", masks,
+                   prior=prior_dir) == 2
+    assert f"--mask {masks}: cannot read the folder (Permission denied)" in capsys.readouterr().err
+    with monkeypatch.context() as m:
+        _mode_000(m, tmp_path / "sim")
+        assert run("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", tmp_path / "out",
+                   prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sim' / 'simulation.json'}: Permission denied" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def _without_root_reads() -> list[str] | None:
+    """A command prefix that runs without root's permission to read anything, or None."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        return None
+    caps = "-dac_override,-dac_read_search"
+    prefix = [setpriv, "--bounding-set", caps, "--inh-caps", caps, "--"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True)
+    return prefix if probe.returncode == 0 else None
+
+
+@pytest.mark.parametrize("command", ["restore", "simulate"])
+def test_a_real_mode_000_folder(tmp_path, prior_dir, command) -> None:
+    """The same with the permissions themselves, where root can give up its right to read anything."""
+    prefix = _without_root_reads()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop the read-anything capabilities")
+    inp = tmp_path / "in"
+    make_images(inp, 1)
+    inp.chmod(0)
+    try:
+        for target in (inp, inp / "im0.png"):
+            prior = ["--prior", prior_dir] if command == "restore" else []
+            res = subprocess.run([*prefix, sys.executable, "-m", "nfc_dps", command, "-i", str(target), "-o",
+                                  str(tmp_path / "out"), "--task", "denoise", *prior, "--quiet"],
+                                 capture_output=True, text=True)
+            assert res.returncode == 2, res.stderr
+            assert "Traceback" not in res.stderr and f"--input {target}: cannot read" in res.stderr
+            assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    finally:
+        inp.chmod(0o755)
+    assert not (tmp_path / "out").exists()
