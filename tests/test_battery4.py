@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import make_images, run
+from test_cli import make_images, run, smooth
 
 
 def _mode_000(monkeypatch, folder: Path) -> None:
@@ -114,3 +114,49 @@ def test_a_real_mode_000_folder(tmp_path, prior_dir, command) -> None:
     finally:
         inp.chmod(0o755)
     assert not (tmp_path / "out").exists()
+
+
+# -- N10: colorize on RGB files
+
+
+def _rgb_files(folder: Path) -> dict[str, Path]:
+    """A gray photo stored as RGB (three equal channels), a palette PNG of it, and a colour photo."""
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    gray = (smooth(c=1) * 255).round().astype(np.uint8)
+    files = {"bw": folder / "a_bw.png", "palette": folder / "b_palette.png", "colour": folder / "c_colour.png"}
+    Image.fromarray(np.stack([gray] * 3, -1)).save(files["bw"])
+    Image.fromarray(gray).convert("P").save(files["palette"])
+    Image.fromarray((smooth() * 255).round().astype(np.uint8)).save(files["colour"])
+    return files
+
+
+def test_colorize_takes_an_rgb_file_whose_channels_are_equal(tmp_path, prior_dir, capsys) -> None:
+    """A scanned black-and-white photo saved as RGB, or a palette PNG, failed with tensor shapes."""
+    from test_cli import rows
+
+    from nfc_dps.io import read_image
+
+    files = _rgb_files(tmp_path / "in")
+    files.pop("colour").unlink()
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "colorize", prior=prior_dir) == 0
+    for path in files.values():
+        assert read_image(tmp_path / "out" / path.name)[0].shape == (32, 32, 3)
+    assert [r["status"] for r in rows(tmp_path / "out")] == ["done", "done"]
+
+
+def test_colorize_refuses_a_colour_photo_in_words(tmp_path, prior_dir, capsys) -> None:
+    from test_cli import rows
+
+    files = _rgb_files(tmp_path / "in")
+    assert run("restore", "-i", files["colour"], "-o", tmp_path / "out", "--task", "colorize", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert f"{files['colour']} is a colour image (its red, green and blue differ): --task colorize restores the " \
+           f"colours of a gray photo" in err and "shape" not in err
+    assert not (tmp_path / "out").exists()
+    # in a folder whose first image is gray: that one fails alone, in the same words
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "colorize", prior=prior_dir) == 1
+    failed = {r["name"]: r["error"] for r in rows(tmp_path / "out") if r["status"] == "failed"}
+    assert list(failed) == ["c_colour.png"] and failed["c_colour.png"].startswith("c_colour.png is a colour image")

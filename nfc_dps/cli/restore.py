@@ -42,7 +42,14 @@ from .common import (
 )
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, output_stems, refuse_unrecorded, run_lock
-from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image, input_notes
+from .preflight import (
+    FirstImage,
+    check_method_takes_operator,
+    check_prior_fits,
+    colorize_measurement,
+    first_image,
+    input_notes,
+)
 from .records import (
     MANIFEST,
     RECORD_FILES,
@@ -146,6 +153,11 @@ def cmd_restore(args) -> int:
     read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items())
     images, others = read_inputs("--input", inp)
     first = first_image(images)
+    if first is not None and task.task == "colorize":
+        try:  # a colour photo is no colorize measurement: said up front, naming it
+            first = first._replace(image=colorize_measurement(first.image, str(first.path)))
+        except ValueError as e:
+            raise UsageError(str(e)) from e
     if first is not None:
         check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], inp)[0], first.image)
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
@@ -384,6 +396,8 @@ class RestoreRun:
                 y, info, self.first = self.first.image, self.first.info, None
             else:
                 y, info = nio.read_image(item.path, any_range=True)
+                if self.task.task == "colorize":
+                    y = colorize_measurement(y, item.name)
             factor = self.source.factor()
             h, w = y.shape[:2]
             operator, _ = self.source.build(item.name, (h * factor, w * factor))
