@@ -160,3 +160,23 @@ def test_colorize_refuses_a_colour_photo_in_words(tmp_path, prior_dir, capsys) -
     assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "colorize", prior=prior_dir) == 1
     failed = {r["name"]: r["error"] for r in rows(tmp_path / "out") if r["status"] == "failed"}
     assert list(failed) == ["c_colour.png"] and failed["c_colour.png"].startswith("c_colour.png is a colour image")
+
+
+# -- -q: no note per image; the final line with the mean PSNR stays
+
+
+def test_quiet_keeps_the_final_psnr_line_and_drops_the_notes(tmp_path, prior_dir, capsys) -> None:
+    """-q printed a note per image (here: 8x8 pixels) and hid the mean PSNR against --gt."""
+    from nfc_dps.io import write_image
+
+    inp, gt = tmp_path / "in", tmp_path / "gt"
+    for folder in (inp, gt):
+        for i in range(3):
+            write_image(folder / f"t{i}.png", smooth(8, 8, phase=i))
+    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", "--gt", gt, prior=prior_dir) == 0
+    err = capsys.readouterr().err
+    assert "note " not in err and "8x8 pixels" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("3 restored, 0 already done, 0 failed") and "mean PSNR" in lines[0]
+    assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 0
+    assert capsys.readouterr().err == ""

@@ -334,8 +334,8 @@ def test_inputs_restored_with_a_caveat_are_noted(tmp_path, prior_dir, capsys):
     pages = [Image.fromarray((smooth(phase=i) * 255).astype(np.uint8)) for i in range(3)]
     pages[0].save(inp / "stack.tif", save_all=True, append_images=pages[1:])
     write_image(inp / "tiny.png", smooth(8, 8))
-    code = run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "deblur_kernel", "--param", "kernel_path="
-               + str(_kernel(tmp_path, 11)), prior=prior_dir)
+    code = main(["restore", "-i", str(inp), "-o", str(tmp_path / "out"), "--task", "deblur_kernel", "--param",
+                 f"kernel_path={_kernel(tmp_path, 11)}", "--prior", prior_dir, "--steps", "2"])  # notes: not under -q
     err = capsys.readouterr().err
     assert code == 0, err
     assert "note stack.tif: only the first of its 3 pages/frames is restored" in err
@@ -407,7 +407,8 @@ def test_an_animated_png_is_noted(tmp_path, prior_dir, capsys):
     inp.mkdir()
     frames = [Image.fromarray((smooth(phase=i) * 255).astype(np.uint8)) for i in range(2)]
     frames[0].save(inp / "anim.png", save_all=True, append_images=frames[1:])
-    assert run("restore", "-i", inp, "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 0
+    assert main(["restore", "-i", str(inp), "-o", str(tmp_path / "out"), "--task", "denoise", "--prior", prior_dir,
+                 "--steps", "2"]) == 0
     assert "note anim.png: only the first of its 2 pages/frames is restored" in capsys.readouterr().err
 
 

@@ -41,13 +41,21 @@ class UsageError(Exception):
 
 
 class Log:
-    """Messages on stderr through tqdm (so progress bars stay intact); ``quiet`` silences info only."""
+    """Messages on stderr through tqdm (so progress bars stay intact); ``quiet`` silences info only;
+    ``results=False`` also a run's final result line (a torchrun rank other than 0)."""
 
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
+    def __init__(self, quiet: bool, results: bool = True) -> None:
+        self.quiet, self.results = quiet, results
 
     def info(self, msg: str) -> None:
         if not self.quiet:
+            from tqdm.auto import tqdm
+
+            tqdm.write(msg, file=sys.stderr)
+
+    def result(self, msg: str) -> None:
+        """A run's final line (counts, mean PSNR): shown with --quiet too."""
+        if self.results:
             from tqdm.auto import tqdm
 
             tqdm.write(msg, file=sys.stderr)

@@ -16,7 +16,9 @@ def common_flags(p: argparse.ArgumentParser) -> None:
     """--device, --threads, --quiet."""
     p.add_argument("--device", default=None, help="torch device: cpu (default), cuda, cuda:1, mps")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars or info messages (errors still shown)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bars, info messages or notes on single images (errors, and restore's final "
+                        "line of counts and mean PSNR, still shown)")
 
 
 def prior_flags(p: argparse.ArgumentParser) -> None:

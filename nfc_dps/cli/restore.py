@@ -165,7 +165,7 @@ def cmd_restore(args) -> int:
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
         device = resolve_device("cuda", dist)
     if dist.rank > 0:  # one voice for the progress and the summary; every rank still reports its failures
-        log = Log(quiet=True)
+        log = Log(quiet=True, results=False)
 
     with run_lock(out, dist):
         if dist.rank == 0:
@@ -365,7 +365,7 @@ class RestoreRun:
         if summary["mean_psnr"] is not None:
             msg += f"; mean PSNR {summary['mean_psnr']:.2f} dB, SSIM {summary['mean_ssim'] or float('nan'):.4f} " \
                    f"over {summary['metrics_images']} image(s)"
-        self.log.info(msg)
+        self.log.result(msg)
         return EXIT_FAILED if failed or problems else EXIT_OK
 
     def _prepare(self, item: Item) -> dict[str, Any] | Job:
@@ -409,8 +409,8 @@ class RestoreRun:
             expected = tuple(operator.measurement_shape(image_shape)[-2:])
             if expected != (h, w):
                 raise ValueError(f"measurement is {h}x{w} but the operator expects {expected[0]}x{expected[1]}")
-            for note in input_notes(info, image_hw, operator):
-                self.log.error(f"note {item.name}: {note}")
+            for note in input_notes(info, image_hw, operator) if not self.args.quiet else ():
+                self.log.error(f"note {item.name}: {note}")  # every rank's images, not under --quiet
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             row["error"] = failure_reason(e)
             self.records.images.pop(item.name, None)

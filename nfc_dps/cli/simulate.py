@@ -265,7 +265,7 @@ def _simulate_one(index: int, path: Path, name: str, stem: str, source: Operator
     x, info = nio.read_image(path)
     x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_model, seed)
     for note in input_notes(info, x.shape[:2], op):
-        log.error(f"note {path.name}: {note}")
+        log.info(f"note {path.name}: {note}")
     ext = measurement_extension(task)
     rec = {"index": index, "name": path.name, "measurement": f"measurements/{stem}{ext}",
            "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
