@@ -159,3 +159,22 @@ def test_cli_refuses_restarts_that_cannot_work(tmp_path, capsys, tiny_prior):
                  "--prior", str(tiny_prior), "--method", "daps", "--steps", "2", "--set", "langevin_steps=2",
                  "--restarts", "2", "-q"]) == 0
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["restarts"] == 2
+
+
+def test_phase_retrieval_starts_nfc_high_within_a_denoisers_range():
+    """Its first estimate holds no image: NFC's default starts at AUTO_SIGMA_MAX_UNINFORMED (capped
+    at a denoiser-only prior's range), the other operators where they did."""
+    from nfc_dps.operators.nonlinear import ModelUnitsOperator
+    from nfc_dps.samplers.nfc_continuation import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_UNINFORMED, top_sigma
+
+    pr, hdr = build_operator("phase_retrieval", SIZE), build_operator("hdr", SIZE)
+    assert top_sigma("auto", ModelUnitsOperator(pr), 0.1) == AUTO_SIGMA_MAX_UNINFORMED > AUTO_SIGMA_MAX
+    assert top_sigma("auto", ModelUnitsOperator(hdr), 0.1) == AUTO_SIGMA_MAX
+    assert top_sigma(2.0, ModelUnitsOperator(pr), 0.1) == 2.0
+    from nfc_dps.priors.denoiser import DenoiserPrior
+
+    denoiser = DenoiserPrior(lambda x, s: x, sigma_max=0.2, channels=1)
+    y = pr.measure(torch.full((1, 1, SIZE, SIZE), 0.5), 0.05, torch.Generator().manual_seed(0))
+    seen = []
+    nfc_dps.restore(y, pr, prior=denoiser, sigma_y=0.05, progress=False, callback=seen.append)
+    assert seen[0]["sigma"] <= 2 * 0.2 + 1e-9  # model units: twice the denoiser's [0, 1] range

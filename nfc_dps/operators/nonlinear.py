@@ -44,6 +44,8 @@ class NonlinearOperator(LinearOperator):
     #: where A's values lie; None: anywhere (only finiteness is checked)
     measurement_range: tuple[float, float] | None = (0.0, 1.0)
     gauss_newton_steps = 3
+    #: False when :meth:`start` holds no image (phase retrieval): NFC's default then starts high
+    start_is_informative = True
 
     def A_adjoint(self, y: Tensor) -> Tensor:
         raise TypeError(f"{type(self).__name__} is nonlinear: it has no adjoint; use vjp(x, u) at a point x "
@@ -132,6 +134,7 @@ class ModelUnitsOperator(NonlinearOperator):
         self.inner = inner
         self.name = inner.name
         self.gauss_newton_steps = inner.gauss_newton_steps
+        self.start_is_informative = inner.start_is_informative
 
     @property
     def image_channels(self) -> int | None:
@@ -187,6 +190,7 @@ class PhaseRetrieval(NonlinearOperator):
 
     name = "phase_retrieval"
     measurement_range = None
+    start_is_informative = False
 
     def __init__(self, oversample: float = 2.0) -> None:
         super().__init__()

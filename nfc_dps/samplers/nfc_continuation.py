@@ -53,6 +53,10 @@ from .self_ensemble import SelfEnsemblePrior
 #: higher up replace by the prior's guess (docs/notes/presets.md, "Range for inpainting"); never
 #: below the measurement noise itself
 AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
+#: ``sigma_max="auto"`` for an operator whose first estimate holds no image (``start_is_informative``
+#: False: phase retrieval starts from mid-grey): the prior has to draw the image's structure, from
+#: high up (chosen on validation tiles; capped at a denoiser-only prior's range)
+AUTO_SIGMA_MAX_UNINFORMED = 30.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,8 @@ class ContinuationConfig(StepConfig):
 
     num_levels: N levels = network calls (NFE).
     sigma_max: the first level, a number or "auto": max(``AUTO_SIGMA_MAX_INPAINT``, sigma_y) when
-        the operator's family is "inpaint", else ``AUTO_SIGMA_MAX`` (:func:`top_sigma`).
+        the operator's family is "inpaint", ``AUTO_SIGMA_MAX_UNINFORMED`` when its first estimate
+        holds no image (phase retrieval), else ``AUTO_SIGMA_MAX`` (:func:`top_sigma`).
     sigma_min / noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in
         model units (below the measurement noise a data step cannot tell detail from noise).
     prior_weight: lam, the data step's trust in x0_hat (DPIR's HQS weighting is lam = 0.23).
@@ -105,6 +110,8 @@ def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) 
     and the measurement noise ``sigma_y`` (model units)."""
     if sigma_max != "auto":
         return float(sigma_max)
+    if not getattr(operator, "start_is_informative", True):
+        return AUTO_SIGMA_MAX_UNINFORMED
     return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
 
 
@@ -133,7 +140,10 @@ def sample_nfc_continuation(
     cfg = config
     operator = model_operator(operator)
     prob = to_model_units(operator, y, sigma_y, image_shape)
-    sigmas = continuation_sigmas(cfg, schedule_top(prior, top_sigma(cfg.sigma_max, operator, prob.sigma)), prob.sigma)
+    top = top_sigma(cfg.sigma_max, operator, prob.sigma)
+    if cfg.sigma_max == "auto" and prior.denoiser_only:  # "auto" stays within a plain denoiser's range
+        top = min(top, float(prior.sigma_max))
+    sigmas = continuation_sigmas(cfg, schedule_top(prior, top), prob.sigma)
     spectrum = None
     if is_linear(operator):  # a nonlinear operator starts from its own estimate (operator.start)
         with record_function("nfc.spectrum"):
