@@ -22,8 +22,8 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Hashable, Iterator
 
 import numpy as np
