@@ -180,3 +180,20 @@ def test_quiet_keeps_the_final_psnr_line_and_drops_the_notes(tmp_path, prior_dir
     assert len(lines) == 1 and lines[0].startswith("3 restored, 0 already done, 0 failed") and "mean PSNR" in lines[0]
     assert run("simulate", "-i", inp, "-o", tmp_path / "sim", "--task", "denoise") == 0
     assert capsys.readouterr().err == ""
+
+
+# -- K2: train-prior --steps
+
+
+@pytest.mark.parametrize("steps", ["-1", "0"])
+def test_train_prior_steps_out_of_range_names_the_flag_before_writing(tmp_path, capsys, steps) -> None:
+    """--steps -1 also spoke of --cooldown, which was not given; --steps 0 without --export trained
+    nothing and wrote train_config.json."""
+    from nfc_dps.cli import main
+
+    wd = tmp_path / "w"
+    assert main(["train-prior", "--workdir", str(wd), "--steps", steps, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"--steps {steps}" in err if steps == "0" else "--steps must be >= 1 (or 0 with --export" in err
+    assert "cooldown" not in err and "Traceback" not in err, err
+    assert not wd.exists()

@@ -47,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser, workdir_default: Path | None = Non
     p.add_argument("--export", "-o", type=Path, default=None,
                    help="write the EMA prior folder here at every save (load_prior(OUT), --prior OUT) and print its "
                         "held-out denoising PSNR")
-    p.add_argument("--steps", type=int, default=None, help="stop at this total step count")
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop at this total step count (0 with --export: export the saved state's or --init-from's "
+                        "weights without training)")
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes in this run")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="what --minutes counts: wall time (default) or this process's CPU time (equal-effort comparisons)")

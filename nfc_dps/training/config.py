@@ -87,7 +87,10 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.steps is None and cfg.minutes is None:
         bad.append("give a budget: steps (--steps N) and/or minutes (--minutes M)")
     if cfg.steps is not None and cfg.steps < 0:
-        bad.append(f"--steps must be >= 0, got {cfg.steps}")
+        bad.append(f"--steps must be >= 1 (or 0 with --export: export without training), got {cfg.steps}")
+    elif cfg.steps == 0 and cfg.export is None:
+        bad.append("--steps 0 trains nothing: it only exports the current weights (the saved state's, or "
+                   "--init-from's) and needs --export DIR; give --steps N >= 1 to train")
     if cfg.minutes is not None and not cfg.minutes > 0:
         bad.append(f"--minutes must be > 0, got {cfg.minutes}")
     checks = [(cfg.clock in ("wall", "cpu"), f"--clock must be wall or cpu, got {cfg.clock!r}"),
@@ -99,7 +102,7 @@ def check_config(cfg: TrainConfig) -> None:
               (cfg.warmup >= 0, f"--warmup must be >= 0, got {cfg.warmup}"),
               (cfg.cooldown >= 0, f"--cooldown must be >= 0, got {cfg.cooldown}"),
               (cfg.cooldown == 0 or cfg.steps is not None, "--cooldown N needs --steps (it ends there)"),
-              (cfg.steps is None or cfg.cooldown <= cfg.steps,
+              (cfg.steps is None or cfg.steps < 0 or cfg.cooldown <= cfg.steps,  # a negative --steps: said above
                f"--cooldown {cfg.cooldown} is longer than --steps {cfg.steps}"),
               (0 <= cfg.ema < 1, f"--ema must be in [0, 1), got {cfg.ema}"),
               (cfg.save_every >= 1 and cfg.log_every >= 1, "--save-every and --log-every must be >= 1"),
