@@ -130,7 +130,8 @@ def _check_range(batch: Tensor, sigma_y: float) -> None:
 
 
 def _seed_list(seed: Any, b: int) -> list[int]:
-    """One int seed >= 0 per image from an int (seed + i) or a sequence of b ints."""
+    """One int seed >= 0 per image from an int (seed + i) or a sequence of b ints; a 0-d integer
+    tensor or array is an int, a 1-D integer tensor a sequence."""
     def one(s: Any, where: str) -> int:
         if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
             raise TypeError(f"{where} must be an int, got {type(s).__name__} {s!r}")
@@ -138,6 +139,12 @@ def _seed_list(seed: Any, b: int) -> list[int]:
             raise ValueError(f"{where} must be >= 0, got {s}")
         return int(s)
 
+    if isinstance(seed, Tensor):
+        kind = f"a {'meta ' if seed.is_meta else ''}tensor of dtype {str(seed.dtype).removeprefix('torch.')} and " \
+               f"shape {tuple(seed.shape)}"
+        if seed.is_meta or seed.dtype == torch.bool or seed.is_floating_point() or seed.is_complex() or seed.ndim > 1:
+            raise TypeError(f"seed must be an int, or integers one per image (a 1-D integer tensor), got {kind}")
+        seed = seed.item() if seed.ndim == 0 else seed.tolist()
     if isinstance(seed, np.ndarray) and seed.ndim == 0:  # np.array(5): a scalar
         seed = seed.item()
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):

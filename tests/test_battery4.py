@@ -4,6 +4,7 @@ repeats a repro of the issue; each failed on the code before its fix."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -197,3 +198,25 @@ def test_train_prior_steps_out_of_range_names_the_flag_before_writing(tmp_path, 
     assert f"--steps {steps}" in err if steps == "0" else "--steps must be >= 1 (or 0 with --export" in err
     assert "cooldown" not in err and "Traceback" not in err, err
     assert not wd.exists()
+
+
+# -- U7: a tensor seed in the API
+
+
+def test_restore_takes_a_0d_integer_tensor_seed_and_names_other_tensors() -> None:
+    """seed=torch.tensor(5) gave torch's 'iteration over a 0-d tensor'; a meta tensor its own error."""
+    import numpy as np
+    import torch
+    from test_api import image
+    from test_api import run as api_run
+
+    x = image()
+    ref = api_run(x, seed=5).image
+    np.testing.assert_array_equal(api_run(x, seed=torch.tensor(5)).image, ref)
+    np.testing.assert_array_equal(api_run(x, seed=torch.tensor([5])).image, ref)
+    for bad, what in ((torch.tensor(5.0), "dtype float32 and shape ()"), (torch.ones(1, 1, dtype=torch.int64), "shape (1, 1)"),
+                      (torch.empty((), dtype=torch.int64, device="meta"), "a meta tensor")):
+        with pytest.raises(TypeError, match=r"seed must be an int, or integers one per image .*" + re.escape(what)):
+            api_run(x, seed=bad)
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        api_run(x, seed=torch.tensor(-1))
