@@ -220,3 +220,39 @@ def test_restore_takes_a_0d_integer_tensor_seed_and_names_other_tensors() -> Non
             api_run(x, seed=bad)
     with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
         api_run(x, seed=torch.tensor(-1))
+
+
+# -- N11-N20: a factory that exits, an empty --calibration, failed rows
+
+
+def test_a_prior_factory_that_exits_is_named_and_leaves_no_folder(tmp_path, monkeypatch, capsys) -> None:
+    """A factory calling sys.exit() ended the command with no message and an empty output folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exiting_prior.py").write_text("import sys\n\n\ndef make():\n    sys.exit(3)\n")
+    make_images(tmp_path / "in", 1)
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "denoise",
+               prior="exiting_prior:make") == 2
+    err = capsys.readouterr().err
+    assert "cannot load the prior factory exiting_prior:make: it called sys.exit(3)" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_calibration_flag_is_refused(tmp_path, prior_dir, capsys, value) -> None:
+    """--calibration '' restored without an interval, as if the flag were not given."""
+    make_images(tmp_path / "in", 1)
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "denoise", "--preset", "fast",
+               "--samples", "2", "--calibration", value, prior=prior_dir) == 2
+    assert f"--calibration {value!r}: empty" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_row_names_no_output(tmp_path, prior_dir) -> None:
+    """results.csv gave a failed image the output file it never wrote."""
+    from test_cli import rows
+
+    make_images(tmp_path / "in", 1)
+    (tmp_path / "in" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 1
+    got = {r["name"]: (r["status"], r["output"]) for r in rows(tmp_path / "out")}
+    assert got == {"broken.png": ("failed", ""), "im0.png": ("done", "im0.png")}

@@ -132,6 +132,9 @@ def _load_factory_prior(path: str, device, precision: str) -> Any:
         with _cwd_importable():
             factory = getattr(importlib.import_module(module), function)
         prior = factory()
+    except SystemExit as e:  # sys.exit() or argparse in the user's code: said as such, not a silent exit
+        raise UsageError(f"cannot load the prior factory {path}: it called sys.exit({e.code!r}) (a factory must "
+                         f"return a Prior)") from e
     except Exception as e:  # noqa: BLE001 - the user's module: any error (SyntaxError too) is named, not a traceback
         raise UsageError(f"cannot load the prior factory {path}: {type(e).__name__}: {e}") from e
     if not isinstance(prior, Prior):

@@ -302,6 +302,8 @@ class RestoreRun:
 
     def _record(self, row: dict[str, Any]) -> None:
         """Add a finished image's row (done, skipped or failed) and report a failure or warning."""
+        if row["status"] == "failed":
+            row["output"] = ""  # it wrote no output
         self.records.rows.append(row)
         self.bar.update(1)
         if row["status"] == "failed":

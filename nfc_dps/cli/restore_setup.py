@@ -104,8 +104,11 @@ def run_sampler(args, bundle) -> tuple[ResolvedSampler, int, int]:
 def load_run_calibration(args, task, sampler: ResolvedSampler, samples: int, bundle) -> Any:
     """The --calibration file, checked against this run's task, sampler and K (the prior is checked
     once it loads); None without the flag. UsageError naming the file and what differs."""
-    if not getattr(args, "calibration", None):
+    if getattr(args, "calibration", None) is None:
         return None
+    if not args.calibration.strip():
+        raise UsageError(f"--calibration {args.calibration!r}: empty; name a file of 'nfc-dps calibrate' (or leave "
+                         f"the flag out)")
     if samples < 2:
         raise UsageError(f"--calibration {args.calibration} needs --samples K >= 2 (the interval scales the spread "
                          f"of K samples), got {samples}")
