@@ -88,6 +88,9 @@ def applicable(name: str, operator: LinearOperator) -> str | None:
     if name not in CLASSICAL_METHODS:
         raise ValueError(f"unknown classical baseline {name!r}; choose one of {CLASSICAL_METHODS}")
     fam = operator_family(operator)
+    if not getattr(operator, "is_linear", True):
+        return (f"{name} takes a linear operator; the nonlinear {operator.name} has its own classical answer "
+                f"(nfc_dps.baselines_nonlinear)")
     if name != "tv" and operator.image_region() is not None:
         return f"{name} needs the operator on the whole image grid, got one on a padded canvas"
     if name == "wiener":

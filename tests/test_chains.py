@@ -115,3 +115,15 @@ def test_measurement_checks_its_shapes_and_noise():
     assert Measurement(m.operator, m.y, "poisson:30").noise == PoissonNoise(30)
     with pytest.raises(ValueError, match="got 1 seeds for a measurement of 2 images"):
         sample_chains("nfc", ShrinkPrior(), m, _config("nfc"), seeds=[0])
+
+
+def test_an_operator_the_method_cannot_take_is_refused_by_the_driver():
+    from nfc_dps.baselines import NotApplicable, restore_classical
+    from nfc_dps.operators import HighDynamicRange
+
+    hdr = HighDynamicRange()
+    m = Measurement(hdr, torch.rand(1, 1, 8, 8), 0.02)
+    with pytest.raises(ValueError, match=r"DDNM\+ needs a linear operator"):
+        sample_chains("ddnm", ShrinkPrior(), m, _config("ddnm"), seeds=[0])
+    with pytest.raises(NotApplicable, match="takes a linear operator"):
+        restore_classical("tv", hdr, m.y, 0.02)

@@ -119,6 +119,9 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
     from . import get_method  # the registry imports every sampler, this module included
 
     m = get_method(method)
+    why = m.operator_problem(measurement.operator)
+    if why:
+        raise ValueError(why)
     why = m.noise_problem(measurement.noise)
     if why:
         raise ValueError(f"{method} {why}")
