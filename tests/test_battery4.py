@@ -256,3 +256,36 @@ def test_a_failed_row_names_no_output(tmp_path, prior_dir) -> None:
     assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "denoise", prior=prior_dir) == 1
     got = {r["name"]: (r["status"], r["output"]) for r in rows(tmp_path / "out")}
     assert got == {"broken.png": ("failed", ""), "im0.png": ("done", "im0.png")}
+
+
+# -- N11, N12: an absurd --samples
+
+
+@pytest.mark.parametrize("command", ["restore", "calibrate"])
+def test_an_absurd_samples_count_is_refused_with_its_cost(tmp_path, prior_dir, capsys, monkeypatch, command) -> None:
+    """restore --samples 3000000 ran for hours without a word; calibrate --samples 10**12 ended in
+    the allocator's text. Neither may start a chain."""
+    import nfc_dps.api
+    import nfc_dps.cli.calibrate
+
+    def never(*args, **kwargs):
+        raise AssertionError("a chain ran")
+
+    monkeypatch.setattr(nfc_dps.api, "restore", never)
+    monkeypatch.setattr(nfc_dps.cli.calibrate, "restore", never)
+    make_images(tmp_path / "in", 9)  # enough for calibrate's coverage 0.9
+    samples = "3000000" if command == "restore" else str(10**12)
+    where = ["-i", tmp_path / "in", "-o", tmp_path / "out"] if command == "restore" else \
+        ["--images", tmp_path / "in", "--out", tmp_path / "cal.json"]
+    code = main_with(command, *where, "--task", "denoise", "--preset", "fast", "--samples", samples, "--prior", prior_dir)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--samples {samples}: that many chains of 100 network calls each is {int(samples) * 100:,} network calls " \
+           f"per image; at most 10,000 samples" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cal.json").exists()
+
+
+def main_with(*argv) -> int:
+    from nfc_dps.cli import main
+
+    return main([str(a) for a in argv] + ["--quiet"])

@@ -16,7 +16,19 @@ from ..api import as_batch, restore, stable_seed
 from ..config import ResolvedSampler, TaskConfig, load_config
 from ..conformal import DEFAULT_EPS, RULES, Calibration, CalibrationError, fit_rule, min_images, prior_fingerprint, sampler_fields
 from ..samplers.common import PriorRangeError
-from .common import DEFAULT_MAX_BATCH, EXIT_OK, Log, UsageError, input_names, open_prior, parse_device, prior_key, read_inputs, set_threads
+from .common import (
+    DEFAULT_MAX_BATCH,
+    EXIT_OK,
+    Log,
+    UsageError,
+    check_samples,
+    input_names,
+    open_prior,
+    parse_device,
+    prior_key,
+    read_inputs,
+    set_threads,
+)
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import check_output_file
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
@@ -123,6 +135,7 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
     if args.samples < 2:
         raise UsageError(f"--samples must be >= 2 (a calibrated interval scales the spread of K samples), got "
                          f"{args.samples}")
+    check_samples(args.samples, sampler.config)
     if sampler.config.is_deterministic:
         raise UsageError(f"{sampler.method}/{sampler.preset} is deterministic (every sample would be the same, "
                          f"std 0): calibrate a sampling preset, e.g. --preset fast")

@@ -34,6 +34,9 @@ STD_PNG_SCALE = 4.0
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 #: default of --max-batch: chains per sampler call
 DEFAULT_MAX_BATCH = 4
+#: the most posterior samples per image (--samples K): the std of K samples is known to about
+#: 1 / sqrt(2 K) of itself, and each sample is a whole chain of network calls
+MAX_SAMPLES = 10_000
 
 
 class UsageError(Exception):
@@ -64,6 +67,16 @@ class Log:
         from tqdm.auto import tqdm
 
         tqdm.write(msg, file=sys.stderr)
+
+
+def check_samples(samples: int, config: Any) -> None:
+    """UsageError stating the cost when ``--samples`` exceeds :data:`MAX_SAMPLES` (before any work:
+    such a run takes hours per image, or more memory than the machine has)."""
+    if samples > MAX_SAMPLES:
+        nfe = int(getattr(config, "nfe", 1) or 1)
+        raise UsageError(f"--samples {samples}: that many chains of {nfe} network calls each is {samples * nfe:,} "
+                         f"network calls per image; at most {MAX_SAMPLES:,} samples (the std of K samples is "
+                         f"known to about 1/sqrt(2K) of itself: a few hundred already pin it down)")
 
 
 def parse_device(name: str | None):

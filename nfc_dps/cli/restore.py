@@ -25,6 +25,7 @@ from .common import (
     DISK_FULL,
     EXIT_FAILED,
     EXIT_OK,
+    MAX_SAMPLES,
     RESOLVED_JSON,
     STD_PNG_SCALE,
     Log,
@@ -111,8 +112,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--mask", default=None, metavar="FILE|DIR",
                    help="inpainting mask (white = observed) for all inputs, or a folder of masks matched by file name")
     r.add_argument("--samples", type=int, default=None, metavar="K",
-                   help="posterior samples per image: writes their mean and a std map (default 1); needs a "
-                        "sampling preset, e.g. --preset fast")
+                   help="posterior samples per image: writes their mean and a std map (default 1, at most "
+                        f"{MAX_SAMPLES}); needs a sampling preset, e.g. --preset fast")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
     r.add_argument("--restarts", type=int, default=1, metavar="N",
                    help="run N chains per image and keep the one the measurement fits best (its likelihood; as DPS "

@@ -10,7 +10,7 @@ from typing import Any
 from ..config import ResolvedSampler, load_config, parse_task
 from ..conformal import CalibrationError, load_calibration
 from ..operators import TASKS
-from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_input, check_readable_folder
+from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_input, check_readable_folder, check_samples
 from .tasks import RANDOM_TASKS, check_operator_file, resolve_sampler, resolve_seed, with_operator_files
 
 
@@ -88,6 +88,7 @@ def run_sampler(args, bundle) -> tuple[ResolvedSampler, int, int]:
     samples = args.samples if args.samples is not None else (bundle.num_samples or 1)
     if samples < 1:
         raise UsageError(f"--samples must be >= 1, got {samples}")
+    check_samples(samples, sampler.config)
     if args.save_samples and samples < 2:
         raise UsageError(f"--save-samples writes each of K >= 2 posterior samples; add --samples K (got K = {samples})")
     if args.restarts < 1:
