@@ -1,5 +1,6 @@
 """One run per folder: :func:`folder_lock`, an exclusive lock that the kernel frees when its
-holder dies, for every command that writes a folder (restore, simulate, demo, train-prior)."""
+holder dies, for every command that writes a folder (restore, simulate, demo, train-prior); one
+run per output file: :func:`file_lock` (calibrate's --out)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,21 @@ def folder_lock(folder: Path):
     the flock, which exactly one wins. The file holds the holder's pid for the refusal's message.
     The holder removes the file before it lets go; a run that locked a file just removed (its
     path now names another file, or none) retries on the new one."""
-    lock = folder / LOCK_FILE
+    with _exclusive(folder / LOCK_FILE, folder):
+        yield
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """One run per output file: :func:`folder_lock`'s lock on ``.<name>.lock`` beside ``path``
+    (a run writing another file of the folder is not held back)."""
+    with _exclusive(path.parent / f".{path.name}.lock", path):
+        yield
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path, target: Path):
+    """The exclusive flock on the file ``lock`` for the run writing ``target`` (a folder or a file)."""
     for _ in range(100):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
@@ -42,7 +57,7 @@ def folder_lock(folder: Path):
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise FolderBusy(f"cannot lock {lock}: {e.strerror or e}") from e
             who = f"another nfc-dps run (pid {pid})" if pid.isdigit() else "another nfc-dps run"
-            raise FolderBusy(f"{who} is writing to {folder}; wait for it to finish") from None
+            raise FolderBusy(f"{who} is writing to {target}; wait for it to finish") from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(lock))
         except OSError:
@@ -51,7 +66,7 @@ def folder_lock(folder: Path):
             break
         os.close(fd)  # the holder before us removed the file after we opened it: lock the new one
     else:
-        raise FolderBusy(f"cannot lock {folder}: {lock} keeps being replaced")
+        raise FolderBusy(f"cannot lock {target}: {lock} keeps being replaced")
     try:
         try:
             os.ftruncate(fd, 0)

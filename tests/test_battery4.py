@@ -289,3 +289,27 @@ def main_with(*argv) -> int:
     from nfc_dps.cli import main
 
     return main([str(a) for a in argv] + ["--quiet"])
+
+
+# -- N16: calibrate --out locked
+
+
+def test_a_second_calibrate_on_one_out_is_refused_before_its_work(tmp_path, prior_dir, capsys, monkeypatch) -> None:
+    """Two calibrate runs on one --out ran side by side, the last to finish winning."""
+    import nfc_dps.cli.calibrate
+    from nfc_dps.locking import file_lock
+
+    def never(*args, **kwargs):
+        raise AssertionError("a chain ran")
+
+    monkeypatch.setattr(nfc_dps.cli.calibrate, "restore", never)
+    make_images(tmp_path / "in", 9)
+    out = tmp_path / "cal" / "c.json"
+    out.parent.mkdir()
+    with file_lock(out):  # the first run, still working
+        code = main_with("calibrate", "--images", tmp_path / "in", "--out", out, "--task", "denoise", "--preset",
+                         "fast", "--samples", "2", "--prior", prior_dir)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"another nfc-dps run (pid {os.getpid()}) is writing to {out}; wait for it to finish" in err
+    assert sorted(p.name for p in out.parent.iterdir()) == []  # the lock file goes with its holder

@@ -30,7 +30,7 @@ from .common import (
     set_threads,
 )
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
-from .outputs import check_output_file
+from .outputs import check_output_file, file_lock
 from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
 from .simulate import simulated_measurement
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
@@ -75,6 +75,13 @@ def cmd_calibrate(args) -> int:
     folder = Path(args.images)
     _check_inputs(images, input_names(images, folder), task, seed)
     check_output_file(out, "--out")
+    with file_lock(out):  # one run per --out: a second is refused before its work, naming the first
+        return _calibrate(args, log, task, sampler, seed, images, out, folder)
+
+
+def _calibrate(args, log: Log, task: TaskConfig, sampler: ResolvedSampler, seed: int, images: list[Path], out: Path,
+               folder: Path) -> int:
+    """The checked run of ``calibrate``, holding the lock on ``out``: restore, score, fit, write."""
     first = first_image(images)
     if first is not None:
         check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], folder)[0],

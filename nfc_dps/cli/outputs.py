@@ -107,6 +107,17 @@ def folder_lock(folder: Path):
         yield
 
 
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """:func:`nfc_dps.locking.file_lock`, refusing a file another run is writing with a :class:`UsageError`."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(locking.file_lock(path))
+        except locking.FolderBusy as e:
+            raise UsageError(str(e)) from None
+        yield
+
+
 def cannot_write(e: OSError) -> str:
     """One line naming the file that could not be written, and why."""
     return f"cannot write {e.filename or 'an output file'}: {e.strerror or e}"
