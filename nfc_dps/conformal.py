@@ -432,10 +432,12 @@ class Calibration:
 
     def check(self, method: str, config: Any, num_samples: int, prior: str | None = None,
               task: dict[str, Any] | Sequence[dict[str, Any]] | None = None, family: str | None = None,
-              noise_sigma: float | None = None, factor: int | None = None) -> None:
-        """CalibrationError naming the first of method, sampler config, K, prior, task that differs.
+              noise_sigma: float | None = None, factor: int | None = None, precision: str | None = None) -> None:
+        """CalibrationError naming the first of method, sampler config, K, prior, its precision, task
+        that differs.
 
-        prior: a :func:`prior_fingerprint`. task: the run's task config(s) (``TaskConfig.as_dict()``;
+        prior: a :func:`prior_fingerprint`; precision: the prior's (``Prior.precision``), checked
+        against the recorded one where both are known. task: the run's task config(s) (``TaskConfig.as_dict()``;
         several when a restore reads a simulation: any one may match). Without a task (the Python
         API, which sees only an operator), ``family``, ``noise_sigma`` and ``factor`` are checked."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 2:
@@ -461,6 +463,11 @@ class Calibration:
                                    f"{self.prior.get('path', '?')} (fingerprint {self.prior.get('fingerprint')}), this "
                                    f"run's prior has fingerprint {prior} (other weights, or another function's "
                                    f"outputs on a fixed probe); calibrate again with this prior")
+        recorded = self.prior.get("precision")
+        if precision is not None and isinstance(recorded, str) and precision != recorded:
+            raise CalibrationError(f"calibration {self.source} was fitted with the prior in {recorded}, this run's "
+                                   f"prior runs in {precision} (other samples, another spread): pass --precision "
+                                   f"{recorded}, or calibrate again")
         if not isinstance(self.task, dict) or not isinstance(self.task.get("task"), str):
             raise CalibrationError(f"calibration {self.source} records no task (task {self.task!r}): it holds for the "
                                    f"task it was fitted on only; calibrate again")

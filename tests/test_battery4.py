@@ -313,3 +313,22 @@ def test_a_second_calibrate_on_one_out_is_refused_before_its_work(tmp_path, prio
     assert code == 2, err
     assert f"another nfc-dps run (pid {os.getpid()}) is writing to {out}; wait for it to finish" in err
     assert sorted(p.name for p in out.parent.iterdir()) == []  # the lock file goes with its holder
+
+
+# -- N14: a calibration's precision
+
+
+def test_a_calibration_of_another_precision_is_refused(tmp_path, prior_dir, capsys) -> None:
+    """A calibration fitted with the prior in float32 was applied to a bfloat16 run (same weights)."""
+    make_images(tmp_path / "clean", 9, h=16, w=16)
+    cal = tmp_path / "cal.json"
+    common = ("--task", "denoise", "--preset", "fast", "--steps", "2", "--prior", prior_dir, "--samples", "2")
+    assert main_with("calibrate", "--images", tmp_path / "clean", "--out", cal, *common, "--precision", "float32") == 0
+    make_images(tmp_path / "in", 1, h=16, w=16)
+    assert main_with("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", *common, "--calibration", cal,
+                     "--precision", "bfloat16") == 2
+    err = capsys.readouterr().err
+    assert f"calibration {cal} was fitted with the prior in float32, this run's prior runs in bfloat16" in err
+    assert not (tmp_path / "out").exists()
+    assert main_with("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", *common, "--calibration", cal,
+                     "--precision", "float32") == 0

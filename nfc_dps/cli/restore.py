@@ -249,7 +249,8 @@ def _checked_prior(args, device, first, sampler: ResolvedSampler, samples: int, 
         check_prior_fits(prior, first.path.name, first.image)
     if args.calibration_loaded is not None:
         try:
-            args.calibration_loaded.check(sampler.method, sampler.config, samples, prior_fingerprint(prior))
+            args.calibration_loaded.check(sampler.method, sampler.config, samples, prior_fingerprint(prior),
+                                          precision=prior.precision)
         except CalibrationError as e:
             raise UsageError(str(e)) from e
     in_use = prior_key(args.prior)["path"]
