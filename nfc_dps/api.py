@@ -279,19 +279,15 @@ def restore(
         calibration = load_calibration(calibration)
         calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
                           noise_sigma=noise.sigma, factor=operator.downsampling_factor)
-    m = get_method(method)
-    why = m.operator_problem(operator)
+    why = get_method(method).problem(method, operator, noise, cfg)
     if why:
         raise ValueError(why)
-    why = m.noise_problem(noise)
-    if why:
-        raise ValueError(f"{method} {why}")
     problem = _Problem.set_up(operator, batch, noise, prior)
     t0 = time.perf_counter()
     if restarts > 1:
         samples, _, nfe = _run_chains(method, cfg, prior, problem, seeds, restarts, max_batch, True, input_device,
                                       callback, progress)
-        samples = _best_fit(samples, restarts, operator, batch.to(input_device), noise)
+        samples = _best_fit(samples.to(batch.device), restarts, operator, batch, noise).to(input_device)
         return _assembled(samples, None, nfe, time.perf_counter() - t0, cfg, back, 1, None)
     samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
                                       keep_samples, input_device, callback, progress)

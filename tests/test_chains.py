@@ -127,3 +127,17 @@ def test_an_operator_the_method_cannot_take_is_refused_by_the_driver():
         sample_chains("ddnm", ShrinkPrior(), m, _config("ddnm"), seeds=[0])
     with pytest.raises(NotApplicable, match="takes a linear operator"):
         restore_classical("tv", hdr, m.y, 0.02)
+
+
+def test_a_weighted_operator_bounds_its_norm_per_image_through_a_crop():
+    from nfc_dps.operators import CroppedOperator, WeightedOperator
+    from nfc_dps.samplers.common import data_gain
+
+    op = BlurOperator(gaussian_kernel(5, 1.0), "circular")
+    w = torch.ones(2, 1, 16, 16)
+    w[1] *= 3
+    weighted = WeightedOperator(op, w)
+    torch.testing.assert_close(weighted.norm_bound(), torch.tensor([1.0, 9.0]))
+    cropped = CroppedOperator(weighted, (16, 16), (24, 24))
+    torch.testing.assert_close(data_gain(cropped, torch.zeros(2, 1, 24, 24)), torch.tensor([1.0, 9.0]))
+    assert data_gain(op, torch.zeros(2, 1, 16, 16)) == 1.0

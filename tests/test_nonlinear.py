@@ -178,3 +178,27 @@ def test_phase_retrieval_starts_nfc_high_within_a_denoisers_range():
     seen = []
     nfc_dps.restore(y, pr, prior=denoiser, sigma_y=0.05, progress=False, callback=seen.append)
     assert seen[0]["sigma"] <= 2 * 0.2 + 1e-9  # model units: twice the denoiser's [0, 1] range
+
+
+@pytest.mark.parametrize("task", ["hdr", "deblur_camera"])
+def test_poisson_noise_on_a_nonlinear_operator_restores(prior, task):
+    """A non-Gaussian measurement of a nonlinear operator is whitened into a weighted nonlinear one."""
+    params = {"kernel_size": 5} if task == "deblur_camera" else {}
+    op = build_operator(task, SIZE, **params)
+    x = _truth(prior)
+    y = op.measure(x, noise="poisson:30", generator=[torch.Generator().manual_seed(i) for i in range(2)])
+    for method, kw in (("nfc", {}), ("dps", {"preset": "fast", "num_steps": 3})):
+        out = nfc_dps.restore(y, op, prior=prior, method=method, noise="poisson:30", progress=False, **kw)
+        assert torch.isfinite(out.image).all()
+
+
+def test_daps_draws_do_not_depend_on_the_batch_on_weighted_and_nonlinear_operators(prior):
+    """The Langevin step's bound is per image: an image alone draws what it draws in a batch."""
+    kw = dict(prior=prior, method="daps", preset="fast", num_levels=3, langevin_steps=5, progress=False, seed=[3, 4])
+    x = _truth(prior)
+    for task, noise in (("deblur_gaussian", "poisson:30"), ("phase_retrieval", "gaussian:0.05")):
+        op = build_operator(task, SIZE, **({"kernel_size": 5} if task == "deblur_gaussian" else {}))
+        y = op.measure(x, noise=noise, generator=[torch.Generator().manual_seed(i) for i in range(2)])
+        both = nfc_dps.restore(y, op, noise=noise, **kw).image
+        alone = nfc_dps.restore(y, op, noise=noise, max_batch=1, **kw).image
+        torch.testing.assert_close(both, alone, atol=1e-5, rtol=0)

@@ -85,7 +85,7 @@ def _calibrate(args, log: Log, task: TaskConfig, sampler: ResolvedSampler, seed:
     first = first_image(images)
     if first is not None:
         check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], folder)[0],
-                                    first.image)
+                                    first.image, task.noise_model, sampler.config)
     device = parse_device(args.device)
     set_threads(args.threads)
     prior = open_prior(args.prior, device, args.precision)

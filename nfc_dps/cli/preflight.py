@@ -35,15 +35,17 @@ def first_image(images: list[Path]) -> FirstImage | None:
     return None
 
 
-def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any) -> None:
-    """UsageError when ``method`` cannot restore the task's operator, built as for input ``name``."""
+def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any, noise: Any = None,
+                                config: Any = None) -> None:
+    """UsageError when ``method`` (with ``config``) cannot restore the task's operator, built as for
+    input ``name``, under the noise model ``noise``."""
     factor = source.factor()
     h, w = image.shape[:2]
     try:
         operator, _ = source.build(name, (h * factor, w * factor))
     except (ValueError, TypeError, OSError):
         return  # the image's own operator error is reported with it
-    problem = get_method(method).operator_problem(operator)
+    problem = get_method(method).problem(method, operator, noise, config)
     if problem:
         raise UsageError(f"--method {method}: {problem}")
 

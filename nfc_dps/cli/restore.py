@@ -160,7 +160,8 @@ def cmd_restore(args) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from e
     if first is not None:
-        check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], inp)[0], first.image)
+        check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], inp)[0], first.image,
+                                    task.noise_model, sampler.config)
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank

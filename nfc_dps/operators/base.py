@@ -192,6 +192,11 @@ class LinearOperator(torch.nn.Module):
         """(h, w) of the image inside a larger canvas when A sees only x[..., :h, :w], else None."""
         return None
 
+    def norm_bound(self) -> float | Tensor:
+        """A bound on ||A||^2 for gradient step sizes: 1 (the built-in operators are normalised, and an
+        operator of your own is taken to be); a (B,) tensor where it holds per-image parameters."""
+        return 1.0
+
     def select_images(self, index: Tensor) -> "LinearOperator":
         """The operator of images ``index`` (a (n,) long tensor) of a batch: itself, unless it
         holds parameters per image (:class:`~nfc_dps.operators.weighted.WeightedOperator`)."""

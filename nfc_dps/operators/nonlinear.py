@@ -21,7 +21,7 @@ from torch import Tensor
 from .base import LinearOperator, check_image
 from .blur import BlurOperator
 
-__all__ = ["NonlinearOperator", "LinearizedOperator", "ModelUnitsOperator", "HighDynamicRange", "PhaseRetrieval",
+__all__ = ["NonlinearOperator", "LinearizedOperator", "WeightedNonlinearOperator", "ModelUnitsOperator", "HighDynamicRange", "PhaseRetrieval",
            "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear", "linear_to_srgb", "is_linear"]
 
 
@@ -99,6 +99,43 @@ class NonlinearOperator(LinearOperator):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "linear": False}
+
+
+class WeightedNonlinearOperator(NonlinearOperator):
+    """A'(x) = w * A(x) for a nonlinear A and per-pixel weights w (B|1, C|1, h, w) > 0 on its
+    measurement grid: the whitened form of a non-Gaussian measurement of a nonlinear operator (as
+    :class:`~nfc_dps.operators.weighted.WeightedOperator` for a linear one)."""
+
+    measurement_range = None
+
+    def __init__(self, inner: NonlinearOperator, weights: Tensor) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("weights", weights)
+        self.name = inner.name
+        self.gauss_newton_steps = inner.gauss_newton_steps
+        self.start_is_informative = inner.start_is_informative
+
+    @property
+    def image_channels(self) -> int | None:
+        return self.inner.image_channels
+
+    def A(self, x: Tensor) -> Tensor:
+        return self.weights * self.inner.A(x)
+
+    def start(self, y: Tensor) -> Tensor:
+        return self.inner.start(y / self.weights)
+
+    def select_images(self, index: Tensor) -> "WeightedNonlinearOperator":
+        if self.weights.shape[0] == 1:
+            return self
+        return WeightedNonlinearOperator(self.inner.select_images(index), self.weights[index])
+
+    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
+        return self.inner.measurement_shape(image_shape)
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        return self.inner.image_shape(measurement_shape)
 
 
 class LinearizedOperator(LinearOperator):

@@ -70,6 +70,9 @@ class CroppedOperator(LinearOperator):
         channels = inner.numel() // (self.h * self.w)
         return torch.cat([inner, inner.new_zeros(channels * (h * w - self.h * self.w))])
 
+    def norm_bound(self) -> float | Tensor:
+        return self.inner.norm_bound()
+
     def select_images(self, index: Tensor) -> "CroppedOperator":
         inner = self.inner.select_images(index)
         return self if inner is self.inner else CroppedOperator(inner, (self.h, self.w), (self.canvas_h, self.canvas_w))

@@ -54,6 +54,10 @@ class WeightedOperator(LinearOperator):
         an image's answer must not depend on its batch mates' weights)."""
         return self.inner.approximate_gram_eigenvalues(h, w)
 
+    def norm_bound(self) -> float | Tensor:
+        """The inner operator's bound times each image's largest squared weight, (B,)."""
+        return self.inner.norm_bound() * self.weights.square().flatten(1).amax(1)
+
     def select_images(self, index: Tensor) -> "WeightedOperator":
         if self.weights.shape[0] == 1:
             return self

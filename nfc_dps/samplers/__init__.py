@@ -24,7 +24,7 @@ from .ddrm import DDRMConfig, sample_ddrm
 from .diffpir import DiffPIRConfig, sample_diffpir
 from .dpir import DPIRConfig, sample_dpir
 from .dps import DPSConfig, sample_dps
-from .nfc import NFCConfig, sample_daps, sample_nfc
+from .nfc import NFCConfig, nonlinear_problem, sample_daps, sample_nfc
 from .nfc_continuation import ContinuationConfig, sample_nfc_continuation
 from .presets import DAPS_PRESETS, NFC_PRESETS
 
@@ -48,11 +48,27 @@ class Method:
     #: why the method cannot restore an operator (None: it can); checked before a run starts
     operator_problem: Callable[[Any], str | None] = lambda operator: None
 
+    #: why the method with a config cannot restore a nonlinear operator (None: it can)
+    nonlinear_config_problem: Callable[[Any], str | None] = lambda config: None
+
     def noise_problem(self, noise: Any) -> str | None:
         """Why the method cannot take the noise model ``noise`` (None: it can)."""
         if noise.kind in self.noise_kinds:
             return None
         return f"takes {' or '.join(sorted(self.noise_kinds))} noise, not {noise}"
+
+    def problem(self, name: str, operator: Any, noise: Any, config: Any) -> str | None:
+        """Why method ``name`` cannot restore this operator, noise model and config (None: it can):
+        every check made before a run starts."""
+        why = self.operator_problem(operator)
+        if why is None and noise is not None and self.noise_problem(noise):
+            why = f"{name} {self.noise_problem(noise)}"
+        if why is None and config is not None and not is_linear(operator):
+            config_why = self.nonlinear_config_problem(config)
+            if config_why:
+                why = (f"{config_why}; with the nonlinear {operator.name} use NFC's default (deterministic) preset, "
+                       f"or DAPS")
+        return why
 
     @property
     def steps_field(self) -> str:
@@ -87,7 +103,8 @@ def linear_only(display_name: str, extra: Callable[[Any], str | None] | None = N
 
 
 METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, "NFC", default_preset="deterministic"),
+    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, "NFC", default_preset="deterministic",
+                  nonlinear_config_problem=lambda c: nonlinear_problem(c) if isinstance(c, NFCConfig) else None),
     # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
     "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, "DAPS", fixed_fields=frozenset({"band", "detail"})),
     "dps": Method(sample_dps, DPSConfig, dps.PRESETS, "DPS"),

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..noise import GaussianNoise, NoiseModel, as_noise
 from ..operators.base import LinearOperator
+from ..operators.nonlinear import WeightedNonlinearOperator, is_linear
 from ..operators.weighted import WeightedOperator
 from .common import counting
 
@@ -74,8 +75,9 @@ class Measurement:
         if isinstance(self.noise, GaussianNoise):
             return self
         w = self.noise.weights(self.y)
-        return Measurement(WeightedOperator(self.operator, w), w * self.y, GaussianNoise(self.noise.reference_std()),
-                           self.image_shape)
+        weighted = (WeightedOperator(self.operator, w) if is_linear(self.operator)
+                    else WeightedNonlinearOperator(self.operator, w))
+        return Measurement(weighted, w * self.y, GaussianNoise(self.noise.reference_std()), self.image_shape)
 
 
 def image_generators(seeds: Sequence[int], num_samples: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -119,12 +121,9 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
     from . import get_method  # the registry imports every sampler, this module included
 
     m = get_method(method)
-    why = m.operator_problem(measurement.operator)
+    why = m.problem(method, measurement.operator, measurement.noise, config)
     if why:
         raise ValueError(why)
-    why = m.noise_problem(measurement.noise)
-    if why:
-        raise ValueError(f"{method} {why}")
     sample = m.sample
     b = measurement.y.shape[0]
     if len(seeds) != b:

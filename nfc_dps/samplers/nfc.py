@@ -362,7 +362,7 @@ def band_weight(cfg: BandSchedule, k: int, n: int, measurement_shape: tuple[int,
 
 def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y: float, prior_var: float | Tensor,
                     band: Tensor | None, steps: int, step_fraction: float, generators: Generators,
-                    temperature: float = 1.0, gain: float = 1.0) -> Tensor:
+                    temperature: float = 1.0, gain: float | Tensor = 1.0) -> Tensor:
     """DAPS's inner loop: Langevin dynamics on -log p(x0 | x0_hat, y), started at x0_hat.
 
     Step size = step_fraction / L, L the gradient's Lipschitz bound (||A||^2 <= ``gain``, W <= 1). The noise
@@ -372,6 +372,8 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     inv_var = 1.0 / prior_var  # computed once, not per step
     band2 = None if band is None else band**2
     lipschitz = gain / sigma_y**2 + float(inv_var.max() if spectral else inv_var)
+    if isinstance(lipschitz, Tensor):  # a bound per image: (B, 1, 1, 1)
+        lipschitz = lipschitz.view(-1, *([1] * (x0_hat.ndim - 1)))
     eta = step_fraction / lipschitz
     x = x0_hat
     for _ in range(steps):

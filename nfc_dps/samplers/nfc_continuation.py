@@ -111,7 +111,7 @@ def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) 
     if sigma_max != "auto":
         return float(sigma_max)
     if not getattr(operator, "start_is_informative", True):
-        return AUTO_SIGMA_MAX_UNINFORMED
+        return AUTO_SIGMA_MAX_UNINFORMED  # capped at a denoiser-only prior's range by the sampler
     return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
 
 
@@ -141,8 +141,8 @@ def sample_nfc_continuation(
     operator = model_operator(operator)
     prob = to_model_units(operator, y, sigma_y, image_shape)
     top = top_sigma(cfg.sigma_max, operator, prob.sigma)
-    if cfg.sigma_max == "auto" and prior.denoiser_only:  # "auto" stays within a plain denoiser's range
-        top = min(top, float(prior.sigma_max))
+    if cfg.sigma_max == "auto" and not getattr(operator, "start_is_informative", True) and prior.denoiser_only:
+        top = min(top, float(prior.sigma_max))  # the uninformed start's rule stays within a denoiser's range
     sigmas = continuation_sigmas(cfg, schedule_top(prior, top), prob.sigma)
     spectrum = None
     if is_linear(operator):  # a nonlinear operator starts from its own estimate (operator.start)
