@@ -223,7 +223,8 @@ def restore(
     Args:
         y: measurement in [0, 1]: tensor (B, C, h, w) or (C, h, w), or numpy (h, w[, C]). Floats
             must lie in [0, 1] up to the noise (at most ``6 * sigma_y + 0.05`` outside, else
-            ValueError; any finite values for an operator of family "other"); uint8 is divided by
+            ValueError; any finite values for an operator of family "other" or of unbounded range such as
+            phase retrieval; >= 0 under Poisson noise); uint8 is divided by
             255 and uint16 by 65535; other integer or bool dtypes are a TypeError. Computed in float32.
         operator: the forward operator (see :mod:`nfc_dps.operators`).
         prior: a :class:`~nfc_dps.priors.base.Prior`, a prior folder's path (loaded with

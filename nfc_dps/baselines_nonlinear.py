@@ -1,8 +1,9 @@
 """Classical answers to the nonlinear and Poisson problems: what a user would try without a prior.
 
 * :func:`richardson_lucy`: Poisson deblurring, Richardson-Lucy's multiplicative EM iterations
-  x <- x A^T(y / A x) / A^T 1 from the measurement's mean; the iteration count (its only
-  regulariser) is :data:`RL_ITERATIONS` per peak, chosen on training images (:func:`tune_poisson`).
+  x <- x A^T(y / A x) / A^T 1 from the measurement's mean (flat, as scikit-image starts); the
+  iteration count (its only regulariser) is :data:`RL_ITERATIONS` per peak, chosen on training
+  images (:func:`tune_poisson`; at these photon counts the best is the first iteration).
 * :func:`anscombe_tv`: Poisson denoising, the Anscombe transform 2 sqrt(peak y + 3/8) (noise of
   about unit variance), scikit-image's TV denoiser at :data:`ANSCOMBE_TV_WEIGHT` per unit of
   noise, chosen on training images, and the transform's closed-form unbiased inverse.
@@ -33,7 +34,7 @@ __all__ = ["richardson_lucy", "anscombe_tv", "hio_er", "hdr_inverse_inpaint", "c
            "RL_ITERATIONS", "ANSCOMBE_TV_WEIGHT"]
 
 #: Richardson-Lucy iterations per Poisson peak, chosen by :func:`tune_poisson` on training images
-#: (the count of the grid with the best mean PSNR)
+#: (the count of its grid with the best mean PSNR)
 RL_ITERATIONS: dict[float, int] = {10.0: 1, 50.0: 1}
 #: scikit-image TV weight per unit of Anscombe-domain noise, chosen by :func:`tune_poisson` alike
 ANSCOMBE_TV_WEIGHT: dict[float, float] = {10.0: 1.0, 50.0: 1.0}
@@ -49,7 +50,7 @@ def richardson_lucy(operator: LinearOperator, y: Tensor, peak: float, iterations
     y = y.double().clamp_min(0)
     shape = operator.image_shape(y.shape)
     norm = operator.A_adjoint(torch.ones_like(y)).clamp_min(1e-12)
-    x = y.mean(dim=(-2, -1), keepdim=True).expand(shape).clone().clamp_min(1e-3)
+    x = y.mean(dim=(-2, -1), keepdim=True).expand(shape).clone().clamp_min(1e-3)  # scikit-image's flat start
     for _ in range(iterations):
         x = x * operator.A_adjoint(y / operator.A(x).clamp_min(1e-6)) / norm
     return x.clamp(0, 1).float()
@@ -127,7 +128,7 @@ def camera_tv(operator: CameraBlur, y: Tensor, sigma_y: float) -> Tensor:
 
 
 def tune_poisson(image_names: Iterable[str] = ("rocket", "brick", "coins", "retina"), size: int = 64,
-                 peaks: Sequence[float] = (10.0, 50.0), rl_grid: Sequence[int] = (5, 10, 20, 40, 80),
+                 peaks: Sequence[float] = (10.0, 50.0), rl_grid: Sequence[int] = (1, 2, 3, 5, 10, 20, 40),
                  tv_grid: Sequence[float] = (0.3, 0.5, 0.7, 1.0, 1.5, 2.0), seed: int = 0) -> dict[str, dict]:
     """The iteration count of :func:`richardson_lucy` (on the Poisson deblurring tier's blur) and the
     TV weight of :func:`anscombe_tv` with the best mean PSNR on centre crops of TRAINING images."""

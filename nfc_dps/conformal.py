@@ -280,7 +280,7 @@ def _probe_digest(prior: Any) -> bytes:
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
                 torch.manual_seed(PROBE_SEED)
-                out = prior(x.to(device=device, dtype=dtype), sigmas.to(device=device, dtype=dtype))
+                out = prior.denoise(x.to(device=device, dtype=dtype), sigmas.to(device=device, dtype=dtype))
             error = None
         except Exception as e:  # a user's prior may raise anything; a larger probe may run
             error = e

@@ -61,6 +61,14 @@ def psnr(x: Tensor, y: Tensor, data_range: float = 1.0) -> Tensor:
     return 10 * torch.log10(float(data_range) ** 2 / err)
 
 
+def rotation_twin_aligned(x: Tensor, truth: Tensor) -> Tensor:
+    """x (B, C, H, W) or its 180-degree rotation, per image whichever is nearer ``truth`` in MSE:
+    the estimate a phase retrieval is scored by (both measure the same)."""
+    turned = x.flip(-1, -2)
+    nearer = (mse(turned, truth) < mse(x, truth)).view(-1, *([1] * (x.ndim - 1)))
+    return torch.where(nearer, turned, x)
+
+
 def ssim(x: Tensor, y: Tensor, data_range: float = 1.0) -> Tensor:
     """Mean SSIM per image, (B,), with scikit-image's default conventions (see module doc).
 

@@ -214,8 +214,9 @@ class PoissonGaussianNoise(PoissonNoise):
 
     def nll(self, y: Tensor, clean: Tensor) -> Tensor:
         """The Gaussian approximation's: N(clean, clean / peak + sigma^2) per pixel."""
-        v = self.variance(clean.clamp_min(1e-6))
-        return (0.5 * (y - clean).pow(2) / v + 0.5 * v.log()).flatten(1).sum(1)
+        c = clean.clamp_min(1e-6)
+        v = self.variance(c)
+        return (0.5 * (y - c).pow(2) / v + 0.5 * v.log()).flatten(1).sum(1)
 
     def nll_grad(self, y: Tensor, clean: Tensor) -> Tensor:
         c = clean.clamp_min(1e-6)

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from .. import io as nio
+from ..metrics import rotation_twin_aligned
 from .common import STD_PNG_SCALE, UsageError, image_metrics, match_file, to_numpy
 from .outputs import npy_bytes
 from .records import EarlierRuns
@@ -162,5 +164,10 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
     if gt.shape != x.shape:
         row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
         return
-    row["psnr"], row["ssim"] = max(image_metrics(x, gt), image_metrics(x[::-1, ::-1].copy(), gt)) if rotation_twin \
-        else image_metrics(x, gt)
+    if rotation_twin:  # the estimate or its 180-degree rotation, whichever is nearer the truth
+        aligned = rotation_twin_aligned(torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1)[None] if x.ndim == 3
+                                        else torch.from_numpy(np.ascontiguousarray(x))[None, None],
+                                        torch.from_numpy(np.ascontiguousarray(gt)).permute(2, 0, 1)[None] if gt.ndim == 3
+                                        else torch.from_numpy(np.ascontiguousarray(gt))[None, None])
+        x = aligned[0].permute(1, 2, 0).numpy() if x.ndim == 3 else aligned[0, 0].numpy()
+    row["psnr"], row["ssim"] = image_metrics(x, gt)

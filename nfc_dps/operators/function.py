@@ -86,6 +86,8 @@ class FunctionOperator(LinearOperator):
         if A_adjoint is not None:
             raise ValueError("a nonlinear map (linear=False) has no adjoint: its vector-Jacobian products come from "
                              "autograd; pass A_adjoint=None")
+        if "family" in kwargs:
+            raise ValueError(f"family={kwargs['family']!r}: a nonlinear map's family is 'nonlinear'; drop the argument")
         from .nonlinear import NonlinearFunctionOperator  # builds on this module's checks
 
         return NonlinearFunctionOperator(A, image_shape, measurement_shape, name=name, **kwargs)

@@ -21,8 +21,8 @@ from torch import Tensor
 from .base import LinearOperator, check_image
 from .blur import BlurOperator
 
-__all__ = ["NonlinearOperator", "LinearizedOperator", "WeightedNonlinearOperator", "ModelUnitsOperator", "HighDynamicRange", "PhaseRetrieval",
-           "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear", "linear_to_srgb", "is_linear"]
+__all__ = ["NonlinearOperator", "LinearizedOperator", "WeightedNonlinearOperator", "ModelUnitsOperator",
+           "HighDynamicRange", "PhaseRetrieval", "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear", "linear_to_srgb", "is_linear"]
 
 
 def is_linear(operator: Any) -> bool:
@@ -255,7 +255,7 @@ class PhaseRetrieval(NonlinearOperator):
 
         def side(padded: int) -> int:  # the image side whose padded grid is ``padded`` (-1: none)
             return next((n for n in range(max(1, int(padded / f) - 2), int(padded / f) + 3)
-                         if n + 2 * int(round(self.oversample / 8 * n)) == padded), -1)
+                         if n + 2 * self._pad(n, n)[0] == padded), -1)
 
         h, w = side(hp), side(wp)
         if h < 0 or w < 0:
@@ -312,7 +312,7 @@ class CameraBlur(NonlinearOperator):
 class NonlinearFunctionOperator(NonlinearOperator):
     """A differentiable nonlinear map given as a function (``FunctionOperator(A, ..., linear=False)``):
     ``A`` (B, *image_shape) -> (B, *measurement_shape), torch ops only (autograd differentiates it).
-    On construction it is applied to two mid-grey and seeded random images in [0, 1] and
+    On construction it is applied to a batch of a mid-grey and a seeded random image in [0, 1] and
     differentiated once (a non-tensor output, another shape or batch, a non-finite value or a map
     autograd cannot differentiate is an error naming it). Its measurement may lie anywhere (only
     finiteness is checked)."""

@@ -1,9 +1,9 @@
 """The one chain driver: a measurement object and the function that runs a method's chains on it.
 
 Every caller that samples (``restore``, the benchmark protocols) goes through
-:func:`sample_chains` / :func:`iter_chains`, which own what each used to do for itself: counting
-network calls, one seeded generator per chain, chunking by ``max_batch``, the NaN/Inf check and
-the callback. Samplers are ``sample(prior, measurement, config, generators, callback) -> x``.
+:func:`sample_chains` / :func:`iter_chains`, which own counting network calls, one seeded
+generator per chain, chunking by ``max_batch``, the checks before a run, the NaN/Inf check and the
+callback. Samplers are ``sample(prior, measurement, config, generators, callback) -> x``.
 
 Chain order is image-major: chain ``i`` restores image ``i // num_samples`` and is its sample
 ``i % num_samples``; its generator is seeded by ``(seeds[i // num_samples], i % num_samples)``,
@@ -12,7 +12,7 @@ so a chain's draw depends neither on the batch nor on ``max_batch``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -35,7 +35,8 @@ ChainCallback = Callable[[dict[str, Any]], None]
 class Measurement:
     """What a sampler restores: ``y = operator(x) + noise``.
 
-    operator: the forward map; y: (B, C, h, w) in [0, 1]; noise: a noise model
+    operator: the forward map; y: (B, C, h, w), in [0, 1] up to the noise (Poisson counts / peak
+    and unbounded operators such as phase retrieval may leave it); noise: a noise model
     (:mod:`nfc_dps.noise`; a number is a Gaussian std in [0, 1] pixel units); image_shape:
     (B, C, H, W) of the unknown images (default: what the operator gives for y).
     """
@@ -43,7 +44,7 @@ class Measurement:
     operator: LinearOperator
     y: Tensor
     noise: NoiseModel | float = 0.0
-    image_shape: tuple[int, ...] | None = field(default=None)
+    image_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise", as_noise(self.noise))

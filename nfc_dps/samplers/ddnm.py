@@ -157,8 +157,8 @@ def sample_ddnm(
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
-    """One DDNM+ sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
-    image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    """One DDNM+ sample per image of the measurement (:class:`~nfc_dps.samplers.chains.Measurement`,
+    Gaussian noise). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
     operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     prob = to_model_units(operator, y, sigma_y, image_shape)

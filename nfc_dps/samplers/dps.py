@@ -167,8 +167,8 @@ def sample_dps(
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
-    """One DPS sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units (DPS itself
-    ignores it); image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    """One DPS sample per image of the measurement (its noise std is not used by DPS itself; a
+    nonlinear operator is differentiated through). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
     operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     prior = counting(prior)
     operator = model_operator(operator)

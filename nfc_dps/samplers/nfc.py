@@ -189,8 +189,8 @@ def sample_nfc(
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
-    """Draw one posterior sample per image. y: (B, C, h, w) in [0, 1]; sigma_y in [0, 1] units;
-    image_shape: (B, C, H, W) of the unknown image. Returns (B, C, H, W) in [0, 1] units (unclipped)."""
+    """Draw one posterior sample per image of the measurement (Gaussian noise). Returns (B, C, H, W)
+    in [0, 1] units (unclipped)."""
     operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     if not isinstance(config, NFCConfig):
         raise TypeError(f"sample_nfc takes an NFCConfig, got {type(config).__name__} (the deterministic preset's "

@@ -129,8 +129,8 @@ def sample_nfc_continuation(
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
-    """The continuation's estimate per image (deterministic; ``generators`` unused). y: (B, C, h, w)
-    in [0, 1]; sigma_y in [0, 1] units; image_shape (B, C, H, W). Returns (B, C, H, W) in [0, 1]
+    """The continuation's estimate per image of the measurement (deterministic; ``generators``
+    unused; a nonlinear operator's data steps are Gauss-Newton). Returns (B, C, H, W) in [0, 1]
     units (unclipped)."""
     operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
     if not isinstance(config, ContinuationConfig):
