@@ -332,3 +332,36 @@ def test_a_calibration_of_another_precision_is_refused(tmp_path, prior_dir, caps
     assert not (tmp_path / "out").exists()
     assert main_with("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", *common, "--calibration", cal,
                      "--precision", "float32") == 0
+
+
+# -- boundary=valid with a kernel larger than the measurement
+
+
+def test_a_valid_blur_refuses_a_kernel_larger_than_its_measurement() -> None:
+    """A 20x20 measurement with a 31x31 valid-boundary kernel was restored to a 50x50 image without a word."""
+    import torch
+
+    from nfc_dps.operators import BlurOperator
+    from nfc_dps.operators.kernels import gaussian_kernel
+
+    op = BlurOperator(gaussian_kernel(31, 3.0), "valid")
+    with pytest.raises(ValueError, match=r"the 31x31 blur kernel is larger than the 20x20 measurement"):
+        op.image_shape((1, 3, 20, 20))
+    with pytest.raises(ValueError, match=r"the 31x31 blur kernel is larger than the 20x20 measurement"):
+        op.A_pinv(torch.zeros(1, 3, 20, 20))
+    with pytest.raises(ValueError, match=r"the 31x31 blur kernel is larger than the 30x40 image"):
+        op.A(torch.zeros(1, 3, 30, 40))
+    assert op.image_shape((1, 3, 31, 40)) == (1, 3, 61, 70)
+
+
+def test_restore_with_a_valid_blur_larger_than_the_measurement_is_one_line(tmp_path, prior_dir, capsys) -> None:
+    from nfc_dps.io import write_image
+
+    (tmp_path / "in").mkdir()
+    write_image(tmp_path / "in" / "a.png", smooth(20, 20))
+    assert run("restore", "-i", tmp_path / "in", "-o", tmp_path / "out", "--task", "deblur_gaussian", "--param",
+               "kernel_size=31", "--param", "boundary=valid", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    line = f"{tmp_path / 'in' / 'a.png'}: boundary='valid': the 31x31 blur kernel is larger than the 20x20 measurement"
+    assert line in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()

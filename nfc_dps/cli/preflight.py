@@ -1,6 +1,6 @@
 """Checks of a run's setup on its first input image, so that a setup that would fail every image
 is one usage error (exit 2) before any restoration: a method that cannot take the task's
-operator (before the prior loads), a prior whose channels do not fit the images or whose
+operator or a measurement its operator cannot restore (before the prior loads), a prior whose channels do not fit the images or whose
 network returns NaN/Inf (right after it loads)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import io as nio
+from ..operators.blur import KernelLargerThanMeasurement
 from ..priors.base import prior_device
 from ..samplers import get_method
 from .common import UsageError
@@ -48,6 +49,21 @@ def check_method_takes_operator(method: str, source: OperatorSource, name: str, 
     problem = get_method(method).problem(method, operator, noise, config)
     if problem:
         raise UsageError(f"--method {method}: {problem}")
+
+
+def check_measurement_fits(source: OperatorSource, name: str, path: Path, image: Any) -> None:
+    """UsageError naming ``path`` when the task's operator, built as for input ``name``, cannot
+    restore a measurement of ``image``'s size: a valid-boundary blur whose kernel is larger than it."""
+    factor = source.factor()
+    h, w = image.shape[:2]
+    try:
+        operator, _ = source.build(name, (h * factor, w * factor))
+    except (ValueError, TypeError, OSError):
+        return  # the image's own operator error is reported with it
+    try:
+        operator.image_shape((1, 1 if image.ndim == 2 else image.shape[-1], h, w))
+    except KernelLargerThanMeasurement as e:
+        raise UsageError(f"{path}: {e}") from e
 
 
 def check_prior_fits(prior: Any, name: str, image: Any) -> None:

@@ -45,6 +45,7 @@ from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import OutputError, cannot_write, check_output_folder, output_stems, refuse_unrecorded, run_lock
 from .preflight import (
     FirstImage,
+    check_measurement_fits,
     check_method_takes_operator,
     check_prior_fits,
     colorize_measurement,
@@ -160,7 +161,9 @@ def cmd_restore(args) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from e
     if first is not None:
-        check_method_takes_operator(sampler.method, OperatorSource(task), input_names([first.path], inp)[0], first.image,
+        first_name = input_names([first.path], inp)[0]
+        check_measurement_fits(OperatorSource(task), first_name, first.path, first.image)
+        check_method_takes_operator(sampler.method, OperatorSource(task), first_name, first.image,
                                     task.noise_model, sampler.config)
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     dist = init_distributed(str(device))

@@ -43,7 +43,7 @@ from .base import LinearOperator, check_image, conjugate_gradient, normal_equati
 from .decomposition import FourierDecomposition
 from .kernels import normalize_kernel
 
-__all__ = ["BlurOperator", "fast_fft_size", "mirror_indices"]
+__all__ = ["BlurOperator", "KernelLargerThanMeasurement", "fast_fft_size", "mirror_indices"]
 
 _BOUNDARIES = ("circular", "reflect", "valid")
 #: relative residual at which the conjugate-gradient prox of a reflect or valid blur stops, per
@@ -78,6 +78,10 @@ def fast_fft_size(n: int) -> int:
         if k == 1:
             return m
         m += 1
+
+
+class KernelLargerThanMeasurement(ValueError):
+    """A valid-boundary blur whose kernel is larger than its image or measurement."""
 
 
 def _complex_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -177,15 +181,25 @@ class BlurOperator(LinearOperator):
         kh, kw = self._k64.shape
         h, w = image_shape[-2] - kh + 1, image_shape[-1] - kw + 1
         if h < 1 or w < 1:
-            raise ValueError(f"boundary='valid' needs an image at least as large as the {kh}x{kw} kernel, "
-                             f"got {tuple(image_shape[-2:])}")
+            raise KernelLargerThanMeasurement(
+                f"boundary='valid': the {kh}x{kw} blur kernel is larger than the {image_shape[-2]}x{image_shape[-1]} "
+                f"image, which leaves no measurement (use a smaller kernel or boundary 'reflect')")
         return (*image_shape[:-2], h, w)
 
     def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        """The image a measurement of ``measurement_shape`` is of. Valid boundary: larger by the kernel
+        less one; a :class:`KernelLargerThanMeasurement` error when the kernel is larger than the
+        measurement (most of the image would be scene the measurement never saw)."""
         if self.boundary != "valid":
             return tuple(measurement_shape)
         kh, kw = self._k64.shape
-        return (*measurement_shape[:-2], measurement_shape[-2] + kh - 1, measurement_shape[-1] + kw - 1)
+        mh, mw = measurement_shape[-2], measurement_shape[-1]
+        if kh > mh or kw > mw:
+            raise KernelLargerThanMeasurement(
+                f"boundary='valid': the {kh}x{kw} blur kernel is larger than the {mh}x{mw} measurement (the "
+                f"{mh + kh - 1}x{mw + kw - 1} restoration would be mostly scene it never saw); use a smaller kernel, "
+                f"a larger image or boundary 'reflect'")
+        return (*measurement_shape[:-2], mh + kh - 1, mw + kw - 1)
 
     def _pads(self) -> tuple[int, int, int, int]:
         kh, kw = self._k64.shape
