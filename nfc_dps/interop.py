@@ -25,7 +25,7 @@ from .priors.base import Prior
 from .priors.denoiser import DenoiserPrior
 from .samplers import get_config
 
-__all__ = ["PhysicsOperator", "from_deepinv_physics", "from_deepinv_denoiser", "DeepinvSolver"]
+__all__ = ["PhysicsOperator", "from_deepinv_physics", "from_deepinv_denoiser", "DeepinvSolver", "physics_noise"]
 
 #: a decomposable physics has these (deepinv's DecomposablePhysics: A = U diag(mask) V^T)
 SVD_PARTS = ("U", "U_adjoint", "V", "V_adjoint", "mask")
@@ -80,6 +80,27 @@ def _noise_sigma(physics: Any) -> float | Tensor | None:
     if isinstance(sigma, numbers.Real) and not isinstance(sigma, bool):
         return float(sigma)
     raise TypeError(f"physics.noise_model.sigma must be a number or a tensor, got {type(sigma).__name__}")
+
+
+def physics_noise(physics: Any) -> Any:
+    """The noise model of a deepinv-style ``physics.noise_model`` that is not Gaussian, by class
+    name: ``PoissonNoise(gain)`` (y = gain Poisson(x / gain)) is ``nfc_dps.noise.PoissonNoise(1 /
+    gain)``, ``PoissonGaussianNoise(gain, sigma)`` likewise with its read noise; None otherwise."""
+    from .noise import PoissonGaussianNoise, PoissonNoise
+
+    model = getattr(physics, "noise_model", None)
+    kind = type(model).__name__ if model is not None else None
+    if kind not in ("PoissonNoise", "PoissonGaussianNoise"):
+        return None
+    gain = getattr(model, "gain", None)
+    gain = float(gain.flatten()[0]) if isinstance(gain, Tensor) else gain
+    if not isinstance(gain, numbers.Real) or not gain > 0:
+        raise ValueError(f"physics.noise_model is deepinv's {kind} with gain {gain!r}; expected a number > 0")
+    if kind == "PoissonNoise":
+        return PoissonNoise(1.0 / float(gain))
+    sigma = getattr(model, "sigma", 0.0)
+    sigma = float(sigma.flatten()[0]) if isinstance(sigma, Tensor) else float(sigma)
+    return PoissonGaussianNoise(1.0 / float(gain), sigma)
 
 
 class PhysicsOperator(LinearOperator):
@@ -258,12 +279,17 @@ class DeepinvSolver(nn.Module):
         method, preset, **overrides: the sampler, as in :func:`nfc_dps.restore` (default: NFC's
             deterministic preset, which a denoiser-only prior fits).
         sigma_y: the measurement noise std ([0, 1] units) for physics without a Gaussian
-            ``noise_model.sigma``; a physics that has one uses its own.
+            ``noise_model.sigma``; a physics that has one uses its own. A physics whose
+            ``noise_model`` is deepinv's ``PoissonNoise`` or ``PoissonGaussianNoise`` is restored
+            under that model (:func:`physics_noise`); ``noise`` (an ``nfc_dps.noise`` model or
+            spec) overrides both.
+    ``physics`` may also be an nfc_dps operator (a registry task's, a nonlinear one such as
+    ``build_operator("phase_retrieval", ...)``): it is used as it is.
         seed: the base seed of the samplers that draw noise (image b uses seed + b).
     """
 
     def __init__(self, prior: Prior, method: str = "nfc", preset: str | None = None, *, sigma_y: float | None = None,
-                 seed: int = 0, **overrides: Any) -> None:
+                 seed: int = 0, noise: Any = None, **overrides: Any) -> None:
         super().__init__()
         if not isinstance(prior, Prior):
             raise TypeError(f"prior must be a nfc_dps Prior (from_deepinv_denoiser(model, sigma_max) wraps a "
@@ -271,13 +297,24 @@ class DeepinvSolver(nn.Module):
         self.prior = prior
         self.method, self.preset, self.overrides = method, preset, dict(overrides)
         self.config = get_config(method, preset, **overrides)  # a bad method, preset or field fails here
-        self.sigma_y, self.seed = sigma_y, seed
+        self.sigma_y, self.seed, self.noise = sigma_y, seed, noise
 
     def forward(self, y: Tensor, physics: Any) -> Tensor:
         """y: the physics' measurement, (B, C', h, w) or (B, m), [0, 1] units -> (B, C, H, W)
         restoration in [0, 1], its shape that of ``physics.A_adjoint(y)``."""
+        if isinstance(physics, LinearOperator):  # an nfc_dps operator (nonlinear ones too)
+            noise = self.noise if self.noise is not None else (self.sigma_y if self.sigma_y is not None else None)
+            if noise is None:
+                raise ValueError("an nfc_dps operator carries no noise model: pass DeepinvSolver(..., noise=...) "
+                                 "or sigma_y=...")
+            return restore(y, physics, prior=self.prior, method=self.method, noise=noise, seed=self.seed,
+                           progress=False, config=self.config).image
         op = from_deepinv_physics(physics)
         y = op.as_measurement(y)
+        noise = self.noise if self.noise is not None else physics_noise(physics)
+        if noise is not None:
+            return restore(y, op, prior=self.prior, method=self.method, noise=noise, seed=self.seed, progress=False,
+                           config=self.config).image
         sigma = op.sigma_y if op.sigma_y is not None else self.sigma_y
         if sigma is None:
             raise ValueError(f"{type(physics).__name__} has no Gaussian noise_model.sigma: pass DeepinvSolver(..., "

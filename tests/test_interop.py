@@ -548,3 +548,37 @@ def test_the_runnable_examples_of_the_docs_page_run():
                      .replace("sigma_y=0.01)", "sigma_y=0.01, progress=False)"), "bring_your_own.md", "exec"), namespace)
         assert torch.isfinite(namespace["out"].image).all()
     assert namespace["out"].image.shape == (1, 3, 12, 12)
+
+
+class PoissonNoise(nn.Module):
+    """deepinv's PoissonNoise shape: y = gain * Poisson(x / gain)."""
+
+    def __init__(self, gain):
+        super().__init__()
+        self.gain = gain
+
+    def forward(self, x):
+        return self.gain * torch.poisson(x.clamp_min(0) / self.gain, generator=torch.Generator().manual_seed(0))
+
+
+def test_deepinv_solver_takes_a_poisson_physics_and_nfc_dps_operators():
+    """A physics with deepinv's PoissonNoise is restored under nfc_dps's PoissonNoise(1 / gain); an
+    nfc_dps operator (a nonlinear one too) is taken as it is, with the solver's noise."""
+    from nfc_dps import build_operator
+    from nfc_dps.interop import physics_noise
+    from nfc_dps.noise import PoissonNoise as NfcPoisson
+
+    physics = FakeBlurPhysics()
+    physics.noise_model = PoissonNoise(0.05)
+    assert physics_noise(physics) == NfcPoisson(20.0)
+    x = image(16, 16).expand(2, -1, -1, -1).contiguous()
+    y = physics(x)
+    prior = from_deepinv_denoiser(FakeDenoiser(), SIGMA_MAX)
+    out = DeepinvSolver(prior)(y, physics)
+    assert out.shape == x.shape and mse(out, x) < mse(y.clamp(0, 1), x)
+    hdr = build_operator("hdr", 16)
+    y = hdr.measure(x, 0.02, torch.Generator().manual_seed(0))
+    out = DeepinvSolver(prior, noise=0.02)(y, hdr)
+    assert out.shape == x.shape
+    with pytest.raises(ValueError, match="carries no noise model"):
+        DeepinvSolver(prior)(y, hdr)
