@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 
@@ -440,3 +441,33 @@ def test_integer_arrays_are_written_as_their_range_and_bmp_refuses_alpha(tmp_pat
         write_image(tmp_path / "c.png", np.zeros((2, 2), np.int32))
     with pytest.raises(ValueError, match="BMP cannot store an alpha channel"):
         write_image(tmp_path / "d.bmp", np.zeros((2, 2), np.float32), alpha=np.ones((2, 2), np.float32))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zeroed_tags"])
+@pytest.mark.parametrize("kind", ["gray8", "rgb16"])
+def test_a_broken_tiff_is_our_one_error_without_third_party_output(tmp_path, capfd, caplog, damage, kind):
+    """A broken TIFF printed a dozen lines of tifffile's log and libtiff's stderr before the error
+    naming the file: the error now carries the first of them, and nothing else reaches the user."""
+    import logging
+
+    import tifffile
+
+    rng = np.random.default_rng(0)
+    pixels = (rng.random((32, 32)) * 255).astype(np.uint8) if kind == "gray8" else \
+        (rng.random((32, 32, 3)) * 65535).astype(np.uint16)
+    good = tmp_path / "good.tif"
+    tifffile.imwrite(good, pixels, photometric="minisblack" if kind == "gray8" else "rgb", compression="zlib")
+    data = bytearray(good.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[20:200] = bytes(180)
+    bad = tmp_path / "bad.tif"
+    bad.write_bytes(bytes(data))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ImageReadError, match=re.escape(str(bad))) as e:
+        read_image(bad)
+    assert "corrupt" in str(e.value)
+    assert read_image(good)[0].shape[:2] == (32, 32)
+    assert capfd.readouterr().err == ""
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("tifffile")] == []

@@ -16,9 +16,14 @@ channel is never part of the array: :func:`read_image` sets it aside in the retu
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import os
 import struct
+import sys
+import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,8 @@ INTEGER_SCALES = {"uint8": 255.0, "uint16": 65535.0}
 #: Pillow format names accepted (the file's content decides, not its extension)
 _FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "BMP", "DIB"}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: the first bytes of a TIFF (classic and BigTIFF, little and big endian)
+_TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
 class ImageReadError(ValueError):
@@ -125,8 +132,9 @@ def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, I
             bit_depth, colour_type = head[24], head[25]
             if bit_depth == 16 and colour_type in (2, 4, 6):
                 return _read_png16(path, head)
-        arr, info = _read_pillow(path, any_range)
-        info.pages = _page_count(path)
+        with _quiet_third_party(path, head[:4] in _TIFF_SIGNATURES):
+            arr, info = _read_pillow(path, any_range)
+            info.pages = _page_count(path)
         return arr, info
     except ImageReadError:
         raise
@@ -134,6 +142,72 @@ def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, I
         raise ImageReadError(path, "image too large to load into memory") from e
     except Exception as e:  # noqa: BLE001 - decoder errors of every kind, re-raised naming the file
         raise ImageReadError(path, f"corrupt or unreadable image ({type(e).__name__}: {e})") from e
+
+
+class _Collect(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _quiet_third_party(path: Path, tiff: bool):
+    """Read a file without tifffile's log records, Python warnings, or (``tiff``) what libtiff writes
+    to the process's stderr: a broken TIFF printed a dozen such lines before our one. An
+    :class:`ImageReadError` raised inside gets the first of them as its detail."""
+    lines: list[str] = []
+    logger = logging.getLogger("tifffile")
+    handlers, propagate = logger.handlers[:], logger.propagate
+    logger.handlers[:] = [_Collect(lines)]
+    logger.propagate = False
+    saved_fd, captured = None, None
+    if tiff:  # libtiff (through Pillow) writes to file descriptor 2 itself
+        try:
+            sys.stderr.flush()
+            captured = tempfile.TemporaryFile()
+            saved_fd = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+        except (OSError, ValueError, AttributeError):
+            saved_fd = None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield
+            finally:
+                lines.extend(str(w.message) for w in caught)
+    except ImageReadError as e:
+        raise _with_detail(e, lines, saved_fd, captured) from e.__cause__
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised naming the file, with the third party's first line
+        raise _with_detail(ImageReadError(path, f"corrupt or unreadable image ({type(e).__name__}: {e})"),
+                           lines, saved_fd, captured) from e
+    finally:
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+        _restore_stderr(saved_fd, captured, lines)
+
+
+def _restore_stderr(saved_fd: int | None, captured: Any, lines: list[str]) -> None:
+    """Put file descriptor 2 back (once) and add what was written to it to ``lines``."""
+    if saved_fd is None or captured is None or captured.closed:
+        return
+    os.dup2(saved_fd, 2)
+    os.close(saved_fd)
+    captured.seek(0)
+    lines.extend(line.strip() for line in captured.read().decode("utf-8", "replace").splitlines() if line.strip())
+    captured.close()
+
+
+def _with_detail(error: ImageReadError, lines: list[str], saved_fd: int | None, captured: Any) -> ImageReadError:
+    _restore_stderr(saved_fd, captured, lines)
+    detail = next((line for line in lines if line not in error.reason), None)
+    return ImageReadError(error.path, f"{error.reason}; {detail}") if detail else error
 
 
 def _page_count(path: Path) -> int:
@@ -280,6 +354,8 @@ def _read_tiff_deep(path: Path, mode: str, orientation: int | None, any_range: b
                                        f"codec the installed imagecodecs package lacks ({e}): pip install "
                                        f"imagecodecs (a full build), or save it uncompressed or with deflate") from e
         raise ImageReadError(path, f"not a readable image (corrupt TIFF: {e})") from e
+    if raw.size == 0:
+        raise ImageReadError(path, "not a readable image (corrupt TIFF: no pixel data)")
     if raw.ndim == 3 and planar:
         raw = np.moveaxis(raw, 0, -1)
     if raw.ndim == 2:
