@@ -365,3 +365,60 @@ def test_restore_with_a_valid_blur_larger_than_the_measurement_is_one_line(tmp_p
     line = f"{tmp_path / 'in' / 'a.png'}: boundary='valid': the 31x31 blur kernel is larger than the 20x20 measurement"
     assert line in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+# -- a valid boundary's restoration is scored on the frame its measurement saw
+
+
+def test_a_valid_blur_is_scored_on_the_frame_the_measurement_saw(tmp_path, prior_dir, capsys) -> None:
+    """restore --config configs/deblur_gaussian.yaml scored the band a valid boundary invents beyond
+    the frame (mean PSNR 13.80 dB on 128-px images); a truth of the frame's own size was an error."""
+    import csv
+    import json
+
+    from nfc_dps.cli.common import image_metrics
+    from nfc_dps.io import read_image, write_image
+
+    make_images(tmp_path / "clean", 2)  # 32x32
+    task = ("--task", "deblur_gaussian", "--param", "kernel_size=9", "--param", "kernel_std=2.0",
+            "--param", "boundary=valid")
+    assert run("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", *task) == 0
+    (tmp_path / "frames").mkdir()
+    for p in sorted((tmp_path / "sim" / "ground_truth").iterdir()):  # a truth of the photo's own frame
+        write_image(tmp_path / "frames" / p.name, read_image(p)[0][4:28, 4:28])
+    capsys.readouterr()
+    for gt in ("sim/ground_truth", "frames"):
+        out = tmp_path / f"out_{gt.replace('/', '_')}"
+        assert main_with("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", out, "--gt",
+                         tmp_path / gt, "--steps", "2", "--prior", prior_dir) == 0
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "(scored on the frame the measurement saw" in line, line
+        assert json.loads((out / "summary.json").read_text())["scored"] == "measured frame"
+        with open(out / "results.csv") as f:
+            rows = list(csv.DictReader(f))
+        for row in rows:
+            assert row["status"] == "done" and row["scored"] == "measured frame 24x24 at row 4, column 4", row
+            x = read_image(out / row["output"])[0]
+            truth = read_image(tmp_path / "sim" / "ground_truth" / row["output"])[0]
+            assert x.shape == truth.shape == (32, 32, 3)
+            psnr, _ = image_metrics(x[4:28, 4:28], truth[4:28, 4:28])
+            assert float(row["psnr"]) == pytest.approx(psnr, abs=1e-3)
+        # rerun: the rows of images already done are scored alike
+        assert main_with("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", out, "--gt",
+                         tmp_path / gt, "--steps", "2", "--prior", prior_dir) == 0
+        with open(out / "results.csv") as f:
+            again = list(csv.DictReader(f))
+        assert [r["status"] for r in again] == ["skipped"] * 2 and [r["psnr"] for r in again] == [r["psnr"] for r in rows]
+        assert all(r["scored"] == rows[0]["scored"] for r in again)
+    capsys.readouterr()
+
+
+def test_a_circular_blur_is_scored_on_the_whole_image(tmp_path, prior_dir) -> None:
+    import csv
+
+    make_images(tmp_path / "clean", 1)
+    assert run("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--task", "denoise") == 0
+    assert main_with("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", tmp_path / "out", "--gt",
+                     tmp_path / "sim" / "ground_truth", "--steps", "2", "--prior", prior_dir) == 0
+    with open(tmp_path / "out" / "results.csv") as f:
+        assert next(csv.DictReader(f))["scored"] == "whole image"

@@ -40,8 +40,16 @@ UNFINISHED = "unfinished"
 RECORD_FILES = (MANIFEST, RESULTS_CSV, SUMMARY_JSON, RESOLVED_JSON)
 #: the subfolders that hold outputs named after an image's stem
 STEM_FOLDERS = ("std", "samples")
-RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "nfe", "seconds",
+RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "scored", "nfe", "seconds",
                  "size", "alpha", "error"]
+
+
+def scored_regions(rows: list[dict[str, Any]]) -> str | None:
+    """Which region the PSNR / SSIM of ``rows`` scored: 'whole image', 'measured frame' (a valid-boundary
+    blur's restoration without its band beyond the frame), 'mixed', or None when none was scored."""
+    kinds = {"measured frame" if str(r.get("scored", "")).startswith("measured frame") else "whole image"
+             for r in rows if isinstance(r.get("psnr"), float)}
+    return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def outputs_ok(out: Path, entry: dict[str, Any], main_output: str) -> bool:
@@ -322,6 +330,7 @@ class RunRecords:
                        "failed": len(failed)},
             "mean_psnr": mean("psnr"), "mean_ssim": mean("ssim"),
             "metrics_images": sum(isinstance(r.get("psnr"), float) for r in done),
+            "scored": scored_regions(done),
             "failures": [{"name": r["name"], "error": r["error"]} for r in failed],
             "problems": [{"name": r["name"], "error": r["error"]} for r in done if r.get("error")],
             "alpha": alpha,

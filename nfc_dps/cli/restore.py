@@ -64,7 +64,15 @@ from .records import (
     outputs_ok,
     recorded_stems,
 )
-from .restore_outputs import Item, Job, add_ground_truth_metrics, check_output_names, planned_outputs, write_outputs
+from .restore_outputs import (
+    Item,
+    Job,
+    add_ground_truth_metrics,
+    check_output_names,
+    measured_frame,
+    planned_outputs,
+    write_outputs,
+)
 from .restore_setup import input_folders, load_run_calibration, run_configs, run_sampler, task_with_operator_files
 from .tasks import OperatorSource, resolve_task
 
@@ -373,6 +381,11 @@ class RestoreRun:
         if summary["mean_psnr"] is not None:
             msg += f"; mean PSNR {summary['mean_psnr']:.2f} dB, SSIM {summary['mean_ssim'] or float('nan'):.4f} " \
                    f"over {summary['metrics_images']} image(s)"
+            scored = summary.get("scored")
+            if scored in ("measured frame", "mixed"):
+                msg += (" (scored on the frame the measurement saw; the band a valid boundary restores beyond it "
+                        "is not scored)" if scored == "measured frame" else
+                        " (some on the frame the measurement saw, some whole: see the scored column of results.csv)")
         self.log.result(msg)
         return EXIT_FAILED if failed or problems else EXIT_OK
 
@@ -397,7 +410,8 @@ class RestoreRun:
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
                        size=entry.get("size"), alpha=entry.get("alpha", ""))
-            add_ground_truth_metrics(row, item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin)
+            add_ground_truth_metrics(row, item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
+                                     entry.get("measured_frame"))
             return row
         try:
             if self.first is not None and self.first.path == item.path:
@@ -462,9 +476,13 @@ class RestoreRun:
                 continue
             self.records.remove_unlisted(earlier, entry["outputs"], keep=self.own_outputs)
             entry["key"] = job.key
+            frame = measured_frame(job.operator, job.y)
+            if frame is not None:
+                entry["measured_frame"] = frame
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
-            add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin)
+            add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
+                                     frame)
             self._record(job.row)
 
     def _failed(self, job: Job, error: Exception) -> dict[str, Any]:

@@ -137,14 +137,39 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
             "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+#: results.csv's ``scored`` of a restoration scored in full
+WHOLE_IMAGE = "whole image"
+
+
+def measured_frame(operator: Any, y: np.ndarray) -> list[int] | None:
+    """[top, left, height, width] of the region of the restoration of measurement ``y``
+    ((h, w[, C])) that the measurement lies over, when that is not the whole restoration (a blur
+    with boundary 'valid'); else None."""
+    frame_of = getattr(operator, "measured_frame", None)
+    if frame_of is None:
+        return None
+    h, w = y.shape[:2]
+    frame = frame_of(operator.image_shape((1, 1 if y.ndim == 2 else y.shape[-1], h, w)))
+    return [int(v) for v in frame] if frame is not None else None
+
+
+def _frame(value: Any) -> list[int] | None:
+    """A manifest entry's ``measured_frame`` if it is one ([top, left, height, width], sizes >= 1)."""
+    ok = isinstance(value, list) and len(value) == 4 and all(isinstance(v, int) and v >= 0 for v in value)
+    return value if ok and min(value[2:]) >= 1 else None
+
+
 def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | None, out: Path,
-                             rotation_twin: bool = False) -> None:
+                             rotation_twin: bool = False, frame: Any = None) -> None:
     """PSNR / SSIM of the row's output in ``out`` against the ground truth of ``item`` in ``gt_dir``
     (same name, or same stem); a missing, unreadable or differently sized one is the row's error.
     ``rotation_twin``: the output rotated by 180 degrees is as good an answer (phase retrieval):
-    the better of the two is scored."""
+    the better of the two is scored. ``frame`` (:func:`measured_frame`): only the region the
+    measurement saw is scored, in a truth of the restoration's size or in one of the frame's own
+    size; the row's ``scored`` names the region."""
     if gt_dir is None:
         return
+    frame = _frame(frame)
     try:
         gt_path = match_file(gt_dir, item.name, nio.IMAGE_EXTENSIONS)
     except OSError as e:  # the folder became unreadable during the run
@@ -161,6 +186,13 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
         return
     if gt.ndim == 3 and x.ndim == 2:
         gt = gt.mean(-1)
+    scored = WHOLE_IMAGE
+    if frame is not None and x.shape[:2] != tuple(frame[2:]):
+        top, left, fh, fw = frame
+        if gt.shape[:2] in (x.shape[:2], (fh, fw)):  # a truth of the whole scene, or of the photo's frame
+            x = x[top:top + fh, left:left + fw]
+            gt = gt[top:top + fh, left:left + fw] if gt.shape[:2] != (fh, fw) else gt
+            scored = f"measured frame {fh}x{fw} at row {top}, column {left}"
     if gt.shape != x.shape:
         row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"
         return
@@ -171,3 +203,4 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
                                         else torch.from_numpy(np.ascontiguousarray(gt))[None, None])
         x = aligned[0].permute(1, 2, 0).numpy() if x.ndim == 3 else aligned[0, 0].numpy()
     row["psnr"], row["ssim"] = image_metrics(x, gt)
+    row["scored"] = scored

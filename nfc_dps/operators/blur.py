@@ -201,6 +201,16 @@ class BlurOperator(LinearOperator):
                 f"a larger image or boundary 'reflect'")
         return (*measurement_shape[:-2], mh + kh - 1, mw + kw - 1)
 
+    def measured_frame(self, image_shape: Sequence[int]) -> tuple[int, int, int, int] | None:
+        """(top, left, height, width) of the image region a valid-boundary measurement lies over (the
+        photograph's frame; beyond it the restoration is the scene the blur mixed in); None for the
+        other boundaries, whose measurement covers the whole image."""
+        if self.boundary != "valid":
+            return None
+        h, w = self.measurement_shape(image_shape)[-2:]
+        top, _, left, _ = self._pads()
+        return top, left, h, w
+
     def _pads(self) -> tuple[int, int, int, int]:
         kh, kw = self._k64.shape
         ch, cw = kh // 2, kw // 2
