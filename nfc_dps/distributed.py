@@ -3,6 +3,13 @@ harness and ``nfc-dps restore``: gloo on CPU, NCCL on GPUs; a single process nee
 
 Work is dealt over ranks by the callers (the harness by (task, image) job, ``restore`` by file);
 this module only starts the group and moves small Python objects between ranks.
+
+What is torchrun's own: when any rank exits with a nonzero status, torchrun stops the other ranks
+(SIGTERM), prints its ``ChildFailedError`` traceback and a table of each rank's exit code, and
+exits 1 itself, whatever the ranks' statuses (2 for a usage error): read the status in that table
+("exitcode : 2"), not torchrun's. What is ours: on a usage error every rank exits 2, rank 0 alone
+says why, and it exits first (:func:`let_rank_0_report`), so torchrun names it as the root cause
+and does not stop it before its message is out.
 """
 
 from __future__ import annotations
@@ -14,7 +21,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["Dist", "init_distributed", "launch_rank", "reports_errors", "resolve_device", "shutdown"]
+__all__ = ["Dist", "init_distributed", "launch_rank", "let_rank_0_report", "reports_errors", "resolve_device",
+           "shutdown"]
+
+#: how long a rank other than 0 that refuses a run waits for torchrun to stop it once rank 0 has exited
+RANK_0_GRACE_S = 10.0
 
 
 def launch_rank() -> int:
@@ -31,6 +42,35 @@ def reports_errors() -> bool:
     the same checks on the same flags (and the folder lock's answer is broadcast), so each refuses
     alike and exits 2; one message says why, not one per rank."""
     return launch_rank() == 0
+
+
+def let_rank_0_report(status: int, grace_s: float | None = None) -> None:
+    """Under a torchrun launcher, on a rank other than 0 that exits with ``status``: wait (at most
+    ``grace_s``, default :data:`RANK_0_GRACE_S`) for rank 0, which runs the same checks and says
+    why, to exit first; torchrun's SIGTERM ends the wait and this rank exits with ``status`` (not -15). A rank
+    that exited first would have torchrun stop rank 0, possibly before its message. No-op outside
+    torchrun (no TORCHELASTIC_RUN_ID), on rank 0 and off the main thread."""
+    import signal
+    import threading
+    import time
+
+    if launch_rank() == 0 or not os.environ.get("TORCHELASTIC_RUN_ID") or \
+            threading.current_thread() is not threading.main_thread():
+        return
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        time.sleep(RANK_0_GRACE_S if grace_s is None else grace_s)
+    except Stopped:
+        pass  # torchrun stops this rank: rank 0 has exited; this one returns its status
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def shutdown() -> None:

@@ -422,3 +422,39 @@ def test_a_circular_blur_is_scored_on_the_whole_image(tmp_path, prior_dir) -> No
                      tmp_path / "sim" / "ground_truth", "--steps", "2", "--prior", prior_dir) == 0
     with open(tmp_path / "out" / "results.csv") as f:
         assert next(csv.DictReader(f))["scored"] == "whole image"
+
+
+# -- U6: a usage error under torchrun
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_a_refusing_rank_waits_for_rank_0_and_exits_2(tmp_path, monkeypatch, capsys, rank) -> None:
+    """Under torchrun a rank other than 0 refused first and exited; torchrun then stopped rank 0
+    (exit -15), possibly before its message. Now it waits for torchrun's SIGTERM (faked here), which
+    ends the wait, and exits 2; rank 0 does not wait."""
+    import signal
+    import time
+
+    from nfc_dps import cli
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", rank)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    waits = []
+
+    def sleep(seconds):  # torchrun stops the rank once rank 0 has exited
+        waits.append(seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between bytecodes
+            pass
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["restore", "-i", str(tmp_path / "missing"), "-o", str(tmp_path / "out"), "--task", "denoise",
+                     "-q"]) == 2
+    assert cli.main(["restore", "--no-such-flag"]) == 2
+    assert len(waits) == (2 if rank == "1" else 0)
+    assert signal.getsignal(signal.SIGTERM) is handler
+    err = capsys.readouterr().err
+    assert (err.count("error:") == 2) if rank == "0" else err == ""

@@ -1041,3 +1041,20 @@ def test_a_second_run_is_refused_on_every_rank(tmp_path, prior_dir):
     assert p.returncode != 0
     assert p.stderr.count(f"pid {other.pid}") == 1, p.stderr[-3000:]  # rank 0 says why, once
     assert not list(out.glob("*.png"))
+
+
+@pytest.mark.slow
+def test_a_usage_error_under_torchrun_exits_2_on_every_rank(tmp_path):
+    """U6: rank 1 refused and exited first, and torchrun stopped rank 0 (exitcode -15, SIGTERM),
+    possibly before its message. Now rank 0 says why once and exits first (torchrun's root cause),
+    every rank exits 2. torchrun's own status (1) and ChildFailedError traceback are the launcher's."""
+    import re
+
+    missing = tmp_path / "missing"
+    p = _torchrun_restore(2, ["restore", "-i", str(missing), "-o", str(tmp_path / "out"), "--task", "denoise",
+                              "--quiet"])
+    assert p.stderr.count(f"--input {missing}: no such file or folder") == 1, p.stderr[-3000:]
+    assert re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", p.stderr, re.M) == ["2", "2"], p.stderr[-3000:]  # the table
+    root = p.stderr.split("Root Cause")[1]
+    assert re.search(r"rank\s*:\s*0 ", root), p.stderr[-3000:]
+    assert "terminated (SIGTERM)" not in p.stderr

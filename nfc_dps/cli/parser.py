@@ -18,7 +18,7 @@ from typing import Sequence
 
 from .. import __version__
 from ..config import ConfigError
-from ..distributed import reports_errors, shutdown
+from ..distributed import let_rank_0_report, reports_errors, shutdown
 from . import bench, calibrate, convert_adm, demo, prior_report, restore, simulate, train_prior
 from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UsageError
 from .outputs import forget_created, remove_created_if_empty
@@ -81,7 +81,16 @@ def _sigterm_stops_like_ctrl_c():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 some image failed, 2 usage error)."""
+    """Run the command line; returns the exit status (0 ok, 1 some image failed, 2 usage error).
+    Under torchrun a usage error is 2 on every rank, said once by rank 0, which exits first
+    (:func:`nfc_dps.distributed.let_rank_0_report`; torchrun's own status and traceback are its own)."""
+    status = _main(argv)
+    if status == EXIT_USAGE:
+        let_rank_0_report(status)
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
