@@ -225,7 +225,7 @@ def _documented_bench_commands(page: Path) -> list[list[str]]:
     import re
     import shlex
 
-    blocks = re.findall(r"```(?:bash)?\n(.*?)```", page.read_text(), re.S)
+    blocks = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", page.read_text(), re.S) if lang in ("", "bash")]
     out = []
     for block in blocks:
         text = block.replace("\\\n", " ")

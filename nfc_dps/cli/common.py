@@ -265,6 +265,8 @@ def check_input(flag: str, path: Path) -> None:
     except (FileNotFoundError, NotADirectoryError) as e:
         raise UsageError(f"{flag} {path}: no such file or folder") from e
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{flag} {path}: no such file (a symbolic link in a loop)") from e
         raise UsageError(f"{flag} {path}: cannot read it ({e.strerror or e}; check the permissions of the folder "
                          f"{path.parent})") from e
     if is_dir:
