@@ -55,9 +55,9 @@ def rows(out: Path) -> list[dict]:
 def check_gt_metrics(out: Path, gt: Path, results: list[dict]) -> None:
     """Each row's PSNR is its output's against the ground truth of the same name (to the CSV's
     rounding), not against another image."""
-    from skimage.metrics import peak_signal_noise_ratio
-
     import re
+
+    from skimage.metrics import peak_signal_noise_ratio
 
     assert results
     for row in results:
