@@ -116,10 +116,10 @@ def test_a_missing_marker_is_an_error_naming_the_page_and_the_table(fake_repo: P
 def test_a_deleted_opening_marker_of_a_committed_page_is_named(tmp_path: Path) -> None:
     """The repository's own pages: each must hold its tables (report.PAGE_TABLES)."""
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    assert "<!-- table:local64 -->\n" in text
+    assert "<!-- table:local256_seed1 -->\n" in text
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "benchmarks.md").write_text(text.replace("<!-- table:local64 -->\n", ""))
-    with pytest.raises(ValueError, match=r"benchmarks\.md, line \d+: a closing marker.*'local64'"):
+    (tmp_path / "docs" / "benchmarks.md").write_text(text.replace("<!-- table:local256_seed1 -->\n", ""))
+    with pytest.raises(ValueError, match=r"benchmarks\.md, line \d+: a closing marker.*'local256_seed1'"):
         report.update_pages(tmp_path, pages=("docs/benchmarks.md",), check=True, docs=REPO / "docs")
 
 
