@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
-from ..noise import GaussianNoise, parse_noise
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, check_input, match_file
@@ -43,18 +42,8 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
     if getattr(args, "noise", None) is not None:
         if args.noise_sigma is not None:
             raise UsageError("pass one of --noise and --noise-sigma (--noise gaussian:S is --noise-sigma S)")
-        try:
-            model = parse_noise(args.noise)
-        except ValueError as e:
-            raise UsageError(f"--noise: {e}") from None
-        if isinstance(model, GaussianNoise):
-            why = noise_sigma_problem(model.sigma)
-            if why:
-                raise UsageError(f"--noise {args.noise}: sigma {why}")
-            noise, spec = model.sigma, None
-        else:
-            spec = str(model)
-    source = "--param" if args.param else task.source
+        spec = args.noise  # parse_task checks it and turns gaussian:S into noise_sigma S
+    source = "--noise" if getattr(args, "noise", None) is not None else "--param" if args.param else task.source
     return parse_task({"task": task.task, **params, "noise_sigma": float(noise),
                        **({"noise": spec} if spec else {})}, source)
 
