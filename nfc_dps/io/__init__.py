@@ -1,6 +1,7 @@
 """Reading and writing images and result files.
 
 * :mod:`.images`: image files (read_image, write_image, encode_image, quantize, ImageInfo);
+* :mod:`.tiff`: the TIFFs Pillow cannot read as they are, and float-TIFF measurements (write_measurement);
 * :mod:`.files`: atomic writes and records (atomic_write_bytes / _text, write_json, write_csv,
   remove_stale_temp_files);
 * :mod:`.folders`: folder listing (list_folder, scan_images, unusable_reason, ...).
@@ -25,8 +26,8 @@ from .images import (
     quantize,
     read_image,
     write_image,
-    write_measurement,
 )
+from .tiff import write_measurement
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageReadError", "ImageInfo", "read_image", "write_image", "list_images",

@@ -7,7 +7,7 @@ channel is never part of the array: :func:`read_image` sets it aside in the retu
 * Formats: PNG, JPEG, TIFF, BMP; 1-, 8- and 16-bit integer images and [0, 1] float TIFFs; gray,
   gray + alpha, palette, RGB, RGBA (CMYK / YCbCr are converted to RGB). Pillow truncates 16-bit
   colour PNGs and TIFFs to 8 bits, so those are read and written with imagecodecs (PNG, libpng)
-  or tifffile (TIFF, whose LZW and other codecs are imagecodecs').
+  or tifffile (TIFF, whose LZW and other codecs are imagecodecs'; :mod:`.tiff`).
 * EXIF orientation is applied (``PIL.ImageOps.exif_transpose``), so arrays are upright.
 * Values are never min-max rescaled: writing clips to [0, 1] and rounds to the bit depth.
 * Writes are atomic (:func:`nfc_dps.io.files.atomic_write_bytes`).
@@ -16,14 +16,9 @@ channel is never part of the array: :func:`read_image` sets it aside in the retu
 
 from __future__ import annotations
 
-import contextlib
 import io
-import logging
 import os
 import struct
-import sys
-import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,11 +98,13 @@ def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, I
     """Read an image as float32 (H, W) or (H, W, 3) in [0, 1], plus its :class:`ImageInfo`.
 
     ``any_range``: a float TIFF's values may be any finite numbers (a measurement that leaves
-    [0, 1]: Poisson counts / peak, Fourier amplitudes; :func:`write_measurement` writes them).
+    [0, 1]: Poisson counts / peak, Fourier amplitudes; :func:`.tiff.write_measurement` writes them).
 
     Raises :class:`ImageReadError` (a ValueError naming the file) for a missing, empty, corrupt
     or unsupported file.
     """
+    from .tiff import quiet_third_party  # tiff.py builds on this module
+
     path = Path(path)
     if not path.exists():
         raise ImageReadError(path, "no such file")
@@ -132,7 +129,7 @@ def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, I
             bit_depth, colour_type = head[24], head[25]
             if bit_depth == 16 and colour_type in (2, 4, 6):
                 return _read_png16(path, head)
-        with _quiet_third_party(path, head[:4] in _TIFF_SIGNATURES):
+        with quiet_third_party(path, head[:4] in _TIFF_SIGNATURES):
             arr, info = _read_pillow(path, any_range)
             info.pages = _page_count(path)
         return arr, info
@@ -142,72 +139,6 @@ def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, I
         raise ImageReadError(path, "image too large to load into memory") from e
     except Exception as e:  # noqa: BLE001 - decoder errors of every kind, re-raised naming the file
         raise ImageReadError(path, f"corrupt or unreadable image ({type(e).__name__}: {e})") from e
-
-
-class _Collect(logging.Handler):
-    def __init__(self, lines: list[str]) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines = lines
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING:
-            self.lines.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def _quiet_third_party(path: Path, tiff: bool):
-    """Read a file without tifffile's log records, Python warnings, or (``tiff``) what libtiff writes
-    to the process's stderr: a broken TIFF printed a dozen such lines before our one. An
-    :class:`ImageReadError` raised inside gets the first of them as its detail."""
-    lines: list[str] = []
-    logger = logging.getLogger("tifffile")
-    handlers, propagate = logger.handlers[:], logger.propagate
-    logger.handlers[:] = [_Collect(lines)]
-    logger.propagate = False
-    saved_fd, captured = None, None
-    if tiff:  # libtiff (through Pillow) writes to file descriptor 2 itself
-        try:
-            sys.stderr.flush()
-            captured = tempfile.TemporaryFile()
-            saved_fd = os.dup(2)
-            os.dup2(captured.fileno(), 2)
-        except (OSError, ValueError, AttributeError):
-            saved_fd = None
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                yield
-            finally:
-                lines.extend(str(w.message) for w in caught)
-    except ImageReadError as e:
-        raise _with_detail(e, lines, saved_fd, captured) from e.__cause__
-    except MemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 - re-raised naming the file, with the third party's first line
-        raise _with_detail(ImageReadError(path, f"corrupt or unreadable image ({type(e).__name__}: {e})"),
-                           lines, saved_fd, captured) from e
-    finally:
-        logger.handlers[:] = handlers
-        logger.propagate = propagate
-        _restore_stderr(saved_fd, captured, lines)
-
-
-def _restore_stderr(saved_fd: int | None, captured: Any, lines: list[str]) -> None:
-    """Put file descriptor 2 back (once) and add what was written to it to ``lines``."""
-    if saved_fd is None or captured is None or captured.closed:
-        return
-    os.dup2(saved_fd, 2)
-    os.close(saved_fd)
-    captured.seek(0)
-    lines.extend(line.strip() for line in captured.read().decode("utf-8", "replace").splitlines() if line.strip())
-    captured.close()
-
-
-def _with_detail(error: ImageReadError, lines: list[str], saved_fd: int | None, captured: Any) -> ImageReadError:
-    _restore_stderr(saved_fd, captured, lines)
-    detail = next((line for line in lines if line not in error.reason), None)
-    return ImageReadError(error.path, f"{error.reason}; {detail}") if detail else error
 
 
 def _page_count(path: Path) -> int:
@@ -263,11 +194,13 @@ def _split(path: Path, fmt: str, mode: str, bits: int, arr: np.ndarray, orientat
 
 
 def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
+    from .tiff import read_deep_tiff  # tiff.py builds on this module
+
     try:
         im = Image.open(path)
     except UnidentifiedImageError as e:
         if path.suffix.lower() in (".tif", ".tiff"):  # layouts Pillow does not open (16-bit gray + alpha, float RGB)
-            return _read_tiff_deep(path, "TIFF", None, any_range)
+            return read_deep_tiff(path, "TIFF", None, any_range)
         raise ImageReadError(path, "not a readable image (corrupt, or not a PNG/JPEG/TIFF/BMP file)") from e
     with im:
         fmt = im.format or "?"
@@ -283,7 +216,7 @@ def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, Image
             # are read as stored, then turned here.
             turned_gray = before_load != 1 and im.tag_v2.get(262) in (0, 1)
             if max(bits) > 8 and (im.mode in ("RGB", "RGBA", "LA", "RGBX") or turned_gray):
-                return _read_tiff_deep(path, im.mode, before_load)
+                return read_deep_tiff(path, im.mode, before_load)
         try:
             im.load()
         except OSError as e:
@@ -330,61 +263,6 @@ def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, Image
         if arr.ndim == 2:
             arr = arr[..., None]
         return _split(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"), pending)
-
-
-def _read_tiff_deep(path: Path, mode: str, orientation: int | None, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
-    """TIFFs Pillow reduces to 8 bits (16-bit colour), garbles (16-bit gray turned by its orientation
-    tag) or does not open (16-bit gray + alpha, float colour), read with tifffile from the first page's own tags:
-    planar or interleaved samples,
-    extra samples (associated alpha is divided out, as Pillow does for 8-bit files; unspecified
-    ones are dropped), "min is white" gray inverted. ``orientation`` None: the page's tag 274."""
-    try:
-        with tifffile.TiffFile(path) as tif:
-            page = tif.pages[0]
-            raw = page.asarray()
-            planar = int(page.planarconfig) == 2
-            extras = [int(e) for e in page.extrasamples]  # 0 unspecified, 1 associated alpha, 2 unassociated
-            photometric = int(page.photometric)
-            if orientation is None:
-                tag = page.tags.get(274)
-                orientation = int(tag.value) if tag is not None else 1
-    except (tifffile.TiffFileError, ValueError, OSError, IndexError) as e:
-        if "imagecodecs" in str(e):  # tifffile's codecs (LZW, JPEG, ...) are imagecodecs': one it lacks
-            raise ImageReadError(path, f"this {mode} TIFF is read with tifffile, and its compression needs a "
-                                       f"codec the installed imagecodecs package lacks ({e}): pip install "
-                                       f"imagecodecs (a full build), or save it uncompressed or with deflate") from e
-        raise ImageReadError(path, f"not a readable image (corrupt TIFF: {e})") from e
-    if raw.size == 0:
-        raise ImageReadError(path, "not a readable image (corrupt TIFF: no pixel data)")
-    if raw.ndim == 3 and planar:
-        raw = np.moveaxis(raw, 0, -1)
-    if raw.ndim == 2:
-        raw = raw[..., None]
-    colour = raw.shape[-1] - len(extras) if raw.ndim == 3 else 0
-    if colour not in (1, 3):
-        raise ImageReadError(path, f"unsupported TIFF layout {raw.shape} ({len(extras)} extra sample(s))")
-    if raw.dtype == np.uint16:
-        arr, bits = raw.astype(np.float32) / 65535.0, 16
-    elif raw.dtype == np.uint8:
-        arr, bits = raw.astype(np.float32) / 255.0, 8
-    elif raw.dtype.kind == "f":
-        arr, bits = raw.astype(np.float32), 32
-        if not np.isfinite(arr).all() or ((arr.min() < 0 or arr.max() > 1) and not any_range):
-            raise ImageReadError(path, "float image values must be finite and lie in [0, 1]")
-    else:
-        raise ImageReadError(path, f"unsupported TIFF sample type {raw.dtype}")
-    alpha_at = next((colour + i for i, e in enumerate(extras) if e in (1, 2)), None)
-    pixels = arr[..., :colour]
-    if photometric == 0 and colour == 1:
-        pixels = 1.0 - pixels
-    if alpha_at is not None:
-        alpha = arr[..., alpha_at:alpha_at + 1]
-        if extras[alpha_at - colour] == 1:  # premultiplied colour: straight colour, as Pillow returns it
-            pixels = np.where(alpha > 0, np.clip(pixels / np.maximum(alpha, 1e-12), 0, 1), 0.0)
-        pixels = np.concatenate([pixels, alpha], -1)
-    label = ("LA" if colour == 1 else "RGBA") if alpha_at is not None else ("L" if colour == 1 else "RGB")
-    return _split(path, "TIFF", f"{label};{bits}" if bits != 8 else label, bits, pixels.astype(np.float32),
-                  orientation, alpha_at is not None)
 
 
 def _read_png16(path: Path, head: bytes) -> tuple[np.ndarray, ImageInfo]:
@@ -543,20 +421,6 @@ def write_image(path: str | Path, array: np.ndarray, bit_depth: int = 8, alpha: 
     except FloatingPointError as e:  # quantize's check, image and alpha together
         raise FloatingPointError(f"{path}: {e}; not written") from e
     return files.atomic_write_bytes(path, data)
-
-
-def write_measurement(path: str | Path, array: np.ndarray) -> Path:
-    """Write a measurement of any finite values, (H, W) or (H, W, 3), exactly: a float32 TIFF
-    (``path`` must end in .tif or .tiff), atomically; :func:`read_image` with ``any_range`` reads it."""
-    path = Path(path)
-    if path.suffix.lower() not in (".tif", ".tiff"):
-        raise ValueError(f"{path}: a measurement outside [0, 1] is written as a float TIFF (.tif)")
-    arr = np.ascontiguousarray(array, dtype=np.float32)
-    if not np.isfinite(arr).all():
-        raise FloatingPointError(f"{path}: the measurement holds NaN or Inf; not written")
-    buf = io.BytesIO()
-    tifffile.imwrite(buf, arr, photometric="rgb" if arr.ndim == 3 else "minisblack")
-    return files.atomic_write_bytes(path, buf.getvalue())
 
 
 def image_opens(path: str | Path) -> bool:
