@@ -11,6 +11,13 @@ crops are cut on the device (:class:`~nfc_dps.training.data.CropSampler`). Every
 comes from one ``torch.Generator`` whose state is saved, and the dead-leaves images are a
 function of (seed, step), so a run stopped at a save and resumed equals an uninterrupted one.
 
+Under ``torchrun`` (a :class:`~nfc_dps.distributed.Dist` with world size N > 1) one model trains
+with DistributedDataParallel: ``batch`` is the global batch, each rank draws batch / N crops from
+its own seeded stream, the gradients are averaged over the ranks, and rank 0 alone writes the
+state (with every rank's stream), logs, plots and exports. The ranks stop together (any rank's
+budget or signal stops all); a run resumed with the same N continues every rank's stream, with
+another N each stream is reseeded from (seed, step, rank).
+
 The work folder holds ``state.pt`` (see :mod:`nfc_dps.training.state`), ``loss.csv`` (step,
 loss, seconds, crops_per_s every ``log_every`` steps), ``loss.png``, ``heldout.csv`` (held-out
 denoising PSNR at every export) and ``train_config.json``.
@@ -31,11 +38,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from .. import io as nio
+from ..distributed import Dist
 from ..locking import FolderBusy, folder_lock
 from ..priors.archs import build_unet, size_independent
 from ..priors.base import EDMDenoiser
@@ -106,17 +115,27 @@ def _default_log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
+def _stream_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank ``rank``'s crop stream from ``step`` on, in a group of several processes."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
-                warn: Callable[[str], None] | None = None) -> TrainResult:
+                warn: Callable[[str], None] | None = None, dist: Dist | None = None) -> TrainResult:
     """Train (or resume) an EDM prior in ``cfg.workdir``; see the module docstring and TrainConfig.
 
-    log: progress messages; warn: skipped files and other warnings (default: log).
+    log: progress messages; warn: skipped files and other warnings (default: log); dist: this
+    process's place in a torchrun group (None: a single process).
     Raises :class:`TrainingError` for bad settings or data, and KeyboardInterrupt (also on
     SIGTERM) after saving the state. CPU threads are the caller's choice (``torch.set_num_threads``).
     """
     log = log or _default_log
     warn = warn or log
+    dist = dist or Dist()
     check_config(cfg)
+    if cfg.batch % dist.world:
+        raise TrainingError(f"--batch {cfg.batch} is the global batch, shared by {dist.world} processes: "
+                            f"give a multiple of {dist.world}")
     _check_folders(cfg)
     workdir = Path(cfg.workdir)
     created = not workdir.exists()
@@ -126,13 +145,18 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         raise TrainingError(f"--workdir {workdir}: cannot create it ({e.strerror or e})") from e
     try:
         with contextlib.ExitStack() as stack:
-            try:  # one run per work folder (the lock restore takes on its output folder)
-                stack.enter_context(folder_lock(workdir))
-            except FolderBusy as e:
-                raise TrainingError(f"--workdir {workdir}: {e}") from None
-            return _train_locked(cfg, workdir, log, warn)
+            busy = None
+            if dist.rank == 0:  # one run per work folder (the lock restore takes on its output folder)
+                try:
+                    stack.enter_context(folder_lock(workdir))
+                except FolderBusy as e:
+                    busy = f"--workdir {workdir}: {e}"
+            busy = dist.broadcast(busy)  # every rank of a group refuses alike
+            if busy is not None:
+                raise TrainingError(busy)
+            return _Run(cfg, workdir, log, warn, dist).train()
     except TrainingError:
-        if created:  # a refused run leaves no empty work folder behind
+        if created and dist.rank == 0:  # a refused run leaves no empty work folder behind
             with contextlib.suppress(OSError):
                 workdir.rmdir()
         raise
@@ -159,19 +183,16 @@ def _check_folders(cfg: TrainConfig) -> None:
                                 f"choose a {flag} folder outside it")
 
 
-def _train_locked(cfg: TrainConfig, workdir: Path, log: Callable[[str], None], warn: Callable[[str], None]) -> TrainResult:
-    """:func:`train_prior` once the work folder is locked."""
-    return _Run(cfg, workdir, log, warn).train()
-
-
 class _Run:
     """One training run in a locked work folder: its settings (resolved against the folder's
     state), data, networks, optimiser and random stream; :meth:`train` steps until the budget or
     a signal, logging, saving and exporting as it goes."""
 
     def __init__(self, cfg: TrainConfig, workdir: Path, log: Callable[[str], None],
-                 warn: Callable[[str], None]) -> None:
-        self.workdir, self.log, self.warn = workdir, log, warn
+                 warn: Callable[[str], None], dist: Dist) -> None:
+        self.workdir, self.log, self.warn, self.dist = workdir, log, warn, dist
+        self.writer = dist.rank == 0  # rank 0 alone writes the state, logs, plots and exports
+        self.local_batch = cfg.batch // dist.world
         self.device = torch.device(cfg.device)
         self.state_path = workdir / STATE_NAME
         state = read_state(self.state_path, self.device) if self.state_path.exists() else None
@@ -241,20 +262,13 @@ class _Run:
             ema.load_state_dict(state["ema"])
             opt.load_state_dict(state["opt"])
             step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
-            if state["rng"] is not None and state.get("rng_device", device.type) == device.type:
-                gen.set_state(state["rng"].cpu())
-            else:
-                if state["rng"] is not None:
-                    self.warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
-                              f"the crop stream is reseeded from (seed, step), so the run will not equal one on a "
-                              f"single device")
-                gen.manual_seed(cfg.seed * 1_000_003 + step)
+            self._resume_stream(gen, state, step)
             if isinstance(state.get("torch_rng"), torch.Tensor):
                 torch.set_rng_state(state["torch_rng"].cpu())
             self.log(f"resumed from {self.state_path} at step {step}"
                      + (" (a state of the earlier train_prior.py)" if state.get("legacy") else ""))
         else:
-            gen.manual_seed(cfg.seed)
+            gen.manual_seed(cfg.seed if self.dist.world == 1 else _stream_seed(cfg.seed, 0, self.dist.rank))
             if cfg.init_from:
                 load_init_weights(net, cfg.init_from, cfg.arch)
                 self.log(f"warm start from {cfg.init_from}")
@@ -264,9 +278,34 @@ class _Run:
         self.net, self.ema, self.opt, self.gen = net, ema, opt, gen
         self.step, self.start_step, self.seconds0, self.crops0 = step, step, seconds0, crops0
         self.n_params = sum(p.numel() for p in net.parameters())
-        self.denoiser = EDMDenoiser(_UNetCall(net, self.precision, self.channels_last), channels=cfg.channels,
+        trained = net
+        if self.dist.world > 1:  # gradients averaged over the ranks; rank 0's initial weights on every rank
+            from torch.nn.parallel import DistributedDataParallel
+
+            trained = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+        self.denoiser = EDMDenoiser(_UNetCall(trained, self.precision, self.channels_last), channels=cfg.channels,
                                     sigma_data=SIGMA_DATA)
         self.net_params, self.ema_params = list(net.parameters()), list(ema.parameters())
+
+    def _resume_stream(self, gen: torch.Generator, state: dict, step: int) -> None:
+        """This rank's crop stream from a saved state: its own saved stream when the state was
+        written by as many processes on the same device type, else reseeded from (seed, step, rank)."""
+        cfg, device, world, rank = self.cfg, self.device, self.dist.world, self.dist.rank
+        saved_world = int(state.get("world", 1))
+        streams = state.get("rng_ranks") if saved_world > 1 else [state["rng"]]
+        same_device = state.get("rng_device", device.type) == device.type
+        if saved_world == world and same_device and isinstance(streams, list) and len(streams) == world \
+                and all(isinstance(t, torch.Tensor) for t in streams):
+            gen.set_state(streams[rank].cpu())
+            return
+        if not same_device and state["rng"] is not None:
+            self.warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
+                      f"the crop stream is reseeded from (seed, step), so the run will not equal one on a "
+                      f"single device")
+        elif saved_world != world:
+            self.warn(f"the work folder was trained by {saved_world} process(es), this run has {world}: the crop "
+                      f"streams are reseeded from (seed, step, rank), so the run will not equal one of {saved_world}")
+        gen.manual_seed(cfg.seed * 1_000_003 + step if world == 1 else _stream_seed(cfg.seed, step, rank))
 
     def _pool_and_records(self) -> None:
         """The crop sampler over the training images and the procedural ones; train_config.json;
@@ -279,12 +318,16 @@ class _Run:
         self.log(f"data: {data.source}: {len(data.train)} training image(s) ({len(pool)} with scales), "
                  f"{len(data.heldout)} held out, {len(data.skipped)} skipped; procedural {cfg.synthetic} "
                  f"{cfg.dead_leaves:g}; network {cfg.arch} {list(cfg.widths)} x{cfg.layers}, {self.n_params:,} "
-                 f"parameters, {cfg.channels} channel(s), crop {cfg.crop}, batch {cfg.batch}, {self.device} "
-                 f"{self.precision}")
+                 f"parameters, {cfg.channels} channel(s), crop {cfg.crop}, batch {cfg.batch}"
+                 + (f" ({self.local_batch} on each of {self.dist.world} processes)" if self.dist.world > 1 else "")
+                 + f", {self.device} {self.precision}")
         self.settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
         self.split = {"train": [n for n, _ in data.train], "heldout": [n for n, _ in data.heldout]}
+        if not self.writer:
+            return
         nio.write_json(self.workdir / CONFIG_JSON, {
             "config": self.fp, "settings": self.settings, "precision": self.precision, "parameters": self.n_params,
+            "world_size": self.dist.world, "batch_per_process": self.local_batch,
             "train_images": self.split["train"], "heldout_images": self.split["heldout"],
             "skipped": [{"file": f, "reason": r} for f, r in data.skipped]})
         for name in (LOSS_CSV, HELDOUT_CSV):
@@ -292,16 +335,32 @@ class _Run:
 
     # -- saving
 
+    def _streams(self) -> list[Tensor]:
+        """Every rank's crop-stream state, on rank 0 (a collective: every rank calls it)."""
+        mine = self.gen.get_state()
+        if self.dist.world == 1:
+            return [mine]
+        import torch.distributed as tdist
+
+        box: list = [None] * self.dist.world
+        tdist.all_gather_object(box, mine)
+        return box
+
     def save(self) -> None:
-        """state.pt (atomically), the loss plot, and the export when there is one."""
+        """state.pt (atomically), the loss plot, and the export when there is one (rank 0; every
+        rank calls it, for the streams)."""
         self.saving = True
+        streams = self._streams()
+        self.saved = self.step
+        if not self.writer:
+            self.saving = False
+            return
         write_state(self.state_path, {
             "model": self.net.state_dict(), "ema": self.ema.state_dict(), "opt": self.opt.state_dict(),
-            "step": self.step, "rng": self.gen.get_state(), "rng_device": self.device.type,
-            "torch_rng": torch.get_rng_state(), "args": self.settings, "config": self.fp, "split": self.split,
-            "seconds": self.seconds0 + time.time() - self.t_wall,
+            "step": self.step, "rng": streams[0], "rng_ranks": streams, "world": self.dist.world,
+            "rng_device": self.device.type, "torch_rng": torch.get_rng_state(), "args": self.settings,
+            "config": self.fp, "split": self.split, "seconds": self.seconds0 + time.time() - self.t_wall,
             "crops": self.crops0 + (self.step - self.start_step) * self.cfg.batch})
-        self.saved = self.step
         rows = read_loss_csv(self.workdir / LOSS_CSV) if (self.workdir / LOSS_CSV).is_file() else []
         if rows:
             render_loss_png(rows, self.workdir / LOSS_PNG, f"EDM training loss ({self.workdir}, {rows[-1]['step']} steps)")
@@ -341,9 +400,28 @@ class _Run:
     # -- the loop
 
     def budget_left(self) -> bool:
+        """Whether to take another step: this process's budget and signals, and in a group every
+        rank's (any rank that stops stops them all, at the same step)."""
         cfg = self.cfg
-        return (self.stop_signal is None and (cfg.steps is None or self.step < cfg.steps)
-                and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60))
+        go = (self.stop_signal is None and (cfg.steps is None or self.step < cfg.steps)
+              and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60))
+        if self.dist.world == 1:
+            return go
+        import torch.distributed as tdist
+
+        stop = torch.tensor([0.0 if go else 1.0], device=self.device)
+        tdist.all_reduce(stop, op=tdist.ReduceOp.MAX)
+        return bool(stop.item() == 0)
+
+    def mean_loss(self, run_sum: Tensor, run_n: int) -> float:
+        """The mean loss of the steps since the last log, over every rank."""
+        if self.dist.world > 1:
+            import torch.distributed as tdist
+
+            run_sum = run_sum.clone()
+            tdist.all_reduce(run_sum)
+            run_sum /= self.dist.world
+        return float(run_sum) / run_n
 
     def on_signal(self, signum: int, frame: object) -> None:
         """SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
@@ -363,8 +441,8 @@ class _Run:
         if cfg.warmup or cfg.cooldown:
             for g in self.opt.param_groups:
                 g["lr"] = learning_rate(cfg, self.step)
-        x0 = self.sampler.batch(cfg.batch, self.gen).contiguous(memory_format=self.fmt)
-        sigma = (torch.randn(cfg.batch, generator=self.gen, device=self.device) * cfg.p_std + cfg.p_mean).exp()
+        x0 = self.sampler.batch(self.local_batch, self.gen).contiguous(memory_format=self.fmt)
+        sigma = (torch.randn(self.local_batch, generator=self.gen, device=self.device) * cfg.p_std + cfg.p_mean).exp()
         noise = torch.randn(x0.shape, generator=self.gen, device=self.device).contiguous(memory_format=self.fmt)
         noisy = x0 + sigma.view(-1, 1, 1, 1) * noise
         weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
@@ -389,15 +467,16 @@ class _Run:
         run_n, t_log, crops_log = 0, time.time(), 0
         in_step = False
         old_handlers: dict = {}
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not cfg.progress, file=sys.stderr,
-                   dynamic_ncols=True)
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not (cfg.progress and self.writer),
+                   file=sys.stderr, dynamic_ncols=True)
         try:
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     old_handlers[sig] = signal.signal(sig, self.on_signal)
             if cfg.steps is not None and self.step >= cfg.steps:
                 self.log(f"the work folder is at step {self.step} >= --steps {cfg.steps}: nothing to train")
-            while self.budget_left():
+            go = self.budget_left()
+            while go:
                 in_step = True
                 run_sum += self.one_step()
                 run_n += 1
@@ -405,15 +484,17 @@ class _Run:
                 bar.update(1)
                 in_step = False
                 step = self.step
-                if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not self.budget_left():
-                    mean = float(run_sum) / run_n
+                go = self.budget_left()
+                if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not go:
+                    mean = self.mean_loss(run_sum, run_n)
                     if not math.isfinite(mean):
                         raise TrainingError(f"the loss is {mean} at step {step}; the state saved at step {self.saved} "
                                             f"is kept: lower --lr and resume")
                     now = time.time()
                     rate = crops_log / max(now - t_log, 1e-9)
-                    _append(workdir / LOSS_CSV, LOSS_FIELDS,
-                            [step, f"{mean:.5f}", f"{self.seconds0 + now - self.t_wall:.1f}", f"{rate:.1f}"])
+                    if self.writer:
+                        _append(workdir / LOSS_CSV, LOSS_FIELDS,
+                                [step, f"{mean:.5f}", f"{self.seconds0 + now - self.t_wall:.1f}", f"{rate:.1f}"])
                     bar.set_postfix(loss=f"{mean:.4f}", crops_s=f"{rate:.0f}")
                     self.loss = mean
                     run_sum.zero_()
@@ -423,7 +504,7 @@ class _Run:
                     t_log = time.time()  # crops/s counts training, not saving and evaluating
             if self.step > self.saved:  # the last save and export, still under the signal handlers
                 self.save()
-            elif cfg.export and self.exported != self.step and not self.export_is_current():
+            elif self.writer and cfg.export and self.exported != self.step and not self.export_is_current():
                 self.export()
             if self.stop_signal is not None:
                 raise KeyboardInterrupt(self.stop_signal)
@@ -433,6 +514,8 @@ class _Run:
                          f"{self.state_path} is kept")
             elif self.saving:  # a second signal during a save: stop at once (the state file is written atomically)
                 self.log(f"interrupted during a save: {self.state_path} holds step {self.saved}")
+            elif self.dist.world > 1:  # a save is collective: a rank stopped on its own keeps the last one
+                self.log(f"interrupted: {self.state_path} holds step {self.saved}")
             else:
                 if self.step > self.saved:
                     self.save()

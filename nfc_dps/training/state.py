@@ -2,7 +2,8 @@
 
 ``WORKDIR/state.pt`` (a torch pickle, written atomically: a temporary file, fsync, ``os.replace``)
 holds ``model``, ``ema``, ``opt`` (Adam), ``step``, ``rng`` (the training ``torch.Generator``'s
-state: crops, sigmas, noise), ``torch_rng`` (torch's global CPU RNG), ``args`` (the settings),
+state: crops, sigmas, noise; rank 0's under torchrun), ``rng_ranks`` (every rank's) and ``world``
+(the number of processes), ``torch_rng`` (torch's global CPU RNG), ``args`` (the settings),
 ``config`` (the fingerprint below), ``seconds`` and ``crops`` (totals so far) and ``format``.
 A state written by the earlier ``scripts/train_prior.py`` (no ``config``; ``rng`` a numpy
 bit-generator state) is converted on load: its network is the default prior's design, its data

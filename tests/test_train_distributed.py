@@ -1,0 +1,132 @@
+"""train-prior under torchrun: two gloo processes on CPU train one model (the global batch split over
+the ranks, gradients averaged), rank 0 writes the record, a killed rank stops the group and a rerun
+resumes, with the same or another number of processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nfc_dps.training.state import read_state
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--widths", "8,16", "--crop", "16", "--threads", "1", "--device", "cpu", "--quiet"]
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _train(workdir: Path, *flags: str, procs: int = 1) -> list[str]:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
+                if procs > 1 else [sys.executable])
+    return [*launcher, "-m", "nfc_dps", "train-prior", "--workdir", str(workdir), *TINY, *flags]
+
+
+def _run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _losses(workdir: Path) -> list[float]:
+    with open(workdir / "loss.csv", newline="") as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+def test_two_processes_follow_the_single_process_loss_curve(tmp_path):
+    flags = ["--steps", "60", "--batch", "16", "--log-every", "10", "--save-every", "30", "--lr", "1e-3"]
+    one = _run(_train(tmp_path / "one", *flags))
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _run(_train(tmp_path / "two", *flags, procs=2))
+    assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
+    record = json.loads((tmp_path / "two" / "train_config.json").read_text())
+    assert record["world_size"] == 2 and record["batch_per_process"] == 8 and record["settings"]["batch"] == 16
+    assert read_state(tmp_path / "two" / "state.pt")["world"] == 2
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert len(a) == len(b) == 6  # one row every 10 steps, written once (rank 0)
+    # the same model and global batch, other crops: the curves agree within the crop streams' noise
+    # (a rank training alone on half the batch, or at twice the step, would drift from it)
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    assert abs(mean_a - mean_b) < 0.15 * mean_a, (a, b)
+    assert b[-1] < b[0] and a[-1] < a[0]  # both learn
+
+
+def test_a_global_batch_that_does_not_split_is_refused_on_every_rank(tmp_path):
+    res = _run(_train(tmp_path / "w", "--steps", "2", "--batch", "7", procs=2))
+    assert res.returncode != 0
+    assert "--batch 7 is the global batch" in res.stderr and "multiple of 2" in res.stderr
+    assert res.stderr.count("--batch 7 is the global batch") == 1  # rank 0 says it, once
+    assert not (tmp_path / "w").exists()
+
+
+def _rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the torchrun child with RANK=rank (Linux /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the ranks through /proc")
+def test_a_killed_rank_stops_the_group_and_a_rerun_resumes(tmp_path):
+    wd = tmp_path / "w"
+    flags = ["--batch", "8", "--log-every", "5", "--save-every", "5"]
+    group = subprocess.Popen(_train(wd, "--steps", "100000", *flags, procs=2), env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not ((wd / "state.pt").is_file() and _losses_at_least(wd, 10)):
+            time.sleep(0.5)
+        assert (wd / "state.pt").is_file(), "no save within the time limit"
+        victim = _rank_pid(group.pid, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        group.communicate(timeout=120)
+    finally:
+        if group.poll() is None:
+            group.kill()
+            group.communicate()
+    assert group.returncode != 0
+    saved = int(read_state(wd / "state.pt")["step"])
+    assert saved >= 5 and saved % 5 == 0
+    rerun = _run(_train(wd, "--steps", str(saved + 10), *flags, procs=2))
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    state = read_state(wd / "state.pt")
+    assert int(state["step"]) == saved + 10 and state["world"] == 2
+    assert len(state["rng_ranks"]) == 2 and not torch.equal(state["rng_ranks"][0], state["rng_ranks"][1])
+    assert json.loads((wd / "train_config.json").read_text())["world_size"] == 2
+    steps = [int(r["step"]) for r in csv.DictReader(open(wd / "loss.csv", newline=""))]
+    assert steps == sorted(set(steps)) and steps[-1] == saved + 10  # rows after the last save were cut
+    # and one process takes the folder over (its stream reseeded, said once)
+    alone = _run(_train(wd, "--steps", str(saved + 12), *flags[:2]))
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert "trained by 2 process(es), this run has 1" in alone.stderr
+    assert int(read_state(wd / "state.pt")["step"]) == saved + 12
+    assert json.loads((wd / "train_config.json").read_text())["world_size"] == 1
+
+
+def _losses_at_least(workdir: Path, step: int) -> bool:
+    try:
+        rows = list(csv.DictReader(open(workdir / "loss.csv", newline="")))
+    except OSError:
+        return False
+    return bool(rows) and int(rows[-1]["step"]) >= step
