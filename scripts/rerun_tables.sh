@@ -14,7 +14,7 @@
 # finished. Two CPU processes by default (PROCS=N to change) for the grids and the every-method
 # calibration runs; the profile, the prior report, NFC's calibration runs and the throughput use one
 # process each. The oracle tables need no network and are not here (docs/benchmarks.md,
-# docs/uncertainty.md).
+# docs/interval_coverage.md).
 # On 2 CPU cores the whole set takes three to four hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."

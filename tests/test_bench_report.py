@@ -242,7 +242,7 @@ def _documented_bench_commands(page: Path) -> list[list[str]]:
             for values in product(*(loops[v] for v in used)):
                 here = {**env, **dict(zip(used, values))}
                 cmd = re.sub(r"\$\{?(\w+)\}?", lambda m: here.get(m.group(1), m.group(0)), line)
-                cmd = re.sub(r"\bTASK\b", "sr_bicubic", cmd)  # docs/uncertainty.md's placeholder
+                cmd = re.sub(r"\bTASK\b", "sr_bicubic", cmd)  # docs/interval_coverage.md's placeholder
                 if cmd.startswith("bench ") and not cmd.startswith("bench()"):
                     words = shlex.split(cmd)
                     out.append(["--out", f"runs/bench/{words[1]}", *words[2:]])
@@ -259,7 +259,7 @@ def test_documented_commands_expand_every_loop_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("page, least", [("docs/benchmarks.md", 7), ("docs/benchmarks_64px.md", 5),
-                                         ("docs/oracle.md", 2), ("docs/uncertainty.md", 4), ("docs/std_map_calibration.md", 2),
+                                         ("docs/oracle.md", 2), ("docs/interval_coverage.md", 4), ("docs/std_map_calibration.md", 2),
                                          ("docs/nonlinear.md", 1)])
 def test_the_documented_bench_commands_parse_and_build_their_columns(page, least):
     """Every benchmark command the docs tell a user to run is accepted: its flags parse, its spec
