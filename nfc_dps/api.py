@@ -31,6 +31,7 @@ from .config import validate_overrides
 from .conformal import load_calibration, prior_fingerprint
 from .io import INTEGER_SCALES
 from .noise import GaussianNoise, NoiseModel, as_noise
+from .noise_level import measurement_sigma
 from .operators.base import LinearOperator, noise_sigma_problem
 from .operators.nonlinear import is_linear
 from .operators.padding import CroppedOperator, padded_size
@@ -59,6 +60,9 @@ class Restoration:
     nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
     lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + c·edge(image) + eps), clipped to
         [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
+    noise_sigma: the Gaussian noise std the restoration assumed, [0, 1] units: ``sigma_y``, or with
+        ``sigma_y="auto"`` the estimate (a float for one image, a list of one per image for a batch);
+        None under a non-Gaussian noise model.
     """
 
     image: Any
@@ -69,6 +73,7 @@ class Restoration:
     config: Any
     lower: Any | None = None
     upper: Any | None = None
+    noise_sigma: float | list[float] | None = None
 
 
 
@@ -234,7 +239,9 @@ def restore(
             best estimate per network call: 16 NFE, no random draw), for the others "fast".
             Posterior samples with a ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
         sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1]: the shorthand for
-            ``noise=GaussianNoise(sigma_y)``; 0.025 when neither is given.
+            ``noise=GaussianNoise(sigma_y)``; 0.025 when neither is given; ``"auto"``: estimated
+            per image from the measurement (:mod:`nfc_dps.noise_level`), the value used in
+            ``noise_sigma``.
         noise: the measurement's noise model (:mod:`nfc_dps.noise`): ``GaussianNoise(s)``,
             ``PoissonNoise(peak)``, ``PoissonGaussianNoise(peak, s)`` or a spec such as
             ``"poisson:30"``; a non-Gaussian one is restored through its Gaussian approximation
@@ -266,6 +273,11 @@ def restore(
     are restored on a padded canvas (the border is unmeasured, filled by the prior) and cropped.
     Profiling: samplers mark their building blocks with ``torch.profiler.record_function``.
     """
+    if isinstance(sigma_y, str):
+        return _restore_estimated_sigma(y, operator, sigma_y, noise, seed, dict(
+            prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
+            config=config, max_batch=max_batch, calibration=calibration, keep_samples=keep_samples,
+            restarts=restarts, **overrides))
     batch, back, noise, seeds, num_samples = _checked_measurement(y, operator, sigma_y, noise, seed, num_samples,
                                                                   max_batch)
     restarts = _checked_restarts(restarts, num_samples)
@@ -289,11 +301,49 @@ def restore(
         samples, _, nfe = _run_chains(method, cfg, prior, problem, seeds, restarts, max_batch, True, input_device,
                                       callback, progress)
         samples = _best_fit(samples.to(batch.device), restarts, operator, batch, noise).to(input_device)
-        return _assembled(samples, None, nfe, time.perf_counter() - t0, cfg, back, 1, None)
-    samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
-                                      keep_samples, input_device, callback, progress)
-    seconds = time.perf_counter() - t0
-    return _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
+        out = _assembled(samples, None, nfe, time.perf_counter() - t0, cfg, back, 1, None)
+    else:
+        samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
+                                          keep_samples, input_device, callback, progress)
+        seconds = time.perf_counter() - t0
+        out = _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
+    out.noise_sigma = noise.sigma if isinstance(noise, GaussianNoise) else None
+    return out
+
+
+def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noise: Any, seed: Any,
+                             kwargs: dict[str, Any]) -> Restoration:
+    """:func:`restore` with ``sigma_y="auto"``: each image restored with its own estimated noise std."""
+    if sigma_y != "auto":
+        raise ValueError(f"sigma_y must be a number ([0, 1] pixel units) or 'auto', got {sigma_y!r}")
+    if noise is not None:
+        raise TypeError(f"pass one of sigma_y and noise, got sigma_y='auto' and noise={noise!r}")
+    if not isinstance(operator, LinearOperator):
+        raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
+                        f"got {type(operator).__name__}")
+    batch, back = as_batch(y)
+    if batch.numel() == 0:
+        raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)})")
+    sigmas = measurement_sigma(batch, operator)
+    seeds = _seed_list(seed, batch.shape[0])
+    if batch.shape[0] == 1:
+        out = restore(y, operator, sigma_y=sigmas[0], seed=seeds, **kwargs)
+        out.noise_sigma = sigmas[0]
+        return out
+    kwargs["prior"] = _checked_prior(kwargs["prior"], batch)[0]  # a folder is loaded once for every image
+    parts = [restore(batch[b:b + 1], operator.select_images(torch.tensor([b])), sigma_y=sigmas[b], seed=[seeds[b]],
+                     **kwargs) for b in range(batch.shape[0])]
+
+    def joined(field: str) -> Any:
+        values = [getattr(r, field) for r in parts]
+        return None if values[0] is None else back(torch.cat(values))
+
+    samples = None
+    if parts[0].samples is not None:  # (K, 1, C, h, w) each: image-major per sample
+        per_sample = [back(torch.cat([r.samples[j] for r in parts])) for j in range(parts[0].samples.shape[0])]
+        samples = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
+    return Restoration(joined("image"), joined("std"), samples, parts[0].nfe, sum(r.seconds for r in parts),
+                       parts[0].config, joined("lower"), joined("upper"), sigmas)
 
 
 def _checked_restarts(restarts: Any, num_samples: int) -> int:

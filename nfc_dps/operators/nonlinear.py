@@ -21,7 +21,7 @@ from torch import Tensor
 from .base import LinearOperator, check_image
 from .blur import BlurOperator
 
-__all__ = ["NonlinearOperator", "LinearizedOperator", "WeightedNonlinearOperator", "ModelUnitsOperator",
+__all__ = ["NonlinearOperator", "LinearizedOperator", "NonlinearWrapper", "WeightedNonlinearOperator", "ModelUnitsOperator",
            "HighDynamicRange", "PhaseRetrieval", "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear", "linear_to_srgb", "is_linear"]
 
 
@@ -101,17 +101,13 @@ class NonlinearOperator(LinearOperator):
         return {**super().describe(), "linear": False}
 
 
-class WeightedNonlinearOperator(NonlinearOperator):
-    """A'(x) = w * A(x) for a nonlinear A and per-pixel weights w (B|1, C|1, h, w) > 0 on its
-    measurement grid: the whitened form of a non-Gaussian measurement of a nonlinear operator (as
-    :class:`~nfc_dps.operators.weighted.WeightedOperator` for a linear one)."""
+class NonlinearWrapper(NonlinearOperator):
+    """A nonlinear operator built on another, ``inner``: it takes the inner operator's name,
+    Gauss-Newton steps, start flag, image channels and shapes; subclasses define ``A`` and ``start``."""
 
-    measurement_range = None
-
-    def __init__(self, inner: NonlinearOperator, weights: Tensor) -> None:
+    def __init__(self, inner: NonlinearOperator) -> None:
         super().__init__()
         self.inner = inner
-        self.register_buffer("weights", weights)
         self.name = inner.name
         self.gauss_newton_steps = inner.gauss_newton_steps
         self.start_is_informative = inner.start_is_informative
@@ -119,6 +115,24 @@ class WeightedNonlinearOperator(NonlinearOperator):
     @property
     def image_channels(self) -> int | None:
         return self.inner.image_channels
+
+    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
+        return self.inner.measurement_shape(image_shape)
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        return self.inner.image_shape(measurement_shape)
+
+
+class WeightedNonlinearOperator(NonlinearWrapper):
+    """A'(x) = w * A(x) for a nonlinear A and per-pixel weights w (B|1, C|1, h, w) > 0 on its
+    measurement grid: the whitened form of a non-Gaussian measurement of a nonlinear operator (as
+    :class:`~nfc_dps.operators.weighted.WeightedOperator` for a linear one)."""
+
+    measurement_range = None
+
+    def __init__(self, inner: NonlinearOperator, weights: Tensor) -> None:
+        super().__init__(inner)
+        self.register_buffer("weights", weights)
 
     def A(self, x: Tensor) -> Tensor:
         return self.weights * self.inner.A(x)
@@ -130,12 +144,6 @@ class WeightedNonlinearOperator(NonlinearOperator):
         if self.weights.shape[0] == 1:
             return self
         return WeightedNonlinearOperator(self.inner.select_images(index), self.weights[index])
-
-    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
-        return self.inner.measurement_shape(image_shape)
-
-    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
-        return self.inner.image_shape(measurement_shape)
 
 
 class LinearizedOperator(LinearOperator):
@@ -162,32 +170,15 @@ class LinearizedOperator(LinearOperator):
         return self.inner.image_shape(measurement_shape)
 
 
-class ModelUnitsOperator(NonlinearOperator):
+class ModelUnitsOperator(NonlinearWrapper):
     """A nonlinear operator on the prior's [-1, 1] images: A_m(x_m) = 2 A((x_m + 1) / 2) - 1, so that
     y_m = 2 y - 1 is its measurement with noise std 2 sigma_y (``samplers.common.to_model_units``)."""
-
-    def __init__(self, inner: NonlinearOperator) -> None:
-        super().__init__()
-        self.inner = inner
-        self.name = inner.name
-        self.gauss_newton_steps = inner.gauss_newton_steps
-        self.start_is_informative = inner.start_is_informative
-
-    @property
-    def image_channels(self) -> int | None:
-        return self.inner.image_channels
 
     def A(self, x: Tensor) -> Tensor:
         return 2 * self.inner.A((x + 1) / 2) - 1
 
     def start(self, y: Tensor) -> Tensor:
         return 2 * self.inner.start((y + 1) / 2) - 1
-
-    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
-        return self.inner.measurement_shape(image_shape)
-
-    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
-        return self.inner.image_shape(measurement_shape)
 
 
 class HighDynamicRange(NonlinearOperator):
@@ -227,6 +218,7 @@ class PhaseRetrieval(NonlinearOperator):
 
     name = "phase_retrieval"
     measurement_range = None
+    image_measurement = False  # Fourier amplitudes: sigma_y="auto" cannot read a noise level from them
     start_is_informative = False
 
     def __init__(self, oversample: float = 2.0) -> None:
