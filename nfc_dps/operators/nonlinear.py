@@ -218,6 +218,7 @@ class PhaseRetrieval(NonlinearOperator):
 
     name = "phase_retrieval"
     measurement_range = None
+    image_measurement = False  # Fourier amplitudes: sigma_y="auto" cannot read a noise level from them
     start_is_informative = False
 
     def __init__(self, oversample: float = 2.0) -> None:
