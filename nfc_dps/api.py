@@ -2,10 +2,10 @@
 
     >>> import torch, nfc_dps
     >>> x = torch.rand(2, 3, 64, 64)                          # images in [0, 1]
-    >>> op = nfc_dps.build_operator("deblur_gaussian", image_size=(64, 64))
+    >>> op = nfc_dps.build_operator("deblur_gaussian", image_size=(64, 64), kernel_size=25, kernel_std=2.0)
     >>> y = op.measure(x, sigma_y=0.025, generator=torch.Generator().manual_seed(0))
     >>> out = nfc_dps.restore(y, op, sigma_y=0.025)          # embedded default prior
-    >>> out.image                                             # (B, C, 64, 64) in [0, 1]
+    >>> out.image                          # (B, C, 64, 64) in [0, 1]; y is 40 x 40 (boundary valid)
 
 Units: images and measurements in [0, 1] (uint8 / uint16 input is divided by 255 / 65535);
 ``sigma_y`` is the measurement noise std in [0, 1] pixel units (DPS/DAPS/NFC's "0.05" in

@@ -195,11 +195,14 @@ def wiener(operator: LinearOperator, y: Tensor, sigma_y: float, cg_iters: int = 
         amp, alpha = fit_measurement_spectrum(y, H.abs().square().cpu(), sigma_y)
         return _circular_wiener(y, H, sigma_y, amp, alpha)
     if fam == "blur":
-        # reflect boundary: the same Gaussian model with the true operator, solved by conjugate
+        # reflect or valid boundary: the same Gaussian model with the true operator, solved by conjugate
         # gradients preconditioned (and started) with the same kernel's circulant Wiener filter
         circ = BlurOperator(operator.blur_kernel(), "circular")
         Hc = circ.transfer_function(h, w, dtype=torch.float64)
         amp, alpha = fit_measurement_spectrum(y, Hc.abs().square().cpu(), sigma_y)
+        image_hw = tuple(operator.image_shape(y.shape)[-2:])
+        if image_hw != (h, w):  # valid boundary: the preconditioner works on the larger image
+            Hc = circ.transfer_function(*image_hw, dtype=torch.float64)
         return _cg_wiener(operator, y, sigma_y, cg_iters, amp, alpha, Hc)
     if fam == "sr":
         factor = operator.downsampling_factor
@@ -389,7 +392,7 @@ def calibrate_tv(
     if bad:
         raise ValueError(f"calibrate on training images only; {sorted(bad)} are held out")
     ops = {
-        "blur": build_operator("deblur_gaussian", size, kernel_size=25, kernel_std=2.0),
+        "blur": build_operator("deblur_gaussian", size, kernel_size=25, kernel_std=2.0, boundary="circular"),
         "sr": build_operator("sr_bicubic", size, factor=4),
         "inpaint": build_operator("inpaint_random", size, seed=1, missing_fraction=0.7),
         "denoise": build_operator("denoise", size),

@@ -138,7 +138,7 @@ def tune_poisson(image_names: Iterable[str] = ("rocket", "brick", "coins", "reti
 
     x = torch.stack([torch.from_numpy(center_crop(load_skimage_image(n), size)).permute(2, 0, 1)
                      for n in image_names]).float()
-    blur = build_operator("deblur_gaussian", size, kernel_size=25, kernel_std=2.0)
+    blur = build_operator("deblur_gaussian", size, kernel_size=25, kernel_std=2.0, boundary="circular")
     out: dict[str, dict] = {"richardson_lucy": {}, "anscombe_tv": {}}
     for peak in peaks:
         gens = [torch.Generator().manual_seed(seed + i) for i in range(len(x))]

@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             write_image(gt / f"img{i:03d}.png", img[t:t + args.size, l:l + args.size])
         threads = ["--threads", str(args.threads)] if args.threads else []
         sim = work / "sim"
-        # 25 x 25 kernels, the local protocol's size (the task's default std; the cost does not depend on it)
-        params = ["--param", "kernel_size=25"] if args.task.startswith("deblur_") else []
+        # 25 x 25 kernels, circular: the local protocol's (the task's default std; the cost does not depend on it)
+        params = ["--param", "kernel_size=25", "--param", "boundary=circular"] if args.task.startswith("deblur_") else []
         if cli(["simulate", "-i", str(gt), "-o", str(sim), "--task", args.task, *params, "--quiet"]) != 0:
             raise SystemExit("simulate failed")
         rows, outputs = [], {}

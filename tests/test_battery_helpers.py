@@ -234,7 +234,7 @@ def test_bfloat16_restorations_do_not_depend_on_the_batch(tmp_path: Path) -> Non
 
     prior = load_diffusers_prior(_prior_folder(tmp_path / "p", tile=48), precision="bfloat16")
     x = torch.rand(3, 3, 48, 48, generator=torch.Generator().manual_seed(0))
-    op = nfc_dps.build_operator("deblur_gaussian", image_size=(48, 48))
+    op = nfc_dps.build_operator("deblur_gaussian", image_size=(48, 48), boundary="circular")
     y = op.measure(x, sigma_y=0.05, generator=torch.Generator().manual_seed(1)).clamp(0, 1)
     kw = dict(prior=prior, progress=False, seed=[3, 4, 5], sigma_y=0.05, num_levels=3)
     together = nfc_dps.restore(y, op, **kw).image

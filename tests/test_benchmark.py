@@ -514,3 +514,19 @@ def test_a_set_changes_the_column_it_names_only():
     assert not hasattr(det.config, "inner_temperature")
     plain = {r.preset: r.config for r in method_runs(BenchSpec(methods=("nfc", "nfc:deterministic"), budgets=(25,)))}
     assert plain[None].inner_temperature != 0.0 and plain["deterministic"].prior_weight != 0.4
+
+
+def test_every_protocol_states_its_blur_boundary():
+    """The harness's blur tasks take the protocol's stated boundary (local: circular, paper: reflect;
+    the nonlinear tier and the tuned baselines: circular), never the task registry's default, so its
+    committed result files stay reproducible by their commands."""
+    from nfc_dps.bench.nonlinear import SETTINGS
+    from nfc_dps.operators import TASKS
+
+    for protocol, boundary in (("local", "circular"), ("paper", "reflect")):
+        blurs = [s for s in task_specs(protocol, 64, boundary).values() if "boundary" in TASKS[s.name].params]
+        assert {s.name for s in blurs} >= {"deblur_gaussian", "deblur_motion", "deblur_camera"}
+        assert all(s.params["boundary"] == boundary for s in blurs)
+    for s in SETTINGS.values():
+        if "boundary" in TASKS[s.task].params:
+            assert s.params(64)["boundary"] == s.params(256)["boundary"] == "circular"

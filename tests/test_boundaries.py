@@ -209,3 +209,31 @@ def test_the_restore_command_restores_a_valid_blur_to_the_scene_it_measured(tmp_
     with open(tmp_path / "out" / "results.csv") as f:
         row = next(csv.DictReader(f))
     assert row["status"] == "done" and float(row["psnr"]) > 15, row
+
+
+def test_a_task_named_on_the_command_line_or_in_the_api_gets_the_configs_boundary(tmp_path, prior_dir):
+    """One default per task: the registry's blur tasks, build_operator by name, simulate and restore
+    with --task all give the boundary the shipped configs give (valid: a photograph's), so that
+    simulate -> restore round-trips with it."""
+    import json as _json
+
+    from nfc_dps.cli import main
+    from nfc_dps.io import read_image, write_image
+    from nfc_dps.operators import TASKS
+
+    for name in ("deblur_gaussian.yaml", "deblur_motion.yaml"):
+        task = parse_task(load_mapping(CONFIGS / name), name)
+        assert TASKS[task.task].params["boundary"] == task.params["boundary"] == "valid"
+    assert all(t.params["boundary"] == "valid" for t in TASKS.values() if "boundary" in t.params)
+    assert build_operator("deblur_gaussian", 128).boundary == "valid"
+    yy, xx = np.mgrid[0:32, 0:32] / 31.0
+    (tmp_path / "clean").mkdir()
+    write_image(tmp_path / "clean" / "a.png", np.stack([xx, yy, 0.5 + 0.3 * np.sin(6 * xx)], -1).astype(np.float32))
+    task = ["--task", "deblur_motion", "--param", "kernel_size=5"]
+    assert main(["simulate", "-i", str(tmp_path / "clean"), "-o", str(tmp_path / "sim"), *task, "-q"]) == 0
+    assert read_image(tmp_path / "sim" / "measurements" / "a.png")[0].shape == (28, 28, 3)
+    assert _json.loads((tmp_path / "sim" / "simulation.json").read_text())["task"]["boundary"] == "valid"
+    assert main(["restore", "-i", str(tmp_path / "sim"), "-o", str(tmp_path / "out"), *task, "--prior", prior_dir,
+                 "--steps", "2", "-q"]) == 0
+    assert _json.loads((tmp_path / "out" / "resolved_config.json").read_text())["task"]["boundary"] == "valid"
+    assert read_image(tmp_path / "out" / "a.png")[0].shape == (32, 32, 3)

@@ -175,7 +175,7 @@ def test_every_method_runs_from_the_cli(tmp_path, prior_dir, method):
     make_images(tmp_path / "in", 1)
     out = tmp_path / "out"
     assert run("restore", "-i", tmp_path / "in", "-o", out, "--task", "deblur_gaussian", "--param", "kernel_size=5",
-               "--param", "kernel_std=1.0", "--method", method, prior=prior_dir) == 0
+               "--param", "kernel_std=1.0", "--param", "boundary=circular", "--method", method, prior=prior_dir) == 0
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["sampler"]["method"] == method and image_opens(out / "im0.png")
 
@@ -990,7 +990,8 @@ def test_restore_under_torchrun_equals_one_process_and_resumes(tmp_path, prior_d
     inp = tmp_path / "in"
     make_images(inp, 5)
     (inp / "broken.png").write_bytes(b"not a png")
-    base = ["restore", "-i", str(inp), "--task", "deblur_gaussian", "--prior", prior_dir, "--steps", "2", "--quiet"]
+    base = ["restore", "-i", str(inp), "--task", "deblur_gaussian", "--param", "boundary=circular", "--prior", prior_dir,
+            "--steps", "2", "--quiet"]
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     assert main(base + ["-o", str(single), "--threads", "1"]) == 1  # broken.png fails: exit 1
     p = _torchrun_restore(2, base + ["-o", str(sharded), "--threads", "1"])

@@ -335,7 +335,8 @@ def test_inputs_restored_with_a_caveat_are_noted(tmp_path, prior_dir, capsys):
     pages[0].save(inp / "stack.tif", save_all=True, append_images=pages[1:])
     write_image(inp / "tiny.png", smooth(8, 8))
     code = main(["restore", "-i", str(inp), "-o", str(tmp_path / "out"), "--task", "deblur_kernel", "--param",
-                 f"kernel_path={_kernel(tmp_path, 11)}", "--prior", prior_dir, "--steps", "2"])  # notes: not under -q
+                 f"kernel_path={_kernel(tmp_path, 11)}", "--param", "boundary=circular", "--prior", prior_dir,
+                 "--steps", "2"])  # notes: not under -q
     err = capsys.readouterr().err
     assert code == 0, err
     assert "note stack.tif: only the first of its 3 pages/frames is restored" in err

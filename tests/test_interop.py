@@ -59,7 +59,7 @@ def mse(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def blur_problem(size: int = 16, sigma_y: float = 0.02):
     x = image(size, size)
-    op = build_operator("deblur_gaussian", image_size=(size, size), kernel_size=5, kernel_std=1.0)
+    op = build_operator("deblur_gaussian", image_size=(size, size), kernel_size=5, kernel_std=1.0, boundary="circular")
     return x, op, op.measure(x, sigma_y, torch.Generator().manual_seed(1)), sigma_y
 
 

@@ -291,7 +291,7 @@ def _nonlinear(kind: str, h: int, w: int, seed: int, channels: int):
         weights = torch.randn((channels, h, w), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         return FunctionOperator(lambda x: torch.tanh(weights.to(x.dtype) * x) + x**3, (channels, h, w), (channels, h, w),
                                 linear=False, dtype=torch.float64)
-    params = {"kernel_size": 5} if kind == "deblur_camera" else {}
+    params = {"kernel_size": 5, "boundary": "circular"} if kind == "deblur_camera" else {}
     return build_operator(kind, (h, w), seed=seed, **params)
 
 

@@ -561,7 +561,7 @@ def test_factory_builds_every_task(tmp_path):
     np.save(tmp_path / "m.npy", np.ones((32, 48)))
     extra = {"inpaint_mask": {"mask_path": tmp_path / "m.npy"}, "deblur_kernel": {"kernel_path": tmp_path / "k.npy"},
              "inpaint_box": {"box_size": 16, "margin": 4}, "deblur_gaussian": {"kernel_size": 9},
-             "deblur_motion": {"kernel_size": 9}}
+             "deblur_motion": {"kernel_size": 9}, "deblur_camera": {"kernel_size": 9}}
     assert set(TASKS) >= {"sr_bicubic", "sr_average", "inpaint_box", "inpaint_random", "inpaint_mask",  # and any new one
                           "deblur_gaussian", "deblur_motion", "deblur_kernel", "denoise"}
     x = _rand((1, 3, 32, 48), 22)
@@ -575,7 +575,7 @@ def test_factory_builds_every_task(tmp_path):
 
 def test_factory_defaults_and_seeds():
     op = build_operator("deblur_gaussian", (64, 64))
-    assert op.kernel.shape == (61, 61) and op.boundary == "circular"
+    assert op.kernel.shape == (61, 61) and op.boundary == "valid"
     a = build_operator("deblur_motion", 64, seed=3, kernel_size=15, boundary="reflect")
     b = build_operator("deblur_motion", 64, seed=3, kernel_size=15)
     c = build_operator("deblur_motion", 64, seed=4, kernel_size=15)

@@ -67,8 +67,9 @@ class Setting:
         return dict(self.params256 if size >= 256 else self.params64)
 
 
-#: the local protocol's Gaussian blur at 64 px, the paper protocol's at 256
-_BLUR64, _BLUR256 = (("kernel_size", 25), ("kernel_std", 2.0)), (("kernel_size", 61), ("kernel_std", 3.0))
+#: the local protocol's Gaussian blur at 64 px, the paper protocol's at 256 (circular, as the tier was measured)
+_BLUR64 = (("kernel_size", 25), ("kernel_std", 2.0), ("boundary", "circular"))
+_BLUR256 = (("kernel_size", 61), ("kernel_std", 3.0), ("boundary", "circular"))
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("hdr", "hdr", GaussianNoise(0.025), "HDR"),
     Setting("phase_retrieval", "phase_retrieval", GaussianNoise(0.05), "phase retrieval"),

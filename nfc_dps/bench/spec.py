@@ -51,8 +51,10 @@ def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
         TaskSpec("deblur_motion", {**mk, **blur}),
         TaskSpec("denoise", {}),
     ]
-    # every other registered task that reads no file, at its default parameters (opt-in: --tasks)
-    specs += [TaskSpec(name, {}) for name, t in TASKS.items() if not t.reads and name not in {s.name for s in specs}]
+    # every other registered task that reads no file, at its default parameters and the protocol's
+    # boundary (opt-in: --tasks)
+    specs += [TaskSpec(name, {k: v for k, v in blur.items() if k in t.params}) for name, t in TASKS.items()
+              if not t.reads and name not in {s.name for s in specs}]
     return {s.name: s for s in specs}
 
 

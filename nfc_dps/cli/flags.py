@@ -38,7 +38,8 @@ def task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
                    help="YAML/JSON config: a task (configs/deblur_gaussian.yaml), a sampler (configs/nfc_fast.yaml), "
                         "a resolved_config.json or a simulation.json; repeatable, later files win, flags win over files")
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
-                   help="operator parameter, e.g. --param kernel_size=25 (repeatable)")
+                   help="operator parameter, e.g. --param kernel_size=25 (repeatable); the blur tasks' boundary "
+                        "is valid, a photograph's, unless --param boundary=circular or reflect")
     p.add_argument("--noise-sigma", type=float, default=None,
                    help=f"measurement noise std in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}; "
                         f"DPS/DAPS's 0.05 in [-1, 1] units is 0.025 here)")

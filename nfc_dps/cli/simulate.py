@@ -67,7 +67,7 @@ def _restore_task_for(task: TaskConfig, has_kernel: bool, has_mask: bool) -> dic
     """The task config that restores the simulated measurements exactly (kernels / masks from files)."""
     if has_kernel:
         return {"task": "deblur_kernel", "kernel_path": "kernels",
-                "boundary": task.params.get("boundary", "circular"), "noise_sigma": task.noise_sigma,
+                "boundary": {**TASKS[task.task].params, **task.params}["boundary"], "noise_sigma": task.noise_sigma,
                 **({"noise": task.noise} if task.noise else {})}
     if has_mask:
         return {"task": "inpaint_mask", "mask_path": "masks", "noise_sigma": task.noise_sigma,
