@@ -231,7 +231,7 @@ def _unet_prior(folder: Path, channels: int = 3, nan: bool = False) -> str:
 
 @pytest.mark.parametrize("case", ["prior_weight=0", "sigma_min=-1", "ddrm with SR", "gray prior, RGB images", "NaN prior"])
 def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, monkeypatch, capsys, case):
-    from nfc_dps.cli import restore
+    from nfc_dps.cli import preflight
 
     make_images(tmp_path / "in", 2)
     prior, extra = prior_dir, []
@@ -239,7 +239,7 @@ def test_setup_errors_are_one_usage_error_before_any_image(tmp_path, prior_dir, 
         extra = ["--task", "denoise", "--set", case]
     elif case == "ddrm with SR":
         extra = ["--task", "sr_bicubic", "--method", "ddrm"]
-        monkeypatch.setattr(restore, "open_prior", lambda *a: pytest.fail("the prior loaded"))
+        monkeypatch.setattr(preflight, "open_prior", lambda *a: pytest.fail("the prior loaded"))
     else:
         extra = ["--task", "denoise"]
         prior = _unet_prior(tmp_path / "p", channels=1 if case.startswith("gray") else 3, nan=case == "NaN prior")
@@ -366,12 +366,12 @@ def test_train_prior_takes_non_utf8_names_and_a_refused_run_leaves_no_work_folde
 
 
 def test_calibrate_demo_and_prior_report_refuse_setups_once_without_traceback(tmp_path, prior_dir, monkeypatch, capsys):
-    from nfc_dps.cli import calibrate
+    from nfc_dps.cli import preflight
 
     clean = tmp_path / "clean"
     make_images(clean, 9)
     base = ("calibrate", "--images", clean, "--samples", "2", "--preset", "fast", "--out", tmp_path / "c.json")
-    monkeypatch.setattr(calibrate, "open_prior", lambda *a: pytest.fail("the prior loaded"))
+    monkeypatch.setattr(preflight, "open_prior", lambda *a: pytest.fail("the prior loaded"))
     assert run(*base, "--task", "sr_bicubic", "--method", "ddrm", prior=prior_dir) == 2
     assert "--method ddrm: DDRM needs a diagonalisable operator" in capsys.readouterr().err
     monkeypatch.undo()

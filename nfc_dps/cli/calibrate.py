@@ -23,7 +23,6 @@ from .common import (
     UsageError,
     check_samples,
     input_names,
-    open_prior,
     parse_device,
     prior_key,
     read_inputs,
@@ -31,7 +30,7 @@ from .common import (
 )
 from .flags import common_flags, prior_flags, sampler_flags, task_flags
 from .outputs import check_output_file, file_lock
-from .preflight import FirstImage, check_method_takes_operator, check_prior_fits, first_image
+from .preflight import FirstImage, check_method_takes_operator, first_image, open_checked_prior
 from .simulate import simulated_measurement
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
 
@@ -88,9 +87,7 @@ def _calibrate(args, log: Log, task: TaskConfig, sampler: ResolvedSampler, seed:
                                     first.image, task.noise_model, sampler.config)
     device = parse_device(args.device)
     set_threads(args.threads)
-    prior = open_prior(args.prior, device, args.precision)
-    if first is not None:
-        check_prior_fits(prior, first.path.name, first.image)
+    prior = open_checked_prior(args, device, first)
     log.info(f"calibrating {sampler.method}/{sampler.preset} K={args.samples} on {len(images)} image(s) of "
              f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
     names = input_names(images, folder)

@@ -12,7 +12,7 @@ from .. import io as nio
 from ..operators.blur import KernelLargerThanMeasurement
 from ..priors.base import prior_device
 from ..samplers import get_method
-from .common import UsageError
+from .common import UsageError, open_prior
 from .tasks import OperatorSource
 
 
@@ -64,6 +64,15 @@ def check_measurement_fits(source: OperatorSource, name: str, path: Path, image:
         operator.image_shape((1, 1 if image.ndim == 2 else image.shape[-1], h, w))
     except KernelLargerThanMeasurement as e:
         raise UsageError(f"{path}: {e}") from e
+
+
+def open_checked_prior(args: Any, device: Any, first: FirstImage | None) -> Any:
+    """The prior of ``--prior`` and ``--precision`` on ``device``, checked against the first input
+    (:func:`check_prior_fits`) when there is one."""
+    prior = open_prior(args.prior, device, args.precision)
+    if first is not None:
+        check_prior_fits(prior, first.path.name, first.image)
+    return prior
 
 
 def check_prior_fits(prior: Any, name: str, image: Any) -> None:

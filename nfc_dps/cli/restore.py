@@ -33,7 +33,6 @@ from .common import (
     failure_reason,
     image_seed,
     input_names,
-    open_prior,
     parse_device,
     prior_key,
     read_inputs,
@@ -47,10 +46,10 @@ from .preflight import (
     FirstImage,
     check_measurement_fits,
     check_method_takes_operator,
-    check_prior_fits,
     colorize_measurement,
     first_image,
     input_notes,
+    open_checked_prior,
 )
 from .records import (
     MANIFEST,
@@ -256,9 +255,7 @@ def _check_outputs(args, out: Path, names: list[str], stems: list[str], samples:
 def _checked_prior(args, device, first, sampler: ResolvedSampler, samples: int, bundle, log: Log) -> Any:
     """The prior of --prior, checked against the first image and the calibration; a warning when
     the config names another prior than the one in use."""
-    prior = open_prior(args.prior, device, args.precision)
-    if first is not None:
-        check_prior_fits(prior, first.path.name, first.image)
+    prior = open_checked_prior(args, device, first)
     if args.calibration_loaded is not None:
         try:
             args.calibration_loaded.check(sampler.method, sampler.config, samples, prior_fingerprint(prior),
