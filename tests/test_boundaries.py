@@ -237,3 +237,33 @@ def test_a_task_named_on_the_command_line_or_in_the_api_gets_the_configs_boundar
                  "--steps", "2", "-q"]) == 0
     assert _json.loads((tmp_path / "out" / "resolved_config.json").read_text())["task"]["boundary"] == "valid"
     assert read_image(tmp_path / "out" / "a.png")[0].shape == (32, 32, 3)
+
+
+def test_simulate_refuses_a_valid_blur_kernel_larger_than_the_image_before_writing(tmp_path, capsys):
+    """simulate with boundary valid: a kernel larger than the first image (no measurement), or than
+    the measurement it leaves (which restore refuses), is one usage error naming the kernel, the
+    file and its size before anything is written; a later such image fails by name, the others are
+    simulated."""
+    from nfc_dps.cli import main
+    from nfc_dps.io import write_image
+
+    yy, xx = np.mgrid[0:32, 0:32] / 31.0
+    img = np.stack([xx, yy, 0.5 + 0.3 * np.sin(6 * xx)], -1).astype(np.float32)
+    task = ["--task", "deblur_gaussian", "--param", "kernel_size=9", "-q"]
+    for side, needle in ((8, "larger than the 8x8 image"), (12, "the 12x12 image leaves a measurement restore refuses")):
+        inp, out = tmp_path / f"in{side}", tmp_path / f"out{side}"
+        inp.mkdir()
+        write_image(inp / "a.png", img[:side, :side])
+        write_image(inp / "b.png", img)
+        assert main(["simulate", "-i", str(inp), "-o", str(out), *task]) == 2
+        err = capsys.readouterr().err
+        assert "a.png" in err and "9x9 blur kernel" in err and needle in err and "Traceback" not in err
+        assert not out.exists()
+    inp = tmp_path / "later"
+    inp.mkdir()
+    write_image(inp / "a.png", img)
+    write_image(inp / "b.png", img[:12, :12])
+    assert main(["simulate", "-i", str(inp), "-o", str(tmp_path / "sim"), *task]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED b.png" in err and "9x9 blur kernel" in err and "12x12 image" in err
+    assert sorted(p.name for p in (tmp_path / "sim" / "measurements").iterdir()) == ["a.png"]

@@ -16,6 +16,7 @@ from ..api import as_batch
 from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
 from ..noise import GaussianNoise
 from ..operators import TASKS
+from ..operators.blur import KernelLargerThanMeasurement
 from ..run_record import package_versions
 from .common import (
     DISK_FULL,
@@ -199,10 +200,11 @@ def cmd_simulate(args) -> int:
     images, others = read_inputs("--input", inp)
     if not images and not others:
         raise UsageError(f"--input {inp}: no files")
+    source = OperatorSource(task)
+    _check_first_image_measurable(images, inp, source, seed)
     read = [("--input", inp)] + [(f"--param {key}", Path(task.params[key])) for key in ("mask_path", "kernel_path")
                                  if task.params.get(key) and Path(task.params[key]).exists()]
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
-    source = OperatorSource(task)
     with folder_lock(out):
         nio.remove_stale_temp_files(out)
         names = input_names(images, inp)
@@ -259,11 +261,55 @@ def cmd_simulate(args) -> int:
     return EXIT_FAILED if failures else EXIT_OK
 
 
+def measurable_problem(op: Any, image_shape: tuple[int, ...]) -> str | None:
+    """Why ``op`` cannot take a measurement of an image of ``image_shape`` that restore can restore
+    (a valid-boundary blur whose kernel is larger than the image or than the measurement it
+    leaves), or None."""
+    h, w = image_shape[-2:]
+    try:
+        measured = op.measurement_shape(image_shape)
+    except KernelLargerThanMeasurement as e:
+        return str(e)
+    except (ValueError, NotImplementedError):
+        return None  # the operator's own error is reported with the image
+    try:
+        op.image_shape(measured)
+    except KernelLargerThanMeasurement as e:
+        return f"the {h}x{w} image leaves a measurement restore refuses: {e}"
+    except (ValueError, NotImplementedError):
+        pass
+    return None
+
+
+def _check_first_image_measurable(images: list[Path], inp: Path, source: OperatorSource, seed: int) -> None:
+    """Before anything is written: UsageError naming the first input that reads when the task's
+    operator cannot measure it (:func:`measurable_problem`); each later image is checked with its own."""
+    for path in images:
+        try:
+            x, _ = nio.read_image(path)
+        except (nio.ImageReadError, OSError):
+            continue  # reported by name with the others
+        name = input_names([path], inp)[0]
+        factor = source.factor()
+        h, w = x.shape[0] - x.shape[0] % factor, x.shape[1] - x.shape[1] % factor
+        try:
+            op, _ = source.build(path.name, (h, w), seed=image_seed(seed, name))
+        except (ValueError, TypeError, OSError):
+            return  # the image's own operator error is reported with it
+        why = measurable_problem(op, (1, 1 if x.ndim == 2 else x.shape[-1], h, w))
+        if why:
+            raise UsageError(f"{path}: {why}")
+        return
+
+
 def _simulate_one(index: int, path: Path, name: str, stem: str, source: OperatorSource, task: TaskConfig, seed: int,
                   out: Path, bit_depth: int, log: Log) -> dict[str, Any]:
     """Simulate one clean image: write its truth, measurement and kernel or mask; its record."""
     x, info = nio.read_image(path)
     x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_model, seed)
+    why = measurable_problem(op, (1, 1 if x.ndim == 2 else x.shape[-1], *x.shape[:2]))
+    if why:
+        raise ValueError(why)
     for note in input_notes(info, x.shape[:2], op):
         log.info(f"note {path.name}: {note}")
     ext = measurement_extension(task)
