@@ -36,16 +36,25 @@ def first_image(images: list[Path]) -> FirstImage | None:
     return None
 
 
-def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any, noise: Any = None,
-                                config: Any = None) -> None:
-    """UsageError when ``method`` (with ``config``) cannot restore the task's operator, built as for
-    input ``name``, under the noise model ``noise``."""
+def _operator_for(source: OperatorSource, name: str, image: Any) -> Any:
+    """The task's operator built as for input ``name``, a measurement of ``image``'s size; None when
+    it cannot be built (the image's own operator error is reported with it)."""
     factor = source.factor()
     h, w = image.shape[:2]
     try:
         operator, _ = source.build(name, (h * factor, w * factor))
     except (ValueError, TypeError, OSError):
-        return  # the image's own operator error is reported with it
+        return None
+    return operator
+
+
+def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any, noise: Any = None,
+                                config: Any = None) -> None:
+    """UsageError when ``method`` (with ``config``) cannot restore the task's operator, built as for
+    input ``name``, under the noise model ``noise``."""
+    operator = _operator_for(source, name, image)
+    if operator is None:
+        return
     problem = get_method(method).problem(method, operator, noise, config)
     if problem:
         raise UsageError(f"--method {method}: {problem}")
@@ -54,12 +63,10 @@ def check_method_takes_operator(method: str, source: OperatorSource, name: str, 
 def check_measurement_fits(source: OperatorSource, name: str, path: Path, image: Any) -> None:
     """UsageError naming ``path`` when the task's operator, built as for input ``name``, cannot
     restore a measurement of ``image``'s size: a valid-boundary blur whose kernel is larger than it."""
-    factor = source.factor()
+    operator = _operator_for(source, name, image)
+    if operator is None:
+        return
     h, w = image.shape[:2]
-    try:
-        operator, _ = source.build(name, (h * factor, w * factor))
-    except (ValueError, TypeError, OSError):
-        return  # the image's own operator error is reported with it
     try:
         operator.image_shape((1, 1 if image.ndim == 2 else image.shape[-1], h, w))
     except KernelLargerThanMeasurement as e:
