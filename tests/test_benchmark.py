@@ -530,3 +530,47 @@ def test_every_protocol_states_its_blur_boundary():
     for s in SETTINGS.values():
         if "boundary" in TASKS[s.task].params:
             assert s.params(64)["boundary"] == s.params(256)["boundary"] == "circular"
+
+
+def test_noise_models_on_the_grid(tiny_prior, tmp_path, capsys):
+    """--noise poisson:30 (parsed by nfc_dps.noise.parse_noise): the measurements are Poisson counts
+    / 30 and config.json, summary.md and each measurement's record name the model; a method that
+    cannot take it is refused before any work when named, left out of the default methods, saying
+    why; --noise gaussian:S is --sigma-y S; the other protocols refuse it."""
+    out = tmp_path / "run"
+    poisson = ("--tasks", "deblur_gaussian", "--noise", "poisson:30")
+    assert main(base_args(tiny_prior, out, *poisson, "--methods", "nfc,ddrm,tv")) == 2
+    err = capsys.readouterr().err
+    assert "--noise poisson:30: ddrm takes gaussian noise, not poisson:30" in err
+    assert "tv is a classical baseline for Gaussian noise" in err and not out.exists()
+    assert main(base_args(tiny_prior, out, *poisson, "--methods", "nfc")) == 0
+    rows = read_rows(out / "results.csv")
+    assert len(rows) == 2 and all(r["psnr"] and not r["note"] for r in rows)
+    record = json.loads((out / "config.json").read_text())
+    assert record["fingerprint"]["noise"] == record["spec"]["noise"] == "poisson:30"
+    assert "**noise**: poisson:30" in (out / "summary.md").read_text()
+    for image in ("astronaut", "camera"):
+        meta = json.loads((out / "measurements" / "deblur_gaussian" / f"{image}.json").read_text())
+        assert meta["noise"] == "poisson:30"
+        with np.load(out / "measurements" / "deblur_gaussian" / f"{image}.npz") as z:
+            counts = z["y"].astype(np.float64) * 30
+        assert (counts >= 0).all() and np.abs(counts - np.round(counts)).max() < 1e-3
+    # Gaussian noise is another configuration of the folder
+    assert main(base_args(tiny_prior, out, "--tasks", "deblur_gaussian", "--methods", "nfc")) == 2
+    assert "noise" in capsys.readouterr().err
+    # the default methods: those that take the noise model, the others named
+    from nfc_dps.bench.cli import build_parser, spec_from_args
+
+    spec = spec_from_args(build_parser().parse_args(["--noise", "poisson-gaussian:30,0.01"]))
+    assert spec.noise == "poisson-gaussian:30,0.01" and "ddrm" not in spec.methods and "tv" not in spec.methods
+    assert {"nfc", "daps", "dps", "dpir"} <= set(spec.methods)
+    assert "left out ddrm" in capsys.readouterr().out
+    gaussian = spec_from_args(build_parser().parse_args(["--noise", "gaussian:0.05"]))
+    assert (gaussian.sigma_y, gaussian.noise) == (0.05, None)
+    assert gaussian.fingerprint() == spec_from_args(build_parser().parse_args(["--noise-sigma", "0.05"])).fingerprint()
+    for flags, needle in ((["--noise", "poisson:30", "--sigma-y", "0.05"], "pass one of --noise and --sigma-y"),
+                          (["--noise", "poison:30"], "unknown kind 'poison'"),
+                          (["--noise", "poisson:-1"], "peak"),
+                          (["--protocol", "oracle", "--noise", "poisson:30"], "the oracle protocol measures under its own")):
+        assert main(["--out", str(tmp_path / "refused"), *flags]) == 2
+        assert needle in capsys.readouterr().err and not (tmp_path / "refused").exists()

@@ -20,7 +20,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ..config import parse_scalar
+from ..config import DEFAULT_NOISE_SIGMA, parse_scalar
+from ..noise import GaussianNoise, parse_noise
 from ..operators import noise_sigma_problem
 from ..priors.diffusers_prior import PRECISIONS
 from .calibration import DEFAULT_SETTINGS, Calibration
@@ -31,7 +32,7 @@ from .oracle import Oracle, oracle_methods
 from .profiling import run_profile
 from .report import run_report
 from .runner import Protocol, run_protocol
-from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec, task_specs
+from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec, noise_problem, task_specs
 
 #: the protocol class of each --protocol
 PROTOCOL_RUNS: dict[str, type[Protocol]] = {"local": Grid, "paper": Grid, "oracle": Oracle, "mixture": Mixture,
@@ -95,7 +96,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--preset", default=None, help="sampler preset (local/oracle/profile: fast; paper: paper)")
     p.add_argument("--samples", type=int, default=1, help="K posterior samples per image; K > 1 adds a 'mean of K' row "
                                                           "(mixture, calibration: K chains per measurement, default 16)")
-    p.add_argument("--sigma-y", type=float, default=0.025, help="noise std in [0, 1] units (0.025 = DPS's 0.05)")
+    p.add_argument("--sigma-y", "--noise-sigma", dest="sigma_y", type=float, default=None,
+                   help=f"Gaussian noise std in [0, 1] units (default {DEFAULT_NOISE_SIGMA} = DPS's 0.05)")
+    p.add_argument("--noise", default=None, metavar="KIND:VALUES",
+                   help="local and paper: the measurements' noise model, gaussian:SIGMA, poisson:PEAK (counts / PEAK) "
+                        "or poisson-gaussian:PEAK,SIGMA (default gaussian at --sigma-y); a method that cannot take "
+                        "it is refused (left out of the default --methods)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--boundary", choices=("circular", "reflect"), default=None,
                    help="blur boundary (local: circular; paper: reflect, as DPS)")
@@ -131,12 +137,49 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _noise(args: argparse.Namespace) -> tuple[float, str | None]:
+    """(sigma_y, non-Gaussian noise spec or None) of --sigma-y and --noise (``gaussian:S`` is --sigma-y S)."""
+    if args.noise is None:
+        sigma = DEFAULT_NOISE_SIGMA if args.sigma_y is None else args.sigma_y
+        why = noise_sigma_problem(sigma)
+        if why:
+            raise ValueError(f"--sigma-y {why}")
+        return sigma, None
+    if args.sigma_y is not None:
+        raise ValueError("pass one of --noise and --sigma-y (--noise gaussian:S is --sigma-y S)")
+    try:
+        model = parse_noise(args.noise)
+    except ValueError as e:
+        raise ValueError(f"--noise: {e}") from None
+    if isinstance(model, GaussianNoise):
+        why = noise_sigma_problem(model.sigma)
+        if why:
+            raise ValueError(f"--noise {args.noise}: sigma {why}")
+        return model.sigma, None
+    if args.protocol not in ("local", "paper") or args.profile:
+        what = "the profile" if args.profile else f"the {args.protocol} protocol"
+        raise ValueError(f"--noise {model}: {what} measures under its own noise; --noise applies to the local and "
+                         f"paper protocols")
+    return DEFAULT_NOISE_SIGMA, str(model)
+
+
+def _methods_taking(noise: str, methods: Sequence[str], given: bool) -> tuple[str, ...]:
+    """The ``methods`` that take measurements under ``noise``: a ValueError naming each that does
+    not when they were ``given`` (--methods), else those left out, said on stdout."""
+    model = parse_noise(noise)
+    problems = {m: why for m in methods if (why := noise_problem(m, model))}
+    if problems and given:
+        raise ValueError(f"--noise {noise}: " + "; ".join(problems.values())
+                         + f"; leave {', '.join(problems)} out of --methods")
+    if problems:
+        print(f"--noise {noise}: left out {', '.join(problems)} (" + "; ".join(problems.values()) + ")")
+    return tuple(m for m in methods if m not in problems)
+
+
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     """The :class:`BenchSpec` of parsed arguments, with the protocol's defaults (size, tasks, methods, preset)."""
     protocol = args.protocol
-    why = noise_sigma_problem(args.sigma_y)
-    if why:
-        raise ValueError(f"--sigma-y {why}")
+    sigma_y, noise = _noise(args)
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     for flag, value in (("--samples", args.samples), ("--zoom", args.zoom), ("--num-images", args.num_images),
@@ -174,6 +217,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         unknown = [t for t in tasks if t not in known]
         if unknown:
             raise ValueError(f"--tasks {','.join(unknown)}: unknown; choose from {', '.join(known)}")
+    if noise:
+        methods = _methods_taking(noise, methods, given=bool(_str_list(args.methods)))
     if protocol in ("mixture", "calibration", "nonlinear"):  # empty: the protocol's settings and samplers
         tasks, methods = _str_list(args.tasks), _str_list(args.methods)
     return BenchSpec(
@@ -181,7 +226,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         image_names=_str_list(args.image_names), num_images=args.num_images, size=args.size or default_size,
         zoom=args.zoom, tasks=tasks, methods=methods, budgets=_int_list(args.budgets),
         preset=args.preset or ("paper" if protocol == "paper" else "fast"), samples=args.samples,
-        sigma_y=args.sigma_y, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
+        sigma_y=sigma_y, noise=noise, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
         device=args.device, precision=args.precision, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
         save_images=not args.no_images, label=args.label, oracle_alpha=args.oracle_alpha,
         oracle_pixel_std=args.oracle_pixel_std, embedded_budget=args.embedded_budget,

@@ -29,6 +29,7 @@ from .spec import (
     budget_str,
     estimators,
     method_runs,
+    noise_problem,
     not_applicable,
     task_specs,
 )
@@ -50,8 +51,9 @@ def _restore_timed(spec: BenchSpec, run: MethodRun, ests: list[str], op, y, prio
         return {"deterministic": (xr, 0, secs)}, mem, secs
     with PeakMemory(device) as mem:
         t0 = time.perf_counter()
-        res = restore(y.to(device), op, prior=prior, method=run.method, config=run.config, sigma_y=spec.sigma_y,
-                      seed=seed, progress=False, num_samples=1 if ests == ["deterministic"] else spec.samples)
+        noise = {"noise": spec.noise_model} if spec.noise else {"sigma_y": spec.sigma_y}
+        res = restore(y.to(device), op, prior=prior, method=run.method, config=run.config, **noise, seed=seed,
+                      progress=False, num_samples=1 if ests == ["deterministic"] else spec.samples)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         secs = time.perf_counter() - t0
@@ -107,6 +109,9 @@ class Grid(Protocol):
         spec = self.spec
         self.device = device
         self.runs = method_runs(spec)
+        refused = [why for r in self.runs if (why := noise_problem(r.label, spec.noise_model))]
+        if refused:
+            raise ValueError(f"noise {spec.noise_model}: {'; '.join(dict.fromkeys(refused))}")
         self.needs_prior = any(r.method in DIFFUSION_METHODS for r in self.runs)
         # hashed once (config.json and summary.md record the same); a classical-only grid uses no prior
         self.prior_info = prior_record(spec.prior) if self.needs_prior else None
@@ -162,7 +167,8 @@ class Grid(Protocol):
             "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
                       + (f", centre crop {spec.size * spec.zoom} px area-averaged by {spec.zoom}"
                          if spec.protocol == "local" and not spec.images and spec.zoom > 1 else ""),
-            "sigma_y": f"{spec.sigma_y} in [0, 1] units (= {2 * spec.sigma_y:g} in [-1, 1])",
+            **({"noise": f"{spec.noise} ([0, 1] units)"} if spec.noise else
+               {"sigma_y": f"{spec.sigma_y} in [0, 1] units (= {2 * spec.sigma_y:g} in [-1, 1])"}),
             "preset / budgets": f"{spec.preset} / {', '.join(map(str, spec.budgets)) or 'preset NFE'}",
             "samples per image": spec.samples,
             "seed": spec.seed,

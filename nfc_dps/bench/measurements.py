@@ -95,6 +95,8 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
             "operator_seed": stable_seed(spec.seed, "operator", seed_name(task.name), image),
             "noise_seed": stable_seed(spec.seed, "noise", seed_name(task.name), image),
             "sampler_seed": stable_seed(spec.seed, "sampler", seed_name(task.name), image)}
+    if spec.noise:  # Gaussian measurements keep the record they had
+        meta["noise"] = spec.noise
     if npz.is_file() and js.is_file():
         saved = json.loads(js.read_text())
         if {k: saved.get(k) for k in meta} != json.loads(json.dumps(meta)):
@@ -112,7 +114,8 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
         return op, torch.from_numpy(arrays["x"])[None], torch.from_numpy(arrays["y"])[None], saved
     op = build_operator(task.name, spec.size, meta["operator_seed"], **task.params)
     x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(img, -1, 0)))[None].float()
-    y = op.measure(x, spec.sigma_y, torch.Generator().manual_seed(meta["noise_seed"]))
+    gen = torch.Generator().manual_seed(meta["noise_seed"])
+    y = op.measure(x, noise=spec.noise_model, generator=gen) if spec.noise else op.measure(x, spec.sigma_y, gen)
     arrays = {"x": x[0].numpy(), "y": y[0].numpy()}
     if op.blur_kernel() is not None:
         arrays["kernel"] = op.blur_kernel().numpy()

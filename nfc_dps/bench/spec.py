@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..baselines import CLASSICAL_METHODS, applicable
+from ..noise import GaussianNoise, NoiseModel, parse_noise
 from ..operators import TASKS
-from ..samplers import METHODS, get_config
+from ..samplers import METHODS, get_config, get_method
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
@@ -96,6 +97,8 @@ class BenchSpec:
     preset: str = "fast"
     samples: int = 1
     sigma_y: float = 0.025
+    #: the grid's non-Gaussian noise model as a spec (``poisson:30``); None: Gaussian of ``sigma_y``
+    noise: str | None = None
     seed: int = 0
     boundary: str = "circular"
     device: str = "cpu"
@@ -126,7 +129,14 @@ class BenchSpec:
             fp.update(validation_images=self.validation_images, coverage=self.coverage)
         if self.samples > 1:  # a mean-of-K row's NFE and seconds count all K chains (folders without this key: one chain's NFE)
             fp["mean_rows_count"] = "all chains"
+        if self.noise:  # Gaussian folders keep the record they had
+            fp["noise"] = self.noise
         return fp
+
+    @property
+    def noise_model(self) -> NoiseModel:
+        """The measurements' noise model: ``noise``'s, else Gaussian of ``sigma_y``."""
+        return parse_noise(self.noise) if self.noise else GaussianNoise(self.sigma_y)
 
 
 
@@ -183,6 +193,19 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
             raise ValueError(f"unknown method {entry!r}; choose from {', '.join(DEFAULT_METHODS)} "
                              f"(a diffusion method may name its preset: nfc:deterministic)")
     return runs
+
+
+def noise_problem(method: str, noise: NoiseModel) -> str | None:
+    """Why grid column ``method`` (``nfc``, ``nfc:deterministic``, ``tv``) cannot take measurements
+    with ``noise``, or None."""
+    name = method.partition(":")[0]
+    if name in CLASSICAL_METHODS:
+        return None if isinstance(noise, GaussianNoise) else \
+            f"{name} is a classical baseline for Gaussian noise of one std, not {noise}"
+    if name not in METHODS:
+        return None  # reported as an unknown method
+    why = get_method(name).noise_problem(noise)
+    return f"{name} {why}" if why else None
 
 
 def not_applicable(run: MethodRun, op) -> str | None:
