@@ -1,34 +1,43 @@
 """The Gaussian noise level of a measurement, estimated from the measurement alone (``sigma_y="auto"``).
 
-The estimator is the patch-PCA method of Chen, Zhu and Heng ("An efficient statistical method for
-image noise level estimation", ICCV 2015): the covariance of the measurement's overlapping patches
-(all channels of a patch together) is split into the eigenvalues an image explains and a tail that
-only white noise explains, the tail being the longest run of the smallest eigenvalues whose mean is
-not above their median; sigma^2 is the tail's mean. It needs a measurement that is an image (any
-operator but phase retrieval's Fourier amplitudes) and works on what the operator leaves observed:
-for inpainting, only patches whose pixels are all observed, shrinking the patch (7x7 down to 1x2)
-until there are enough of them.
+Two classical estimators, combined:
 
-Accuracy depends on how much fine texture the measurement keeps: a blurred measurement leaves almost
-only noise in its finest patches and is estimated closely at any level; a sharp one (denoising,
-super-resolution's small image, a gray image for colorization) is overestimated at low noise levels,
-where its finest texture is as strong as the noise (docs/noise_level.md has the measured errors).
+* patch PCA (Chen, Zhu and Heng, "An efficient statistical method for image noise level
+  estimation", ICCV 2015): the covariance of the measurement's overlapping patches (all channels of
+  a patch together) splits into eigenvalues the image explains and a tail only white noise
+  explains, the longest run of the smallest eigenvalues whose mean is not above their median;
+  sigma^2 is the tail's mean;
+* weak-texture patches (Liu, Tanaka and Okutomi, "Single-image noise level estimation for blind
+  denoising", IEEE TIP 2013): the PCA runs on the patches whose gradient energy white noise of the
+  current estimate explains (below its 99.99 % quantile, a gamma law), re-selected until the
+  estimate settles, so a photograph's fine texture does not pass for noise.
+
+A blurred measurement has no fine texture: every patch is used. Inpainting measurements are read
+at fully observed patches only. The patch shrinks (7x7, 5x5, 3x3; for inpainting also 2x2 and 1x2)
+until enough patches remain. Accuracy depends on how much fine texture the measurement keeps: a
+sharp small image (super-resolution's) is overestimated at low noise levels, where its texture is as
+strong as the noise (docs/noise_level.md has the measured errors).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy import stats
 from torch import Tensor
 
 __all__ = ["FLOOR", "estimate_sigma", "measurement_sigma"]
 
 #: the smallest estimate returned: the rounding noise of an 8-bit image is 1 / (255 sqrt 12) = 0.0011
 FLOOR = 1e-3
-#: patch shapes tried in order; the first with enough fully observed patches is used
-PATCHES = ((7, 7), (5, 5), (3, 3), (2, 2), (1, 2))
-#: fully observed patches needed per patch dimension (channels x height x width)
-PATCHES_PER_DIM = 20
+#: patch shapes tried in order (the last two only where a mask leaves few whole patches)
+PATCHES = ((7, 7), (5, 5), (3, 3))
+MASKED_PATCHES = PATCHES + ((2, 2), (1, 2))
+#: patches needed per patch dimension (channels x height x width): all patches / weak-texture ones
+PATCHES_PER_DIM, WEAK_PER_DIM = 20, 5
+#: quantile of pure noise's gradient energy below which a patch counts as weak texture
+WEAK_QUANTILE = 0.9999
+MAX_ROUNDS = 8
 
 
 def _tail_sigma(eigenvalues: np.ndarray) -> float:
@@ -41,62 +50,96 @@ def _tail_sigma(eigenvalues: np.ndarray) -> float:
     return float(np.sqrt(lam[-1]))
 
 
-def _patches(image: Tensor, observed: Tensor | None) -> Tensor | None:
-    """(n, C*ph*pw) float64 fully observed patches of ``image`` (C, H, W) for the largest patch
-    shape that has enough of them; None when none has."""
-    c = image.shape[0]
-    for ph, pw in PATCHES:
-        if ph > image.shape[1] or pw > image.shape[2]:
-            continue
-        p = torch.nn.functional.unfold(image[None].double(), (ph, pw))[0].T
-        if observed is not None:
-            m = torch.nn.functional.unfold(observed[None, None].double(), (ph, pw))[0].T
-            p = p[m.min(dim=1).values > 0]
-        if len(p) >= PATCHES_PER_DIM * c * ph * pw:
-            return p
-    return None
+def _pca_sigma(patches: np.ndarray) -> float:
+    centred = patches - patches.mean(axis=0)
+    return _tail_sigma(np.linalg.eigvalsh(centred.T @ centred / len(centred)))
 
 
-def estimate_sigma(image: Tensor, observed: Tensor | None = None) -> float:
+def _gradient_form(channels: int, ph: int, pw: int) -> np.ndarray:
+    """M such that p^T M p is a patch's sum of squared horizontal and vertical pixel differences
+    (patch vectors in unfold's order: channel, row, column)."""
+    idx = np.arange(channels * ph * pw).reshape(channels, ph, pw)
+    pairs = [(a, b) for a, b in zip(idx[:, :, 1:].ravel(), idx[:, :, :-1].ravel())]
+    pairs += [(a, b) for a, b in zip(idx[:, 1:, :].ravel(), idx[:, :-1, :].ravel())]
+    diff = np.zeros((len(pairs), idx.size))
+    for row, (a, b) in enumerate(pairs):
+        diff[row, a], diff[row, b] = 1.0, -1.0
+    return diff.T @ diff
+
+
+def _weak_texture_sigma(patches: np.ndarray, form: np.ndarray, sigma: float) -> float | None:
+    """Liu et al.'s re-selection from ``sigma``; None when too few weak-texture patches remain."""
+    energy = np.einsum("ij,jk,ik->i", patches, form, patches)
+    tr, tr2 = np.trace(form), np.trace(form @ form)
+    shape = tr**2 / (2 * tr2)  # the gamma law of sigma^2 * sum(lambda_i chi2_1), by its first two moments
+    for _ in range(MAX_ROUNDS):
+        weak = energy < stats.gamma.ppf(WEAK_QUANTILE, shape, scale=sigma**2 * tr / shape)
+        if weak.sum() < WEAK_PER_DIM * patches.shape[1]:
+            return None
+        new = max(_pca_sigma(patches[weak]), FLOOR)
+        if abs(new - sigma) <= 1e-4 * sigma:
+            return new
+        sigma = new
+    return sigma
+
+
+def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: bool = True) -> float:
     """The white Gaussian noise std of ``image`` (C, H, W), in its own units, at least :data:`FLOOR`.
 
     observed: optional (H, W) bool mask of the pixels that carry a measurement (others are ignored).
-    Raises ValueError when too few fully observed patches remain (fewer than twenty per dimension of
-    a 1x2 patch).
+    weak_texture: select weak-texture patches (False: every patch, for a blurred measurement).
+    Raises ValueError when too few (fully observed) patches remain.
     """
     if image.ndim != 3:
         raise ValueError(f"estimate_sigma takes one image (C, H, W), got shape {tuple(image.shape)}")
     if observed is not None and tuple(observed.shape) != tuple(image.shape[1:]):
         raise ValueError(f"observed mask of shape {tuple(observed.shape)} for an image of shape {tuple(image.shape)}")
-    patches = _patches(image.detach().cpu(), None if observed is None else observed.detach().cpu().bool())
-    if patches is None:
-        size = f"{image.shape[1]}x{image.shape[2]}"
-        if observed is None:
-            raise ValueError(f"the measurement ({size}) is too small to estimate its noise level: give the noise level")
-        raise ValueError(f"too few observed pixels to estimate the noise level ({int(observed.sum())} of {size}, "
-                         f"too few of them side by side): give the noise level")
-    patches = patches - patches.mean(dim=0)
-    cov = (patches.T @ patches / len(patches)).numpy()
-    return max(_tail_sigma(np.linalg.eigvalsh(cov)), FLOOR)
+    img = image.detach().cpu().double()[None]
+    mask = None if observed is None else observed.detach().cpu().double()[None, None]
+    first = None
+    for shape in PATCHES if mask is None else MASKED_PATCHES:
+        if shape[0] > img.shape[2] or shape[1] > img.shape[3]:
+            continue
+        patches = torch.nn.functional.unfold(img, shape)[0].T
+        if mask is not None:
+            patches = patches[torch.nn.functional.unfold(mask, shape)[0].T.min(dim=1).values > 0]
+        patches = patches.numpy()
+        if len(patches) < PATCHES_PER_DIM * patches.shape[1]:
+            continue
+        sigma = _pca_sigma(patches)
+        if not weak_texture:
+            return max(sigma, FLOOR)
+        first = sigma if first is None else first
+        weak = _weak_texture_sigma(patches, _gradient_form(image.shape[0], *shape), max(sigma, FLOOR))
+        if weak is not None:
+            return max(weak, FLOOR)
+    if first is not None:  # no patch size left enough weak-texture patches: every patch of the largest
+        return max(first, FLOOR)
+    size = f"{image.shape[1]}x{image.shape[2]}"
+    if observed is None:
+        raise ValueError(f"the measurement ({size}) is too small to estimate its noise level: give the noise level")
+    raise ValueError(f"too few observed pixels to estimate the noise level ({int(observed.sum())} of {size}, "
+                     f"too few of them side by side): give the noise level")
 
 
 def measurement_sigma(y: Tensor, operator) -> list[float]:
     """Per image of ``y`` (B, C, h, w), a measurement of ``operator`` in [0, 1] units, its noise std.
 
-    Inpainting measurements are read at their observed pixels only. ValueError for a measurement
-    that is not an image (phase retrieval's Fourier amplitudes), naming the operator.
+    Inpainting measurements are read at their observed pixels only, blurred ones at every patch.
+    ValueError for a measurement that is not an image (phase retrieval's Fourier amplitudes).
     """
     if not getattr(operator, "image_measurement", True):
         raise ValueError(f"sigma_y='auto': a {type(operator).__name__} measurement is not an image, so its noise "
                          f"level cannot be read from it; give the noise level")
     if y.ndim != 4:
         raise ValueError(f"sigma_y='auto' takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
-    mask = getattr(operator, "mask", None) if getattr(operator, "family", None) == "inpaint" else None
+    family = getattr(operator, "family", None)
+    mask = getattr(operator, "mask", None) if family == "inpaint" else None
     out = []
     for b in range(y.shape[0]):
         observed = None
         if isinstance(mask, Tensor):
             m = mask[b if mask.shape[0] > 1 else 0]
             observed = (m.amax(dim=0) if m.ndim == 3 else m) > 0
-        out.append(estimate_sigma(y[b], observed))
+        out.append(estimate_sigma(y[b], observed, weak_texture=family != "blur"))
     return out

@@ -3,6 +3,8 @@ observed pixels only for inpainting), clear refusals, and restore() using one es
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -23,9 +25,22 @@ def smooth_image(size: int = 64, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("sigma", [0.005, 0.02, 0.1])
 def test_white_noise_over_a_smooth_image_is_read_within_5_percent(sigma):
-    x = smooth_image()
+    x = smooth_image(128)
     y = x + sigma * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
     assert estimate_sigma(y) == pytest.approx(sigma, rel=0.05)
+    assert estimate_sigma(y, weak_texture=False) == pytest.approx(sigma, rel=0.05)
+    small = y[:, :64, :64]  # fewer patches: a little low
+    assert estimate_sigma(small) == pytest.approx(sigma, rel=0.12)
+
+
+def test_weak_texture_patches_keep_fine_texture_from_passing_for_noise():
+    """A photograph-like texture (fine stripes on half the image) under weak noise: every patch's PCA
+    reads the stripes as noise, the weak-texture patches do not."""
+    x = smooth_image(128)
+    x[:, :, :64] += 0.02 * torch.randn(3, 128, 64, generator=torch.Generator().manual_seed(7)).cumsum(-1).sin()
+    y = x + 0.005 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    assert estimate_sigma(y) == pytest.approx(0.005, rel=0.1)
+    assert estimate_sigma(y, weak_texture=False) > 1.3 * 0.005
 
 
 def test_a_clean_image_gives_the_floor():
@@ -60,8 +75,8 @@ def test_what_cannot_be_read_is_refused_in_words():
 
 
 def test_restore_auto_uses_one_estimate_per_image(tiny_prior):
-    op = nfc_dps.build_operator("denoise", 16)
-    x = torch.stack([smooth_image(16, 0), smooth_image(16, 1)])
+    op = nfc_dps.build_operator("denoise", 32)
+    x = torch.stack([smooth_image(32, 0), smooth_image(32, 1)])
     y = torch.cat([op.measure(x[:1], 0.02, torch.Generator().manual_seed(0)),
                    op.measure(x[1:], 0.08, torch.Generator().manual_seed(1))])
     est = measurement_sigma(y, op)
@@ -83,3 +98,42 @@ def test_restore_auto_bad_input(tiny_prior):
         nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y="automatic")
     with pytest.raises(TypeError, match="one of sigma_y and noise"):
         nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y="auto", noise="poisson:30")
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_cli_restore_noise_sigma_auto_records_each_images_estimate(tmp_path, prior_dir, capsys):
+    from test_cli import make_images, rows, run
+
+    make_images(tmp_path / "clean", 2)
+    sim = tmp_path / "sim"
+    assert run("simulate", "-i", tmp_path / "clean", "-o", sim, "--task", "denoise", "--noise-sigma", 0.05) == 0
+    out = tmp_path / "out"
+    assert run("restore", "-i", sim / "measurements", "-o", out, "--task", "denoise", "--noise-sigma", "auto",
+               "--gt", sim / "ground_truth", prior=prior_dir) == 0
+    r = rows(out)
+    assert [x["status"] for x in r] == ["done", "done"]
+    sigmas = [float(x["noise_sigma"]) for x in r]
+    assert all(0.035 < s < 0.07 for s in sigmas), sigmas  # 32-px smooth images with noise 0.05
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["task"]["noise_sigma"] == "auto"
+    assert run("restore", "-i", sim / "measurements", "-o", out, "--task", "denoise", "--noise-sigma", "auto",
+               prior=prior_dir) == 0  # resumed: the rows keep their estimates
+    assert [float(x["noise_sigma"]) for x in rows(out)] == sigmas and rows(out)[0]["status"] == "skipped"
+    fixed = tmp_path / "fixed"
+    assert run("restore", "-i", sim / "measurements", "-o", fixed, "--task", "denoise", prior=prior_dir) == 0
+    assert [float(x["noise_sigma"]) for x in rows(fixed)] == [0.025, 0.025]
+
+
+def test_cli_auto_is_restores_alone(tmp_path, capsys):
+    from test_cli import make_images, run
+
+    make_images(tmp_path / "clean", 1)
+    assert run("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--task", "denoise",
+               "--noise-sigma", "auto") == 2
+    assert "simulate needs a stated noise level" in capsys.readouterr().err
+    assert not (tmp_path / "sim").exists()
+    assert run("restore", "-i", tmp_path / "clean", "-o", tmp_path / "o", "--task", "denoise",
+               "--noise-sigma", "autom") == 2
+    assert "'auto'" in capsys.readouterr().err
