@@ -58,6 +58,8 @@ INCOMPLETE = "incomplete"
 #: how ``nfc-dps restore`` derives each image's seed from the run's base seed
 PER_IMAGE_SEED = ("nfc_dps.api.stable_seed(seed, name): a hash of the base seed and the image's path relative "
                   "to the input folder ('/'-separated), never its position in the folder")
+#: ``noise_sigma: auto``: the Gaussian noise level estimated per image from the measurement
+AUTO_NOISE_SIGMA = "auto"
 UNITS_NOTE = ("images and noise_sigma in [0, 1] pixel units; DPS/DAPS/NFC's sigma_y = 0.05 "
               "(for images in [-1, 1]) is noise_sigma = 0.025 here")
 
@@ -166,15 +168,23 @@ class TaskConfig:
 
     task: str
     params: dict[str, Any] = field(default_factory=dict)
-    noise_sigma: float = DEFAULT_NOISE_SIGMA
+    noise_sigma: float | str = DEFAULT_NOISE_SIGMA  # or "auto": estimated per image when restoring
     source: str = "<defaults>"
     #: a non-Gaussian noise model's spec (``poisson:30``; key ``noise``); None: Gaussian of noise_sigma
     noise: str | None = None
 
     @property
+    def estimates_noise(self) -> bool:
+        """Whether the Gaussian noise level is estimated per image (``noise_sigma: auto``)."""
+        return self.noise_sigma == AUTO_NOISE_SIGMA
+
+    @property
     def noise_model(self) -> NoiseModel:
-        """The measurement's noise model: ``noise``'s, else Gaussian of ``noise_sigma``."""
-        return parse_noise(self.noise) if self.noise else GaussianNoise(self.noise_sigma)
+        """The measurement's noise model: ``noise``'s, else Gaussian of ``noise_sigma`` (with ``auto``,
+        Gaussian of the default level: the kind is known, each image's level is estimated)."""
+        if self.noise:
+            return parse_noise(self.noise)
+        return GaussianNoise(DEFAULT_NOISE_SIGMA if self.estimates_noise else self.noise_sigma)
 
     def as_dict(self) -> dict[str, Any]:
         """The config as written in a file (every parameter, defaults filled in)."""
@@ -205,10 +215,11 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     if not isinstance(name, str) or name not in TASKS:
         raise _unknown(source, str(name), list(TASKS), "task")
     noise = data.pop("noise_sigma", DEFAULT_NOISE_SIGMA)
-    noise = _checked(noise, float, source, "noise_sigma")
-    why = noise_sigma_problem(noise)
-    if why:
-        raise ConfigError(f"{source}: key 'noise_sigma' {why}")
+    if noise != AUTO_NOISE_SIGMA:
+        noise = _checked(noise, float, source, "noise_sigma")
+        why = noise_sigma_problem(noise)
+        if why:
+            raise ConfigError(f"{source}: key 'noise_sigma' {why}")
     spec = data.pop("noise", None)
     if spec is not None:
         try:
@@ -224,6 +235,9 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
             noise, spec = model.sigma, None
         else:
             spec = str(model)
+            if noise == AUTO_NOISE_SIGMA:
+                raise ConfigError(f"{source}: noise_sigma 'auto' estimates a Gaussian noise level; the noise model "
+                                  f"{spec} states its own: give one of them")
     allowed = TASKS[name].params
     params: dict[str, Any] = {}
     for key, value in data.items():

@@ -130,7 +130,7 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
     """(task, sampler, base seed, calibration images, output file) of the flags and configs;
     UsageError (or ConfigError) naming the flag before any work."""
     bundle = load_config(list(args.config or []))
-    task = resolve_task(args, bundle)
+    task = resolve_task(args, bundle, "calibrate")
     check_operator_file(task, None)
     if task.noise:
         raise UsageError(f"--noise {task.noise}: calibrated intervals are fitted and checked under Gaussian noise "

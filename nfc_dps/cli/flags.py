@@ -12,6 +12,15 @@ from ..priors.diffusers_prior import PRECISIONS
 from ..samplers import METHODS
 
 
+def noise_sigma_value(text: str) -> float | str:
+    """``--noise-sigma``: a number, or ``auto`` (estimated per image by restore)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1] or 'auto', got {text!r}") from None
+
 def common_flags(p: argparse.ArgumentParser) -> None:
     """--device, --threads, --quiet."""
     p.add_argument("--device", default=None, help="torch device: cpu (default), cuda, cuda:1, mps")
@@ -40,9 +49,10 @@ def task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="operator parameter, e.g. --param kernel_size=25 (repeatable); the blur tasks' boundary "
                         "is valid, a photograph's, unless --param boundary=circular or reflect")
-    p.add_argument("--noise-sigma", type=float, default=None,
+    p.add_argument("--noise-sigma", type=noise_sigma_value, default=None,
                    help=f"measurement noise std in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}; "
-                        f"DPS/DAPS's 0.05 in [-1, 1] units is 0.025 here)")
+                        f"DPS/DAPS's 0.05 in [-1, 1] units is 0.025 here); restore: auto estimates it per image "
+                        f"from the measurement (results.csv's noise_sigma column)")
     p.add_argument("--noise", default=None, metavar="KIND:VALUES",
                    help="measurement noise model: gaussian:SIGMA, poisson:PEAK (counts / PEAK: PEAK photons at a "
                         "clean value of 1) or poisson-gaussian:PEAK,SIGMA (default gaussian at --noise-sigma)")

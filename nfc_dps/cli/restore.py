@@ -406,7 +406,7 @@ class RestoreRun:
         entry = None if self.records.overwrite else self.records.images.get(item.name)
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
-                       size=entry.get("size"), alpha=entry.get("alpha", ""))
+                       size=entry.get("size"), alpha=entry.get("alpha", ""), noise_sigma=entry.get("noise_sigma", ""))
             add_ground_truth_metrics(row, item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
                                      entry.get("measured_frame"))
             return row
@@ -445,7 +445,8 @@ class RestoreRun:
 
         try:
             res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
-                          prior=self.prior, method=self.sampler.method, noise=self.task.noise_model,
+                          prior=self.prior, method=self.sampler.method,
+                          **({"sigma_y": "auto"} if self.task.estimates_noise else {"noise": self.task.noise_model}),
                           seed=[j.item.seed for j in jobs], num_samples=self.samples,
                           progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
                           calibration=self.calibration, keep_samples=self.args.save_samples,

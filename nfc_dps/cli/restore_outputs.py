@@ -132,8 +132,10 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
         outputs.append(rel)
     nio.write_image(out / f"{item.out_stem}.png", image, bit_depth, alpha)
     row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
+    sigma = res.noise_sigma[i] if isinstance(res.noise_sigma, list) else res.noise_sigma
+    row["noise_sigma"] = "" if sigma is None else f"{sigma:.5g}"  # the level restored with (estimated with auto)
     return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
-            "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"],
+            "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"], "noise_sigma": row["noise_sigma"],
             "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 

@@ -192,7 +192,7 @@ def cmd_simulate(args) -> int:
     """Run ``simulate``; exit status 1 when some image failed."""
     log = Log(args.quiet)
     bundle = load_config(args.config or [])
-    task = resolve_task(args, bundle)
+    task = resolve_task(args, bundle, "simulate")
     seed = resolve_seed(args, bundle)
     inp = Path(args.input)
     check_input("--input", inp)

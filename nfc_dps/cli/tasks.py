@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
+from ..config import AUTO_NOISE_SIGMA, ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, check_input, match_file
@@ -17,8 +17,9 @@ RANDOM_TASKS = {name: f"--{t.draws}" for name, t in TASKS.items() if t.draws}
 FILE_TASKS = {name: (t.file_param, f"--{t.reads}", t.reads) for name, t in TASKS.items() if t.reads}
 
 
-def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
-    """The task of --config files, then --task, --param and --noise-sigma (UsageError when none)."""
+def resolve_task(args, bundle: ConfigBundle, command: str = "restore") -> TaskConfig:
+    """The task of --config files, then --task, --param and --noise-sigma (UsageError when none);
+    a noise level of ``auto`` only for ``restore`` (it estimates it per image)."""
     task = bundle.task
     if args.task:
         task = task.with_params(task=args.task) if task is not None else parse_task({"task": args.task}, "--task")
@@ -35,16 +36,21 @@ def resolve_task(args, bundle: ConfigBundle) -> TaskConfig:
             value = str(Path(value).expanduser().resolve())  # as --mask / --kernel: recorded absolute
         params[key] = value
     noise = task.noise_sigma if args.noise_sigma is None else args.noise_sigma
-    why = noise_sigma_problem(noise) if isinstance(noise, float) else f"must be a number, got {noise!r}"
-    if why:
-        raise UsageError(f"--noise-sigma {why}")
+    if noise != AUTO_NOISE_SIGMA:
+        why = noise_sigma_problem(noise) if isinstance(noise, float) else f"must be a number or 'auto', got {noise!r}"
+        if why:
+            raise UsageError(f"--noise-sigma {why}")
     spec = task.noise if args.noise_sigma is None else None  # --noise-sigma: Gaussian
     if getattr(args, "noise", None) is not None:
         if args.noise_sigma is not None:
             raise UsageError("pass one of --noise and --noise-sigma (--noise gaussian:S is --noise-sigma S)")
         spec = args.noise  # parse_task checks it and turns gaussian:S into noise_sigma S
+    if noise == AUTO_NOISE_SIGMA and command != "restore":
+        where = "--noise-sigma" if args.noise_sigma is not None else task.source
+        raise UsageError(f"{where}: noise_sigma auto is restore's (it estimates the level of each measurement); "
+                         f"{command} needs a stated noise level")
     source = "--noise" if getattr(args, "noise", None) is not None else "--param" if args.param else task.source
-    return parse_task({"task": task.task, **params, "noise_sigma": float(noise),
+    return parse_task({"task": task.task, **params, "noise_sigma": noise if noise == AUTO_NOISE_SIGMA else float(noise),
                        **({"noise": spec} if spec else {})}, source)
 
 
