@@ -27,6 +27,7 @@ from ..priors.diffusers_prior import PRECISIONS
 from .calibration import DEFAULT_SETTINGS, Calibration
 from .grid import Grid
 from .mixture import Mixture
+from .noise_level import NoiseLevelTier
 from .nonlinear import NonlinearTier
 from .oracle import Oracle, oracle_methods
 from .profiling import run_profile
@@ -36,7 +37,8 @@ from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec, noise_pr
 
 #: the protocol class of each --protocol
 PROTOCOL_RUNS: dict[str, type[Protocol]] = {"local": Grid, "paper": Grid, "oracle": Oracle, "mixture": Mixture,
-                                           "calibration": Calibration, "nonlinear": NonlinearTier}
+                                           "calibration": Calibration, "nonlinear": NonlinearTier,
+                                           "noise_level": NoiseLevelTier}
 
 
 def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
@@ -73,7 +75,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "calibration: coverage of the K-sample std map and of the conformal interval "
                         "(nfc_dps.bench.calibration; --tasks picks its settings); nonlinear: HDR, phase retrieval, "
                         "camera blur and Poisson noise on the held-out photos (nfc_dps.bench.nonlinear; --tasks "
-                        "picks its settings, --methods its rows)")
+                        "picks its settings, --methods its rows); noise_level: sigma_y=auto's estimate and its cost "
+                        "in PSNR (nfc_dps.bench.noise_level; --methods estimate skips the restorations)")
     p.add_argument("--profile", action="store_true", help="time per NFE vs the bare network forward, with a breakdown")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
     p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
@@ -212,14 +215,14 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         unknown = [m for m in methods if m not in allowed]
         if unknown:
             raise ValueError(f"--methods {','.join(unknown)}: the oracle protocol runs {','.join(allowed)}")
-    elif protocol not in ("mixture", "calibration", "nonlinear") or args.profile:
+    elif protocol not in ("mixture", "calibration", "nonlinear", "noise_level") or args.profile:
         known = task_specs("paper" if protocol == "paper" else "local", 64, "circular")
         unknown = [t for t in tasks if t not in known]
         if unknown:
             raise ValueError(f"--tasks {','.join(unknown)}: unknown; choose from {', '.join(known)}")
     if noise:
         methods = _methods_taking(noise, methods, given=bool(_str_list(args.methods)))
-    if protocol in ("mixture", "calibration", "nonlinear"):  # empty: the protocol's settings and samplers
+    if protocol in ("mixture", "calibration", "nonlinear", "noise_level"):  # empty: the protocol's settings and samplers
         tasks, methods = _str_list(args.tasks), _str_list(args.methods)
     return BenchSpec(
         protocol=protocol, out=Path(args.out or f"runs/bench/{protocol}"), prior=args.prior, images=args.images,

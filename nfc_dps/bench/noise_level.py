@@ -1,0 +1,172 @@
+"""How well ``sigma_y="auto"`` reads the noise level, and what its error costs (``--protocol noise_level``).
+
+On the held-out photos (the local protocol's crops), for every standard task at Gaussian noise
+levels from 0.002 to 0.1: the estimate of :func:`nfc_dps.noise_level.measurement_sigma` against the
+true level, and NFC's default restored with the estimate against the same restoration with the
+true level (same seed). ``--methods estimate`` measures the estimates alone.
+
+Rows (results.csv): task, sigma, image, estimate, ratio (estimate / sigma), psnr_true, psnr_auto,
+delta (psnr_auto - psnr_true), seconds, note.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Hashable, Iterator
+
+import numpy as np
+import torch
+
+from ..api import restore, stable_seed
+from ..io import atomic_write_text
+from ..metrics import psnr
+from ..noise_level import measurement_sigma
+from ..operators import build_operator
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from .measurements import _center_crop_zoom
+from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
+from .tables import fmt, load_results
+
+RESULTS = Table("results.csv", ("task", "sigma", "image", "estimate", "ratio", "psnr_true", "psnr_auto", "delta",
+                                "seconds", "note"), ("task", "sigma", "image"), ("task", "sigma"))
+SIGMAS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+#: the standard tasks, as a photograph is measured (valid blur boundaries)
+TASK_NAMES = ("denoise", "sr_bicubic", "deblur_gaussian", "deblur_motion", "inpaint_box", "inpaint_random", "colorize")
+METHODS = ("estimate", "nfc")
+#: what the acceptance asks: within 15 % at sigma >= 0.005, within 0.2 dB of the true sigma's restoration
+RATIO_TOLERANCE, FROM_SIGMA, DB_TOLERANCE = 0.15, 0.005, 0.2
+
+
+def task_params(task: str, size: int) -> dict[str, Any]:
+    """The task's parameters at ``size`` px: its defaults at 256, a box scaled to the image below."""
+    if task == "inpaint_box" and size < 256:
+        return {"box_size": size // 2, "margin": max(1, size // 16)}
+    return {}
+
+
+class NoiseLevelTier(Protocol):
+    """Per (task, sigma) a group of measurements; per image the estimate and, with ``nfc``, both restorations."""
+
+    tables = (RESULTS,)
+
+    def prepare(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device
+        unknown = [t for t in spec.tasks if t not in TASK_NAMES]
+        if unknown:
+            raise ValueError(f"--tasks {','.join(unknown)}: the noise_level protocol's tasks are {', '.join(TASK_NAMES)}")
+        bad = [m for m in spec.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"--methods {','.join(bad)}: the noise_level protocol's are {', '.join(METHODS)}")
+        self.tasks = list(spec.tasks or TASK_NAMES)
+        self.restores = not spec.methods or "nfc" in spec.methods
+        names = spec.image_names or HELDOUT_IMAGES
+        self.names = list(names[: spec.num_images] if spec.num_images else names)
+        self.prior = load_bench_prior(spec, device) if self.restores else None
+        self.prior_info = prior_record(spec.prior) if self.restores else None
+
+    def record(self) -> dict[str, Any]:
+        return folder_record(self.spec, {}, self.prior_info, self.prior.precision if self.prior else None)
+
+    def cases(self) -> list[Case]:
+        return [Case((t, str(s)), (t, s), tuple((t, str(s), n) for n in self.names)) for t in self.tasks for s in SIGMAS]
+
+    def setup(self, group: Hashable, log: Callable[[str], None] = print) -> SimpleNamespace:
+        """The task's operator at this size, the truths x (N, 3, size, size) and seeded measurements y."""
+        task, sigma = group
+        spec = self.spec
+        zoom = spec.zoom if spec.size < 256 else 1
+        x = torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), spec.size, zoom)).permute(2, 0, 1)
+                         for n in self.names]).float().to(self.device)
+        op = build_operator(task, spec.size, seed=0, **task_params(task, spec.size)).to(self.device)
+        gens = [torch.Generator(device=self.device).manual_seed(stable_seed(spec.seed, "noise-level", task, sigma, n))
+                for n in self.names]
+        return SimpleNamespace(task=task, sigma=sigma, op=op, x=x, y=op.measure(x, sigma, gens))
+
+    def measure(self, c: SimpleNamespace, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        for i, name in enumerate(self.names):
+            key = (c.task, str(c.sigma), name)
+            if key in done:
+                continue
+            t0 = time.perf_counter()
+            row: Row = {"task": c.task, "sigma": c.sigma, "image": name, "estimate": "", "ratio": "", "psnr_true": "",
+                        "psnr_auto": "", "delta": "", "note": ""}
+            y = c.y[i:i + 1]
+            try:
+                est = measurement_sigma(y, c.op)[0]
+                row.update(estimate=round(est, 6), ratio=round(est / c.sigma, 4))
+                if self.restores:
+                    seed = stable_seed(self.spec.seed, "noise-level-restore", c.task, name)
+                    truth = c.x[i:i + 1].double()
+                    scores = [float(psnr(restore(y, c.op, prior=self.prior, sigma_y=s, seed=seed, progress=False)
+                                         .image.to(truth.device).double().clamp(0, 1), truth)) for s in (c.sigma, est)]
+                    row.update(psnr_true=round(scores[0], 4), psnr_auto=round(scores[1], 4),
+                               delta=round(scores[1] - scores[0], 4))
+            except Exception as e:  # noqa: BLE001 - a failing estimate or restoration is a noted row
+                row["note"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            yield RESULTS.file, row
+        log(f"{c.task} sigma {c.sigma}: done")
+
+    def header(self) -> dict[str, Any]:
+        return {"images": f"{', '.join(self.names)} ({self.spec.size} px)", "prior": self.prior_info or "none",
+                "tasks": "; ".join(f"{t} {task_params(t, self.spec.size) or ''}".strip() for t in self.tasks)}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        lines = [f"- {k}: {v}" for k, v in header.items()]
+        atomic_write_text(self.spec.out / "summary.md", "# Noise level from the measurement\n\n" + "\n".join(lines)
+                          + "\n\n" + noise_level_table(tables[RESULTS.file]) + "\n")
+        return {}
+
+
+def _values(rows: list[Row], column: str) -> list[float]:
+    return [float(r[column]) for r in rows if str(r.get(column, "")) not in ("", "nan")]
+
+
+def noise_level_table(rows: list[Row]) -> str:
+    """Per task (rows) and sigma (columns): the estimate's worst ratio to the truth over the images and,
+    where restored, the mean PSNR change of restoring with the estimate."""
+    tasks = [t for t in TASK_NAMES if any(r["task"] == t for r in rows)]
+    sigmas = [s for s in SIGMAS if any(float(r["sigma"]) == s for r in rows)]
+    restored = any(str(r.get("delta", "")) != "" for r in rows)
+    L = ["| task | " + " | ".join(f"σ {s:g}" for s in sigmas) + " |", "|---|" + "---|" * len(sigmas)]
+    for t in tasks:
+        cells = []
+        for s in sigmas:
+            mine = [r for r in rows if r["task"] == t and float(r["sigma"]) == s]
+            ratios, deltas = _values(mine, "ratio"), _values(mine, "delta")
+            if not ratios:
+                cells.append("–")
+                continue
+            worst = max(ratios, key=lambda v: abs(v - 1))
+            cell = f"×{fmt(worst, '.2f')}"
+            if restored and deltas:
+                cell += f" ({fmt(float(np.mean(deltas)), '+.2f')} dB)"
+            cells.append(cell)
+        L.append(f"| {t} | " + " | ".join(cells) + " |")
+    return "\n".join(L)
+
+
+def noise_level_doc_table(folder: Path, link: str) -> str:
+    """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
+    from .report import read_header
+
+    path = folder / RESULTS.file
+    if not path.is_file():
+        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
+    rows = load_results(path)
+    for i, r in enumerate(rows, start=2):
+        try:
+            float(r["sigma"])
+            [float(r[c]) for c in ("ratio", "delta") if r[c] != ""]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
+    h = read_header(folder / "summary.md")
+    rel = f"{link}{folder.name}/{RESULTS.file}"
+    what = ("the estimate's ratio to the true σ, the worst over the images; in brackets the mean PSNR change "
+            "of NFC's default restored with the estimate instead of the true σ" if any(r["delta"] != "" for r in rows)
+            else "the estimate's ratio to the true σ, the worst over the images")
+    return (noise_level_table(rows) + f"\n\nPer cell: {what}. Source: [`{folder.name}/{RESULTS.file}`]({rel}); "
+            f"{h.get('images', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
