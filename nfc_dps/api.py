@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .config import DEFAULT_NOISE_SIGMA as DEFAULT_SIGMA_Y
 from .config import validate_overrides
-from .conformal import load_calibration, prior_fingerprint
+from .conformal import UnfamiliarImageWarning, load_calibration, prior_fingerprint
 from .io import INTEGER_SCALES
 from .noise import GaussianNoise, NoiseModel, as_noise
 from .noise_level import measurement_sigma
@@ -395,6 +396,8 @@ def _assembled(samples: Tensor | None, stats: "_SampleStats | None", nfe: int, s
     lower = upper = None
     if calibration is not None:
         lower, upper = (back(t) for t in calibration.interval(mean, std))
+        for b, note in calibration.unfamiliar(mean, std):
+            warnings.warn(f"image {b}: {note}", UnfamiliarImageWarning, stacklevel=3)
     return Restoration(back(mean), back(std), stacked, nfe, seconds, cfg, lower, upper)
 
 

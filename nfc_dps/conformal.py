@@ -75,6 +75,17 @@ READABLE_VERSIONS = (1, 2)
 EDGE_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
+class UnfamiliarImageWarning(UserWarning):
+    """An image unlike the calibration images: its interval's coverage was not measured for such images."""
+
+
+def mean_spread(mean: Any, std: Any, eps: float = DEFAULT_EPS, edge_weight: float = 0.0) -> np.ndarray:
+    """Per image of a batch (B, ...) (or one image: shape (1,)), the mean of :func:`spread` u over its
+    pixels: how wide its interval is per unit of q, what the sampler tells about its own difficulty."""
+    u = _numpy(spread(mean, std, eps, edge_weight)).astype(np.float64)
+    return u.reshape(u.shape[0], -1).mean(axis=1) if u.ndim == 4 else np.array([u.mean()])
+
+
 class CalibrationError(ValueError):
     """A calibration that cannot be fitted, read, or applied to this run."""
 
@@ -302,6 +313,22 @@ class Calibration:
 
     def interval(self, mean: Any, std: Any) -> tuple[Any, Any]:
         return interval(mean, std, self.q, self.eps, self.edge_weight)
+
+    def unfamiliar(self, mean: Any, std: Any) -> list[tuple[int, str]]:
+        """(index, note) per image of ``mean`` / ``std`` ((B, C, H, W) or one image) whose mean
+        spread (:func:`mean_spread`) lies outside the range of the calibration images' (``fit``'s
+        ``mean_spread_range``; a file without one is not checked)."""
+        seen = self.fit.get("mean_spread_range")
+        if not (isinstance(seen, (list, tuple)) and len(seen) == 2):
+            return []
+        lo, hi = float(seen[0]), float(seen[1])
+        notes = []
+        for b, value in enumerate(mean_spread(mean, std, self.eps, self.edge_weight)):
+            if not lo <= value <= hi:
+                notes.append((b, f"its sample spread (mean {value:.4g}) lies outside the calibration images' "
+                                 f"({lo:.4g} to {hi:.4g}, {self.source}): the {self.coverage:.0%} interval's "
+                                 f"coverage was not measured on images like it"))
+        return notes
 
     def _mismatch(self, key: str, here: Any, recorded: Any) -> CalibrationError:
         return CalibrationError(f"calibration {self.source} was fitted for {key} {recorded!r}, this run has "

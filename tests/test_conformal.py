@@ -662,3 +662,54 @@ def test_a_calibration_file_without_a_task_is_refused(tmp_path):
                                                                      "noise_sigma": 0.025})
     with pytest.raises(CalibrationError, match="records no task"):
         cal.check("nfc", get_config("nfc", "fast"), 4, "abc", family="sr", noise_sigma=0.025)
+
+
+# ---------------------------------------------------------------- images unlike the calibration set
+
+
+def test_an_image_unlike_the_calibration_images_is_named_in_a_warning(prior_dirs):
+    from nfc_dps import build_operator, restore
+    from nfc_dps.conformal import UnfamiliarImageWarning, mean_spread
+    from nfc_dps.priors.default import load_prior
+
+    prior = load_prior(prior_dirs[0])
+    op = build_operator("deblur_gaussian", image_size=(16, 16), kernel_size=5, kernel_std=1.0, boundary="circular")
+    y = torch.rand(2, 3, 16, 16)
+    cfg = get_config("nfc", "fast", num_levels=2)
+    kw = dict(prior=prior, method="nfc", config=cfg, progress=False, num_samples=2)
+    plain = restore(y, op, **kw)
+    spreads = mean_spread(plain.image, plain.std, DEFAULT_EPS)
+    assert spreads.shape == (2,) and (spreads > DEFAULT_EPS).all()
+    base = dict(q=1.5, preset="fast", num_samples=2, prior={"fingerprint": prior_fingerprint(prior)},
+                sampler=json.loads(json.dumps(__import__("dataclasses").asdict(cfg), default=str)),
+                task={"task": "deblur_gaussian", "noise_sigma": 0.025})
+    seen = [float(spreads.min()) * 0.9, float(spreads.max()) * 1.1]
+    for fit in ({}, {"mean_spread_range": seen}):  # no range recorded, or both images inside it
+        with __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("error", UnfamiliarImageWarning)
+            restore(y, op, calibration=_calibration(**base, fit=fit), **kw)
+    narrow = [float(spreads.max()) * 2, float(spreads.max()) * 3]  # a calibration set of far wider spreads
+    with pytest.warns(UnfamiliarImageWarning, match="image 1: its sample spread") as caught:
+        res = restore(y, op, calibration=_calibration(**base, fit={"mean_spread_range": narrow}), **kw)
+    assert len(caught) == 2 and res.lower is not None  # a warning, not a refusal
+
+
+def test_cli_calibration_records_its_spread_range_and_restore_notes_an_unlike_image(tmp_path, prior_dirs, capsys):
+    prior = prior_dirs[0]
+    cal_file = tmp_path / "cal.json"
+    common = (*TASK, "--preset", "fast", "--steps", 2, "--prior", prior)
+    assert _cli("calibrate", "--images", _images(tmp_path / "clean", 9), *common, "--samples", 2,
+                "--out", cal_file) == 0
+    cal = json.loads(cal_file.read_text())
+    lo, hi = cal["fit"]["mean_spread_range"]
+    assert 0 < lo <= hi
+    _images(tmp_path / "new", 2)
+    assert _cli("simulate", "-i", tmp_path / "new", "-o", tmp_path / "sim", *TASK) == 0
+    cal["fit"]["mean_spread_range"] = [hi * 10, hi * 20]
+    far = tmp_path / "far.json"
+    far.write_text(json.dumps(cal))
+    capsys.readouterr()
+    assert _cli("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", tmp_path / "out", "--preset",
+                "fast", "--steps", 2, "--prior", prior, "--samples", 2, "--calibration", far) == 0
+    err = capsys.readouterr().err
+    assert "note im0.png: its sample spread" in err and "note im1.png" in err and "UnfamiliarImageWarning" not in err

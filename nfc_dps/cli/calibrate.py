@@ -14,7 +14,17 @@ import numpy as np
 from .. import io as nio
 from ..api import as_batch, restore, stable_seed
 from ..config import ResolvedSampler, TaskConfig, load_config
-from ..conformal import DEFAULT_EPS, RULES, Calibration, CalibrationError, fit_rule, min_images, prior_fingerprint, sampler_fields
+from ..conformal import (
+    DEFAULT_EPS,
+    RULES,
+    Calibration,
+    CalibrationError,
+    fit_rule,
+    mean_spread,
+    min_images,
+    prior_fingerprint,
+    sampler_fields,
+)
 from ..samplers.common import PriorRangeError
 from .common import (
     DEFAULT_MAX_BATCH,
@@ -34,6 +44,11 @@ from .preflight import FirstImage, check_method_takes_operator, first_image, ope
 from .simulate import simulated_measurement
 from .tasks import RANDOM_TASKS, OperatorSource, check_operator_file, resolve_sampler, resolve_seed, resolve_task
 
+
+def _spread_range(restored: list, edge_weight: float) -> list[float]:
+    """[min, max] over the calibration images of their mean interval spread (restore warns outside it)."""
+    values = [float(mean_spread(m, sd, DEFAULT_EPS, edge_weight)[0]) for m, sd, _ in restored]
+    return [min(values), max(values)]
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``calibrate`` subcommand and its arguments."""
@@ -108,6 +123,7 @@ def _calibrate(args, log: Log, task: TaskConfig, sampler: ResolvedSampler, seed:
         fit={"images": names, "folder": str(folder.resolve()), "seed": int(seed),
              "coverage_in_sample": float(np.mean(inside)), "coverage_in_sample_per_image": inside,
              "per_image_spread_by_edge_weight": {str(c): v for c, v in fit.spread_by_weight.items()},
+             "mean_spread_range": _spread_range(restored, fit.edge_weight),
              "units": "images in [0, 1]; interval = clip(mean -/+ q (std + edge_weight edge(mean) + eps), 0, 1) "
                       "per pixel and channel (nfc_dps.conformal)"},
     )

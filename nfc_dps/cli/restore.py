@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 from .. import api
 from .. import io as nio
 from ..config import PER_IMAGE_SEED, ResolvedSampler
-from ..conformal import CalibrationError, prior_fingerprint
+from ..conformal import CalibrationError, UnfamiliarImageWarning, prior_fingerprint
 from ..distributed import Dist, init_distributed, resolve_device
 from ..operators import TASKS
 from ..run_record import resolved_config
@@ -444,13 +445,15 @@ class RestoreRun:
         import torch
 
         try:
-            res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
-                          prior=self.prior, method=self.sampler.method,
-                          **({"sigma_y": "auto"} if self.task.estimates_noise else {"noise": self.task.noise_model}),
-                          seed=[j.item.seed for j in jobs], num_samples=self.samples,
-                          progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
-                          calibration=self.calibration, keep_samples=self.args.save_samples,
-                          restarts=self.args.restarts)
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always", UnfamiliarImageWarning)
+                res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
+                                  prior=self.prior, method=self.sampler.method,
+                                  **({"sigma_y": "auto"} if self.task.estimates_noise else {"noise": self.task.noise_model}),
+                                  seed=[j.item.seed for j in jobs], num_samples=self.samples,
+                                  progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
+                                  calibration=self.calibration, keep_samples=self.args.save_samples,
+                                  restarts=self.args.restarts)
         except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise OutputError(e) from e
@@ -462,6 +465,9 @@ class RestoreRun:
                 return
             self._record(self._failed(jobs[0], e))
             return
+        if self.calibration is not None and res.std is not None:  # the API's warnings, said per image here
+            for b, note in self.calibration.unfamiliar(res.image, res.std):
+                self.log.error(f"note {jobs[b].item.name}: {note}")
         for i, job in enumerate(jobs):
             earlier = self.records.forget_before_replacing(job.item.name, job.key)
             try:
