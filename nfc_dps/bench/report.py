@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 
 from ..io import atomic_write_text
 from .calibration_report import conformal_table
+from .noise_level import noise_level_doc_table
 from .nonlinear import nonlinear_doc_table
 from .prior_report_markdown import prior_table
 from .report_scale import scale_table, throughput_table
@@ -67,6 +68,7 @@ PAGE_TABLES: dict[str, tuple[str, ...]] = {
     "docs/std_map_calibration.md": ("calibration",),
     "docs/scale.md": ("scale_cpu", "restore_throughput"),
     "docs/nonlinear.md": ("nonlinear64",),
+    "docs/noise_level.md": ("noise_level256", "noise_level128"),
     "README.md": ("which",),
 }
 PAGES = tuple(PAGE_TABLES)
@@ -112,6 +114,8 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),
         "nonlinear64": lambda: nonlinear_doc_table(bench / "nonlinear64", blink),
+        "noise_level256": lambda: noise_level_doc_table(bench / "noise_level256", blink),
+        "noise_level128": lambda: noise_level_doc_table(bench / "noise_level128", blink),
         "scale_cpu": lambda: scale_table(bench / "scale_cpu.json", blink),
         "restore_throughput": lambda: throughput_table(bench / "restore_throughput.json", blink),
     }
