@@ -62,7 +62,8 @@ class Restoration:
     lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + c·edge(image) + eps), clipped to
         [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
     noise_sigma: the Gaussian noise std the restoration assumed, [0, 1] units: ``sigma_y``, or with
-        ``sigma_y="auto"`` the estimate (a float for one image, a list of one per image for a batch);
+        ``sigma_y="auto"`` the estimate (a float for one image, a list of one per image for a batch
+        (B, C, h, w));
         None under a non-Gaussian noise model.
     """
 
@@ -325,11 +326,15 @@ def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noi
     batch, back = as_batch(y)
     if batch.numel() == 0:
         raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)})")
+    if kwargs.get("calibration") is not None:
+        raise ValueError("sigma_y='auto' with a calibration: a calibration holds at the noise level it was fitted "
+                         "at; give that level as sigma_y")
     sigmas = measurement_sigma(batch, operator)
     seeds = _seed_list(seed, batch.shape[0])
+    one_image = not (isinstance(y, Tensor) and y.ndim == 4)
     if batch.shape[0] == 1:
         out = restore(y, operator, sigma_y=sigmas[0], seed=seeds, **kwargs)
-        out.noise_sigma = sigmas[0]
+        out.noise_sigma = sigmas[0] if one_image else sigmas
         return out
     kwargs["prior"] = _checked_prior(kwargs["prior"], batch)[0]  # a folder is loaded once for every image
     parts = [restore(batch[b:b + 1], operator.select_images(torch.tensor([b])), sigma_y=sigmas[b], seed=[seeds[b]],

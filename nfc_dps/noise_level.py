@@ -38,6 +38,8 @@ PATCHES_PER_DIM, WEAK_PER_DIM = 20, 5
 #: quantile of pure noise's gradient energy below which a patch counts as weak texture
 WEAK_QUANTILE = 0.9999
 MAX_ROUNDS = 8
+#: at most this many patches (a seeded random subset) per estimate: memory and time stay bounded
+MAX_PATCHES = 200_000
 
 
 def _tail_sigma(eigenvalues: np.ndarray) -> float:
@@ -94,7 +96,11 @@ def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: 
         raise ValueError(f"estimate_sigma takes one image (C, H, W), got shape {tuple(image.shape)}")
     if observed is not None and tuple(observed.shape) != tuple(image.shape[1:]):
         raise ValueError(f"observed mask of shape {tuple(observed.shape)} for an image of shape {tuple(image.shape)}")
+    if not bool(torch.isfinite(image).all()):
+        raise ValueError("measurement contains NaN or Inf")
     img = image.detach().cpu().double()[None]
+    if img.shape[1] > 1 and bool((img - img[:, :1]).abs().max() <= 1e-6):
+        img = img[:, :1]  # a gray image stored as equal channels: its copies are not independent noise
     mask = None if observed is None else observed.detach().cpu().double()[None, None]
     first = None
     for shape in PATCHES if mask is None else MASKED_PATCHES:
@@ -103,6 +109,9 @@ def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: 
         patches = torch.nn.functional.unfold(img, shape)[0].T
         if mask is not None:
             patches = patches[torch.nn.functional.unfold(mask, shape)[0].T.min(dim=1).values > 0]
+        if len(patches) > MAX_PATCHES:
+            keep = torch.randperm(len(patches), generator=torch.Generator().manual_seed(0))[:MAX_PATCHES]
+            patches = patches[keep.sort().values]
         patches = patches.numpy()
         if len(patches) < PATCHES_PER_DIM * patches.shape[1]:
             continue
@@ -110,7 +119,7 @@ def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: 
         if not weak_texture:
             return max(sigma, FLOOR)
         first = sigma if first is None else first
-        weak = _weak_texture_sigma(patches, _gradient_form(image.shape[0], *shape), max(sigma, FLOOR))
+        weak = _weak_texture_sigma(patches, _gradient_form(img.shape[1], *shape), max(sigma, FLOOR))
         if weak is not None:
             return max(weak, FLOOR)
     if first is not None:  # no patch size left enough weak-texture patches: every patch of the largest

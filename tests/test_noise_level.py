@@ -91,6 +91,22 @@ def test_restore_auto_uses_one_estimate_per_image(tiny_prior):
     assert isinstance(one.image, np.ndarray) and one.noise_sigma == pytest.approx(est[0])
 
 
+def test_a_gray_image_stored_as_rgb_is_read_on_one_channel():
+    """Equal channels carry one noise draw, not three: every cross-channel eigenvalue is 0."""
+    x = smooth_image(128)[:1]
+    y = (x + 0.03 * torch.randn(x.shape, generator=torch.Generator().manual_seed(4))).expand(3, -1, -1)
+    assert estimate_sigma(y) == pytest.approx(0.03, rel=0.05)
+
+
+def test_restore_auto_batch_of_one_reports_a_list(tiny_prior):
+    op = nfc_dps.build_operator("denoise", 32)
+    y = op.measure(smooth_image(32)[None], 0.05, torch.Generator().manual_seed(0))
+    out = nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y="auto", num_levels=2, progress=False)
+    assert isinstance(out.noise_sigma, list) and len(out.noise_sigma) == 1
+    out = nfc_dps.restore(y[0], op, prior=str(tiny_prior), sigma_y="auto", num_levels=2, progress=False)
+    assert isinstance(out.noise_sigma, float)
+
+
 def test_restore_auto_bad_input(tiny_prior):
     op = nfc_dps.build_operator("denoise", 16)
     y = torch.rand(1, 3, 16, 16)
@@ -98,6 +114,10 @@ def test_restore_auto_bad_input(tiny_prior):
         nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y="automatic")
     with pytest.raises(TypeError, match="one of sigma_y and noise"):
         nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y="auto", noise="poisson:30")
+    with pytest.raises(ValueError, match="NaN"):
+        nfc_dps.restore(torch.full((1, 3, 16, 16), float("nan")), op, prior=str(tiny_prior), sigma_y="auto")
+    with pytest.raises(ValueError, match="with a calibration"):
+        nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y="auto", calibration="whatever.json", num_samples=2)
 
 
 # ---------------------------------------------------------------- the command line
@@ -137,3 +157,20 @@ def test_cli_auto_is_restores_alone(tmp_path, capsys):
     assert run("restore", "-i", tmp_path / "clean", "-o", tmp_path / "o", "--task", "denoise",
                "--noise-sigma", "autom") == 2
     assert "'auto'" in capsys.readouterr().err
+
+
+def test_the_noise_level_protocol_writes_its_rows_and_table(tmp_path):
+    from nfc_dps.bench.cli import main
+    from nfc_dps.bench.noise_level import noise_level_doc_table
+
+    out = tmp_path / "nl"
+    assert main(["--protocol", "noise_level", "--size", "32", "--tasks", "denoise", "--methods", "estimate",
+                 "--image-names", "astronaut", "--threads", "1", "--out", str(out), "--no-plots"]) == 0
+    import csv
+
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [float(r["sigma"]) for r in rows] == [0.002, 0.005, 0.01, 0.025, 0.05, 0.1]
+    assert all(r["estimate"] and not r["psnr_true"] and not r["note"] for r in rows)
+    assert all(float(r["ratio"]) == pytest.approx(float(r["estimate"]) / float(r["sigma"]), rel=1e-3) for r in rows)
+    table = noise_level_doc_table(out, "bench/")
+    assert table.startswith("| task | σ 0.002") and "| denoise | ×" in table and "results.csv" in table

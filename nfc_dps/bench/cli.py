@@ -204,7 +204,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         if fixed:
             raise ValueError(f"{', '.join(fixed)}: the oracle protocol runs its fixed configurations "
                              f"(nfc_dps.bench.oracle.oracle_configs), which these flags would not change")
-    default_size = 256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture" else 64
+    default_size = (256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture"
+                    else 128 if protocol == "noise_level" else 64)
     if args.profile and not (args.out):
         args.out = Path("runs/bench/profile")
     tasks = _str_list(args.tasks) or (("deblur_gaussian",) if args.profile else DEFAULT_TASKS)

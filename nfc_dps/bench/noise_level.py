@@ -35,8 +35,6 @@ SIGMAS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 #: the standard tasks, as a photograph is measured (valid blur boundaries)
 TASK_NAMES = ("denoise", "sr_bicubic", "deblur_gaussian", "deblur_motion", "inpaint_box", "inpaint_random", "colorize")
 METHODS = ("estimate", "nfc")
-#: what the acceptance asks: within 15 % at sigma >= 0.005, within 0.2 dB of the true sigma's restoration
-RATIO_TOLERANCE, FROM_SIGMA, DB_TOLERANCE = 0.15, 0.005, 0.2
 
 
 def task_params(task: str, size: int) -> dict[str, Any]:

@@ -110,6 +110,9 @@ def load_run_calibration(args, task, sampler: ResolvedSampler, samples: int, bun
     if not args.calibration.strip():
         raise UsageError(f"--calibration {args.calibration!r}: empty; name a file of 'nfc-dps calibrate' (or leave "
                          f"the flag out)")
+    if task.estimates_noise:
+        raise UsageError(f"--calibration {args.calibration} with --noise-sigma auto: a calibration holds at the noise "
+                         f"level it was fitted at; give that level with --noise-sigma")
     if samples < 2:
         raise UsageError(f"--calibration {args.calibration} needs --samples K >= 2 (the interval scales the spread "
                          f"of K samples), got {samples}")

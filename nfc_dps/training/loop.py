@@ -300,8 +300,8 @@ class _Run:
             return
         if not same_device and state["rng"] is not None:
             self.warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
-                      f"the crop stream is reseeded from (seed, step), so the run will not equal one on a "
-                      f"single device")
+                      f"the crop streams are reseeded from (seed, step{', rank' if world > 1 else ''}), so the run "
+                      f"will not equal one on a single device")
         elif saved_world != world:
             self.warn(f"the work folder was trained by {saved_world} process(es), this run has {world}: the crop "
                       f"streams are reseeded from (seed, step, rank), so the run will not equal one of {saved_world}")
