@@ -130,3 +130,38 @@ def _losses_at_least(workdir: Path, step: int) -> bool:
     except OSError:
         return False
     return bool(rows) and int(rows[-1]["step"]) >= step
+
+
+WEIGHTS_PROBE = """
+import sys, torch
+import nfc_dps.training.loop as loop
+from nfc_dps.cli import main
+train = loop._Run.train
+def probed(self):
+    result = train(self)
+    flat = torch.cat([p.detach().double().flatten() for p in self.net.parameters()])
+    torch.save(flat, f"{sys.argv[1]}/weights_rank{self.dist.rank}.pt")
+    return result
+loop._Run.train = probed
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_the_ranks_hold_one_model(tmp_path):
+    """Gradients averaged over the ranks: after training, every rank holds the same weights (ranks
+    stepping on their own crops alone would drift apart), and they moved from the start."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(WEIGHTS_PROBE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe),
+           str(tmp_path), "train-prior", "--workdir", str(tmp_path / "w"), *TINY, "--steps", "5", "--batch", "4",
+           "--lr", "1e-3"]
+    res = _run(cmd)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    w0, w1 = (torch.load(tmp_path / f"weights_rank{r}.pt") for r in (0, 1))
+    assert torch.equal(w0, w1)
+    from nfc_dps.priors.archs import build_unet
+
+    torch.manual_seed(0)  # the run's initial weights (seed 0)
+    init = torch.cat([p.detach().double().flatten() for p in build_unet("unet", 3, (8, 16), 1, 16).parameters()])
+    assert w0.shape == init.shape and not torch.equal(w0, init)
+    assert int(read_state(tmp_path / "w" / "state.pt")["step"]) == 5
