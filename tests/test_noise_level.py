@@ -174,3 +174,17 @@ def test_the_noise_level_protocol_writes_its_rows_and_table(tmp_path):
     assert all(float(r["ratio"]) == pytest.approx(float(r["estimate"]) / float(r["sigma"]), rel=1e-3) for r in rows)
     table = noise_level_doc_table(out, "bench/")
     assert table.startswith("| task | σ 0.002") and "| denoise | ×" in table and "results.csv" in table
+
+
+def test_a_configs_auto_gives_way_to_the_noise_flag(tmp_path):
+    import argparse
+
+    from nfc_dps.cli.tasks import resolve_task
+    from nfc_dps.config import ConfigBundle, parse_task
+
+    bundle = ConfigBundle(task=parse_task({"task": "denoise", "noise_sigma": "auto"}, "my.yaml"))
+    args = argparse.Namespace(task=None, param=None, noise_sigma=None, noise="poisson:30")
+    task = resolve_task(args, bundle)
+    assert task.noise == "poisson:30" and not task.estimates_noise
+    args.noise = None
+    assert resolve_task(args, bundle).estimates_noise

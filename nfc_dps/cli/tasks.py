@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import AUTO_NOISE_SIGMA, ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
+from ..config import AUTO_NOISE_SIGMA, DEFAULT_NOISE_SIGMA, ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, check_input, match_file
@@ -45,6 +45,8 @@ def resolve_task(args, bundle: ConfigBundle, command: str = "restore") -> TaskCo
         if args.noise_sigma is not None:
             raise UsageError("pass one of --noise and --noise-sigma (--noise gaussian:S is --noise-sigma S)")
         spec = args.noise  # parse_task checks it and turns gaussian:S into noise_sigma S
+        if noise == AUTO_NOISE_SIGMA:  # a file's auto gives way to the flag's model
+            noise = DEFAULT_NOISE_SIGMA
     if noise == AUTO_NOISE_SIGMA and command != "restore":
         where = "--noise-sigma" if args.noise_sigma is not None else task.source
         raise UsageError(f"{where}: noise_sigma auto is restore's (it estimates the level of each measurement); "

@@ -27,6 +27,9 @@ def cmd_train_prior(args) -> int:
     set_threads(args.threads)
     device = parse_device(args.device)
     dist = init_distributed(str(device))  # under torchrun: one model, gradients averaged over the ranks
+    if dist.world > 1 and device.type == "cuda" and device.index is not None:
+        raise UsageError(f"--device {args.device} under torchrun: every rank would train on that one GPU; give "
+                         f"--device cuda (each rank takes its own)")
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # one GPU per rank
         device = resolve_device("cuda", dist)
     log = Log(args.quiet or dist.rank > 0)
