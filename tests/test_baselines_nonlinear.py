@@ -80,3 +80,24 @@ def test_the_tier_runs_resumes_and_tables_its_rows(tmp_path):
     assert "| nfc-gaussian | 16 | – |" in summary and "Anscombe + TV" in summary
     assert main(args) == 0  # a rerun adds nothing
     assert (tmp_path / "o" / "results.csv").read_text().splitlines() == rows
+
+
+def test_the_gaussian_likelihood_row_takes_photon_spikes_past_the_gaussian_range(tiny_prior):
+    """At peak 10 a bright pixel's counts / 10 reach past what Gaussian noise of the reference std
+    explains; the row clips them into restore's range rather than failing on every image."""
+    from types import SimpleNamespace
+
+    import nfc_dps
+    from nfc_dps.bench.nonlinear import SETTINGS, NonlinearTier
+
+    setting = SETTINGS["poisson_deblur_10"]
+    op = build_operator("deblur_gaussian", 16, kernel_size=5, kernel_std=1.0, boundary="circular")
+    y = op.measure(_smooth(1, 16), noise=setting.noise, generator=torch.Generator().manual_seed(0))
+    y[..., 3, 3] = 3.0  # a spike: 30 photons where about 10 are expected
+    with pytest.raises(ValueError, match="outside the"):
+        nfc_dps.restore(y, op, prior=str(tiny_prior), noise=nfc_dps.noise.GaussianNoise(setting.noise.reference_std()),
+                        progress=False)
+    tier = object.__new__(NonlinearTier)
+    tier.spec, tier.names, tier.prior = SimpleNamespace(seed=0), ["a"], nfc_dps.load_prior(str(tiny_prior))
+    est, nfe = tier._estimate(SimpleNamespace(setting=setting, op=op, y=y), "nfc-gaussian")
+    assert est.shape == y.shape and nfe == 16 and bool(torch.isfinite(est).all())

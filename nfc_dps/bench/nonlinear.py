@@ -7,7 +7,9 @@ NFC's NFE and at their presets, DPIR and each problem's classical answer
 Rows (results.csv): setting, method, nfe, image, psnr, ssim, seconds, note. The methods:
 
 * ``nfc``: NFC's default (16 NFE); ``nfc-gaussian`` (Poisson settings): the same sampler told the
-  noise is Gaussian of the Poisson model's reference std (the likelihood is the difference);
+  noise is Gaussian of the Poisson model's reference std (the likelihood is the difference), the
+  counts clipped into the range ``restore`` accepts for that std (a photon spike past it is
+  more than Gaussian noise explains);
 * ``daps@16``, ``dps@16``: DAPS and DPS at NFC's NFE; ``daps``, ``dps``: at their ``fast`` presets;
   phase retrieval restarts the presets' rows 4 times and keeps the best fit, as DPS and DAPS
   report it (the equal-NFE rows run once);
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import restore, stable_seed
+from ..api import range_tolerance, restore, stable_seed
 from ..baselines_nonlinear import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
 from ..io import atomic_write_text
 from ..metrics import psnr, rotation_twin_aligned, ssim
@@ -163,7 +165,11 @@ class NonlinearTier(Protocol):
             return anscombe_tv(y.cpu(), s.noise.peak), 0
         name, preset, kw = _run(method, s)
         kw = dict(kw)
-        noise = GaussianNoise(s.noise.reference_std()) if kw.pop("gaussian", False) else s.noise
+        noise = s.noise
+        if kw.pop("gaussian", False):
+            noise = GaussianNoise(s.noise.reference_std())
+            tol = 0.999 * range_tolerance(noise.sigma)  # inside it after float32 rounding
+            y = y.clamp(-tol, 1 + tol)
         seeds = [stable_seed(self.spec.seed, "nonlinear-sampler", s.name, n) for n in self.names]
         out = restore(y, op, prior=self.prior, method=name, preset=preset, noise=noise, seed=seeds, progress=False,
                       **kw)
