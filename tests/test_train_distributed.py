@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from nfc_dps.training.state import read_state
 
@@ -165,3 +166,72 @@ def test_the_ranks_hold_one_model(tmp_path):
     init = torch.cat([p.detach().double().flatten() for p in build_unet("unet", 3, (8, 16), 1, 16).parameters()])
     assert w0.shape == init.shape and not torch.equal(w0, init)
     assert int(read_state(tmp_path / "w" / "state.pt")["step"]) == 5
+
+
+ONE_RANK_ELSEWHERE = """
+import os, sys
+from nfc_dps.cli import main
+old, new = os.environ["RANK1_SWAP"].split("=", 1)
+argv = sys.argv[1:] if os.environ["RANK"] == "0" else [new if a == old else a for a in sys.argv[1:]]
+sys.exit(main(argv))
+"""
+
+
+def _elsewhere(tmp_path: Path, swap: str, *args: str) -> subprocess.CompletedProcess:
+    """A 2-process group in which rank 1 sees ``old`` as ``new`` (``swap`` "old=new"): a folder that
+    another machine does not have."""
+    script = tmp_path / "elsewhere.py"
+    script.write_text(ONE_RANK_ELSEWHERE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           "train-prior", *TINY, *args]
+    return subprocess.run(cmd, env={**_env(), "RANK1_SWAP": swap}, capture_output=True, text=True, timeout=240)
+
+
+def test_a_set_up_error_on_another_rank_is_said_by_rank_0(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = torch.Generator().manual_seed(0)
+    for i in range(3):
+        Image.fromarray((torch.rand(24, 24, 3, generator=rng) * 255).byte().numpy()).save(images / f"{i}.png")
+    missing = tmp_path / "not_mounted_here"
+    res = _elsewhere(tmp_path, f"{images}={missing}", "--workdir", str(tmp_path / "w"), "--images", str(images),
+                     "--steps", "2", "--batch", "4")
+    assert res.returncode != 0
+    assert res.stderr.count("process 1 of 2: ") == 1 and str(missing) in res.stderr, res.stderr[-3000:]
+    assert not (tmp_path / "w").exists()  # rank 0 made it, rank 0 removes it
+
+
+def test_ranks_that_resume_from_different_steps_are_refused(tmp_path):
+    wd = tmp_path / "w"
+    first = _run(_train(wd, "--steps", "2", "--batch", "4"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    record = (wd / "train_config.json").read_text()
+    res = _elsewhere(tmp_path, f"{wd}={tmp_path / 'a_copy_that_is_not_shared'}", "--workdir", str(wd),
+                     "--steps", "4", "--batch", "4")
+    assert res.returncode != 0
+    assert "resume from different steps (process 0: 2, process 1: 0)" in res.stderr, res.stderr[-3000:]
+    assert int(read_state(wd / "state.pt")["step"]) == 2 and (wd / "train_config.json").read_text() == record
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the ranks through /proc")
+def test_a_signal_to_one_rank_stops_the_group_at_one_step_and_saves_it(tmp_path):
+    wd = tmp_path / "w"
+    group = subprocess.Popen(_train(wd, "--steps", "100000", "--batch", "4", "--log-every", "5", "--save-every",
+                                    "1000", procs=2),
+                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not _losses_at_least(wd, 5):
+            time.sleep(0.2)
+        assert _losses_at_least(wd, 5), "no loss row within the time limit"
+        victim = _rank_pid(group.pid, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGTERM)
+        _, err = group.communicate(timeout=120)
+    finally:
+        if group.poll() is None:
+            group.kill()
+            group.communicate()
+    state = read_state(wd / "state.pt")  # no save was due: the stop saved the step the group agreed on
+    assert int(state["step"]) >= 10 and int(state["step"]) % 10 == 0 and state["world"] == 2
+    assert err.count("nfc-dps train-prior: interrupted") == 2, err[-3000:]  # both ranks stopped alike

@@ -15,8 +15,8 @@ Under ``torchrun`` (a :class:`~nfc_dps.distributed.Dist` with world size N > 1) 
 with DistributedDataParallel: ``batch`` is the global batch, each rank draws batch / N crops from
 its own seeded stream, the gradients are averaged over the ranks, and rank 0 alone writes the
 state (with every rank's stream), logs, plots and exports. The ranks stop together (any rank's
-budget or signal stops all); a run resumed with the same N continues every rank's stream, with
-another N each stream is reseeded from (seed, step, rank).
+budget or signal stops all, within ``GROUP_CHECK_EVERY`` steps); a run resumed with the same N
+continues every rank's stream, with another N each stream is reseeded from (seed, step, rank).
 
 The work folder holds ``state.pt`` (see :mod:`nfc_dps.training.state`), ``loss.csv`` (step,
 loss, seconds, crops_per_s every ``log_every`` steps), ``loss.png``, ``heldout.csv`` (held-out
@@ -61,6 +61,9 @@ from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, write
 LOSS_CSV, LOSS_PNG, HELDOUT_CSV, CONFIG_JSON = "loss.csv", "loss.png", "heldout.csv", "train_config.json"
 LOSS_FIELDS = ["step", "loss", "seconds", "crops_per_s"]
 SIGMA_DATA = 0.5
+#: in a torchrun group the ranks agree whether to go on every this many steps (a signal or the
+#: --minutes budget on any rank stops them all at the next such step; --steps needs no agreement)
+GROUP_CHECK_EVERY = 10
 
 
 def _precision(name: str, device: torch.device) -> str:
@@ -138,22 +141,22 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
                             f"give a multiple of {dist.world}")
     _check_folders(cfg)
     workdir = Path(cfg.workdir)
-    created = not workdir.exists()
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TrainingError(f"--workdir {workdir}: cannot create it ({e.strerror or e})") from e
+    created = False
     try:
         with contextlib.ExitStack() as stack:
-            busy = None
-            if dist.rank == 0:  # one run per work folder (the lock restore takes on its output folder)
+            refused = None
+            if dist.rank == 0:  # rank 0 alone creates and writes the folder, one run at a time in it
+                created = not workdir.exists()
                 try:
+                    workdir.mkdir(parents=True, exist_ok=True)
                     stack.enter_context(folder_lock(workdir))
                 except FolderBusy as e:
-                    busy = f"--workdir {workdir}: {e}"
-            busy = dist.broadcast(busy)  # every rank of a group refuses alike
-            if busy is not None:
-                raise TrainingError(busy)
+                    refused = f"--workdir {workdir}: {e}"
+                except OSError as e:
+                    refused = f"--workdir {workdir}: cannot create it ({e.strerror or e})"
+            refused = dist.broadcast(refused)  # every rank of a group refuses alike
+            if refused is not None:
+                raise TrainingError(refused)
             return _Run(cfg, workdir, log, warn, dist).train()
     except TrainingError:
         if created and dist.rank == 0:  # a refused run leaves no empty work folder behind
@@ -195,11 +198,20 @@ class _Run:
         self.local_batch = cfg.batch // dist.world
         self.device = torch.device(cfg.device)
         self.state_path = workdir / STATE_NAME
-        state = read_state(self.state_path, self.device) if self.state_path.exists() else None
-        self._settle(cfg, state)
-        self._networks(state)
-        del state
-        self._pool_and_records()
+        problem = None
+        try:
+            state = read_state(self.state_path, self.device) if self.state_path.exists() else None
+            self._settle(cfg, state)
+            self._networks(state)
+            del state
+            self._pool()
+        except (TrainingError, OSError) as e:
+            if dist.world == 1:
+                raise
+            problem = str(e) if isinstance(e, TrainingError) else f"{e.filename or ''}: {e.strerror or e}"
+        self._agree(problem)  # in a group: every rank refuses alike, before the first collective of training
+        self._join_group()
+        self._records()
         self.saved, self.exported, self.saving = self.step, -1, False
         self.loss: float | None = None
         self.heldout: dict | None = None
@@ -278,6 +290,32 @@ class _Run:
         self.net, self.ema, self.opt, self.gen = net, ema, opt, gen
         self.step, self.start_step, self.seconds0, self.crops0 = step, step, seconds0, crops0
         self.n_params = sum(p.numel() for p in net.parameters())
+        self.net_params, self.ema_params = list(net.parameters()), list(ema.parameters())
+
+    def _agree(self, problem: str | None) -> None:
+        """In a group, a TrainingError on every rank when any rank could not set up (its message,
+        naming the rank; rank 0 says it) or when the ranks resume from different steps (a work folder
+        that is not on a file system every rank sees). A no-op in a single process."""
+        world = self.dist.world
+        if world == 1:
+            return
+        import torch.distributed as tdist
+
+        box: list = [None] * world
+        tdist.all_gather_object(box, (problem, None if problem else self.step))
+        for rank, (why, _) in enumerate(box):
+            if why is not None:
+                raise TrainingError(why if rank == 0 else f"process {rank} of {world}: {why}")
+        steps = [step for _, step in box]
+        if len(set(steps)) > 1:
+            raise TrainingError(f"--workdir {self.workdir}: the processes resume from different steps "
+                                f"({', '.join(f'process {r}: {s}' for r, s in enumerate(steps))}); across "
+                                f"machines the work folder must be on a file system every process sees")
+
+    def _join_group(self) -> None:
+        """The denoiser that trains: in a group, the network under DistributedDataParallel (which
+        copies rank 0's weights to every rank)."""
+        cfg, device, net = self.cfg, self.device, self.net
         trained = net
         if self.dist.world > 1:  # gradients averaged over the ranks; rank 0's initial weights on every rank
             from torch.nn.parallel import DistributedDataParallel
@@ -285,7 +323,6 @@ class _Run:
             trained = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
         self.denoiser = EDMDenoiser(_UNetCall(trained, self.precision, self.channels_last), channels=cfg.channels,
                                     sigma_data=SIGMA_DATA)
-        self.net_params, self.ema_params = list(net.parameters()), list(ema.parameters())
 
     def _resume_stream(self, gen: torch.Generator, state: dict, step: int) -> None:
         """This rank's crop stream from a saved state: its own saved stream when the state was
@@ -307,9 +344,8 @@ class _Run:
                       f"streams are reseeded from (seed, step, rank), so the run will not equal one of {saved_world}")
         gen.manual_seed(cfg.seed * 1_000_003 + step if world == 1 else _stream_seed(cfg.seed, step, rank))
 
-    def _pool_and_records(self) -> None:
-        """The crop sampler over the training images and the procedural ones; train_config.json;
-        the logs cut back to the resumed step."""
+    def _pool(self) -> None:
+        """The crop sampler over the training images and the procedural ones."""
         cfg, data = self.cfg, self.data
         pool = multiscale([im for _, im in data.train], cfg.scales, cfg.crop)
         self.sampler = CropSampler(pool, cfg.crop, self.device, DeadLeaves(cfg.seed, cfg.channels, kind=cfg.synthetic),
@@ -323,8 +359,12 @@ class _Run:
                  + f", {self.device} {self.precision}")
         self.settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
         self.split = {"train": [n for n, _ in data.train], "heldout": [n for n, _ in data.heldout]}
+
+    def _records(self) -> None:
+        """train_config.json and the logs cut back to the resumed step (rank 0)."""
         if not self.writer:
             return
+        data = self.data
         nio.write_json(self.workdir / CONFIG_JSON, {
             "config": self.fp, "settings": self.settings, "precision": self.precision, "parameters": self.n_params,
             "world_size": self.dist.world, "batch_per_process": self.local_batch,
@@ -403,14 +443,19 @@ class _Run:
         """Whether to take another step: this process's budget and signals, and in a group every
         rank's (any rank that stops stops them all, at the same step)."""
         cfg = self.cfg
-        go = (self.stop_signal is None and (cfg.steps is None or self.step < cfg.steps)
-              and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60))
+        if cfg.steps is not None and self.step >= cfg.steps:
+            return False  # every rank counts the same steps
+        go = self.stop_signal is None and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60)
         if self.dist.world == 1:
             return go
+        if self.step % GROUP_CHECK_EVERY:
+            return True  # a group agrees every few steps: each agreement waits for the slowest rank
         import torch.distributed as tdist
 
-        stop = torch.tensor([0.0 if go else 1.0], device=self.device)
+        stop = torch.tensor([0.0 if go else 2.0 if self.stop_signal is not None else 1.0], device=self.device)
         tdist.all_reduce(stop, op=tdist.ReduceOp.MAX)
+        if stop.item() == 2 and self.stop_signal is None:  # a signal on another rank stops this one alike
+            self.stop_signal = "a signal to another process of the group"
         return bool(stop.item() == 0)
 
     def mean_loss(self, run_sum: Tensor, run_n: int) -> float:
@@ -433,7 +478,8 @@ class _Run:
         if self.stop_signal is not None:
             raise KeyboardInterrupt(name)
         self.stop_signal = name
-        os.write(2, f"\n{name}: stopping after this step (send it again to stop at once)\n".encode())
+        when = "this step" if self.dist.world == 1 else f"at most {GROUP_CHECK_EVERY} steps, with the group"
+        os.write(2, f"\n{name}: stopping after {when} (send it again to stop at once)\n".encode())
 
     def one_step(self) -> Tensor:
         """One EDM step on a batch of crops; the (detached) loss."""
