@@ -188,3 +188,14 @@ def test_a_configs_auto_gives_way_to_the_noise_flag(tmp_path):
     assert task.noise == "poisson:30" and not task.estimates_noise
     args.noise = None
     assert resolve_task(args, bundle).estimates_noise
+
+
+def test_the_table_counts_failed_images_in_their_cell():
+    from nfc_dps.bench.noise_level import noise_level_table
+
+    def row(image, ratio, note=""):
+        return {"task": "denoise", "sigma": "0.01", "image": image, "ratio": ratio, "delta": "", "note": note}
+
+    table = noise_level_table([row("a", "1.1"), row("b", "", "ValueError: nothing observable")])
+    assert "| denoise | ×1.10, failed on 1 of 2 |" in table
+    assert "| denoise | failed on 1 of 1 |" in noise_level_table([row("b", "", "ValueError: x")])

@@ -125,7 +125,8 @@ def _values(rows: list[Row], column: str) -> list[float]:
 
 def noise_level_table(rows: list[Row]) -> str:
     """Per task (rows) and sigma (columns): the estimate's worst ratio to the truth over the images and,
-    where restored, the mean PSNR change of restoring with the estimate."""
+    where restored, the mean PSNR change of restoring with the estimate; images whose estimate or
+    restoration failed (a note) are counted in the cell, never left out silently."""
     tasks = [t for t in TASK_NAMES if any(r["task"] == t for r in rows)]
     sigmas = [s for s in SIGMAS if any(float(r["sigma"]) == s for r in rows)]
     restored = any(str(r.get("delta", "")) != "" for r in rows)
@@ -135,13 +136,16 @@ def noise_level_table(rows: list[Row]) -> str:
         for s in sigmas:
             mine = [r for r in rows if r["task"] == t and float(r["sigma"]) == s]
             ratios, deltas = _values(mine, "ratio"), _values(mine, "delta")
+            failed = sum(1 for r in mine if str(r.get("note", "")).strip())
             if not ratios:
-                cells.append("–")
+                cells.append(f"failed on {failed} of {len(mine)}" if failed else "–")
                 continue
             worst = max(ratios, key=lambda v: abs(v - 1))
             cell = f"×{fmt(worst, '.2f')}"
             if restored and deltas:
                 cell += f" ({fmt(float(np.mean(deltas)), '+.2f')} dB)"
+            if failed:
+                cell += f", failed on {failed} of {len(mine)}"
             cells.append(cell)
         L.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(L)
