@@ -134,7 +134,8 @@ def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: 
 def measurement_sigma(y: Tensor, operator) -> list[float]:
     """Per image of ``y`` (B, C, h, w), a measurement of ``operator`` in [0, 1] units, its noise std.
 
-    Inpainting measurements are read at their observed pixels only, blurred ones at every patch.
+    Inpainting measurements are read at their observed pixels only, blurred ones (the blur family,
+    an operator with ``blurred_measurement`` true) at every patch.
     ValueError for a measurement that is not an image (phase retrieval's Fourier amplitudes).
     """
     if not getattr(operator, "image_measurement", True):
@@ -143,6 +144,7 @@ def measurement_sigma(y: Tensor, operator) -> list[float]:
     if y.ndim != 4:
         raise ValueError(f"sigma_y='auto' takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
     family = getattr(operator, "family", None)
+    blurred = family == "blur" or getattr(operator, "blurred_measurement", False)
     mask = getattr(operator, "mask", None) if family == "inpaint" else None
     out = []
     for b in range(y.shape[0]):
@@ -150,5 +152,5 @@ def measurement_sigma(y: Tensor, operator) -> list[float]:
         if isinstance(mask, Tensor):
             m = mask[b if mask.shape[0] > 1 else 0]
             observed = (m.amax(dim=0) if m.ndim == 3 else m) > 0
-        out.append(estimate_sigma(y[b], observed, weak_texture=family != "blur"))
+        out.append(estimate_sigma(y[b], observed, weak_texture=not blurred))
     return out

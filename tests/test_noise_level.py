@@ -199,3 +199,15 @@ def test_the_table_counts_failed_images_in_their_cell():
     table = noise_level_table([row("a", "1.1"), row("b", "", "ValueError: nothing observable")])
     assert "| denoise | ×1.10, failed on 1 of 2 |" in table
     assert "| denoise | failed on 1 of 1 |" in noise_level_table([row("b", "", "ValueError: x")])
+
+
+def test_a_camera_blur_is_read_as_a_blurred_measurement():
+    """Blurred in linear light, its measurement holds no fine texture either: every patch is read,
+    as for the blur family (weak-texture selection would keep only part of them)."""
+    from nfc_dps.training.leaves import textured_leaves
+
+    x = torch.from_numpy(textured_leaves(96, np.random.default_rng(0))).permute(2, 0, 1)[None].float()
+    camera = nfc_dps.build_operator("deblur_camera", 96, kernel_size=9, kernel_std=1.5, boundary="circular")
+    y = camera.measure(x, 0.01, torch.Generator().manual_seed(0))
+    assert measurement_sigma(y, camera) == [estimate_sigma(y[0], None, weak_texture=False)]
+    assert measurement_sigma(y, camera)[0] == pytest.approx(0.01, rel=0.05)

@@ -277,6 +277,7 @@ class CameraBlur(NonlinearOperator):
     kernel and boundary."""
 
     name = "deblur_camera"
+    blurred_measurement = True  # no fine texture left: sigma_y="auto" reads every patch, as for the blur family
 
     def __init__(self, blur: BlurOperator) -> None:
         super().__init__()
