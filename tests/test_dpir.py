@@ -182,6 +182,24 @@ def test_the_continuation_feeds_the_data_step_to_the_next_level():
     assert sigmas[0] == pytest.approx(2 * 49 / 255) and sigmas[-1] == pytest.approx(0.025)  # noise floor: sigma_y / 2
 
 
+def test_a_denoising_measurement_is_the_denoiser_at_its_noise_level():
+    """y = x + sigma_y n is the image at noise sigma_y: the continuation's estimate is the posterior
+    mean there, D(y, sigma_y) (on the Gaussian oracle, exactly), not data steps that put the
+    noise back; the self-ensemble averages the eight symmetries of the square (8 calls)."""
+    prior, _, _, x, _ = oracle_problem(2, seed=3)
+    op = nfc_dps.build_operator("denoise", SIZE)
+    g = torch.Generator().manual_seed(0)
+    y_m = x + 0.2 * torch.randn(x.shape, generator=g, dtype=torch.float64)  # sigma_y 0.1 in [0, 1] units
+    seen = []
+    out = sample_nfc_continuation(prior, Measurement(op, ((y_m + 1) / 2).float(), 0.1, x.shape), get_config("nfc"),
+                                  None, callback=seen.append)
+    torch.testing.assert_close(out.double(), (prior.posterior_mean(y_m, None, 0.2) + 1) / 2, rtol=0, atol=1e-5)
+    assert len(seen) == 1 and seen[0]["nfe"] == 8 and seen[0]["sigma"] == pytest.approx(0.2)
+    alone = sample_nfc_continuation(prior, Measurement(op, ((y_m + 1) / 2).float(), 0.1, x.shape),
+                                    get_config("nfc", "deterministic", self_ensemble=False), None)
+    torch.testing.assert_close(alone, out, rtol=0, atol=1e-5)  # the oracle is symmetric: one call suffices
+
+
 def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
     """renoise "matched": at the first level x - x0 is the fresh draw scaled by
     sqrt(max(s_1^2 - e^2, 0)) / s_1, e^2 = mean over frequencies of 1 / (|H|^2 / sigma_y^2 + 1 / s_0^2)

@@ -8,6 +8,12 @@ Algorithm, for levels sigma_0 > ... > sigma_{N-1} (model units) and the measurem
         x      = argmin ||y - A x||^2 / (2 sigma_y^2) + lam ||x - x0_hat||^2 / (2 sigma_k^2)   # operator.prox
     return x
 
+A denoising measurement (operator family "denoise": A = I, or I whitened per pixel) is the image
+itself under noise sigma_y, so the continuation's first level is that noise and its posterior mean
+is the denoiser's output there: the estimate is D(A^+ y, sigma_y) in one call (with
+``self_ensemble``: the mean over min(N, 8) of the symmetries of the square, one call each); data
+steps below the noise would only put the noise back.
+
 The data step is the conditional mean of the Gaussian step with covariance sigma_k^2 / lam (DPIR's HQS
 weighting); nothing is re-noised between levels, so the run draws no random number. The levels
 are EDM's rho-grid from ``sigma_max`` (see :func:`top_sigma`) down to max(sigma_min, noise_floor
@@ -40,12 +46,13 @@ from .common import (
     model_operator,
     pf_ode_predict,
     schedule_top,
+    sigma_vector,
     spectrum_for,
     to_image_units,
     to_model_units,
 )
 from .nfc import ODE_SIGMA_MIN, RHO
-from .self_ensemble import SelfEnsemblePrior
+from .self_ensemble import DIHEDRAL_ORDER, SelfEnsemblePrior
 
 #: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units), except for
 #: inpainting (``AUTO_SIGMA_MAX_INPAINT``): the observed pixels carry only the measurement noise and
@@ -143,6 +150,9 @@ def sample_nfc_continuation(
     top = top_sigma(cfg.sigma_max, operator, prob.sigma)
     if cfg.sigma_max == "auto" and not getattr(operator, "start_is_informative", True) and prior.denoiser_only:
         top = min(top, float(prior.sigma_max))  # the uninformed start's rule stays within a denoiser's range
+    if operator.family == "denoise" and is_linear(operator):
+        calls = min(cfg.num_levels, DIHEDRAL_ORDER) if cfg.self_ensemble else 1
+        return to_image_units(_denoise_measurement(prior, operator.A_pinv(prob.y), prob.sigma, calls, callback))
     sigmas = continuation_sigmas(cfg, schedule_top(prior, top), prob.sigma)
     spectrum = None
     if is_linear(operator):  # a nonlinear operator starts from its own estimate (operator.start)
@@ -158,3 +168,14 @@ def sample_nfc_continuation(
         if callback is not None:
             callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x, "nfe": prior.nfe})
     return to_image_units(x)
+
+
+def _denoise_measurement(prior: Prior, y: Tensor, sigma_y: float, calls: int, callback: Callback) -> Tensor:
+    """The posterior mean of a denoising measurement y (B, C, H, W, model units, noise std sigma_y):
+    D(y, sigma_y), averaged over the first ``calls`` symmetries of the square."""
+    sigma = schedule_top(prior, sigma_y)  # a denoiser-only prior refuses noise beyond its range
+    denoiser = SelfEnsemblePrior(prior) if calls > 1 else prior
+    x0_hat = sum(denoiser.denoise(y, sigma_vector(sigma, y)) for _ in range(calls)) / calls
+    if callback is not None:
+        callback({"i": 0, "sigma": sigma, "x": x0_hat, "denoised": x0_hat, "x0": x0_hat, "nfe": prior.nfe})
+    return x0_hat
