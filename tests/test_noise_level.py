@@ -174,6 +174,10 @@ def test_the_noise_level_protocol_writes_its_rows_and_table(tmp_path):
     assert all(float(r["ratio"]) == pytest.approx(float(r["estimate"]) / float(r["sigma"]), rel=1e-3) for r in rows)
     table = noise_level_doc_table(out, "bench/")
     assert table.startswith("| task | σ 0.002") and "| denoise | ×" in table and "results.csv" in table
+    before = (out / "results.csv").read_text()
+    assert main(["--protocol", "noise_level", "--size", "32", "--tasks", "denoise", "--methods", "estimate",
+                 "--image-names", "astronaut", "--threads", "1", "--out", str(out), "--no-plots"]) == 0  # resumes
+    assert (out / "results.csv").read_text() == before
 
 
 def test_a_configs_auto_gives_way_to_the_noise_flag(tmp_path):

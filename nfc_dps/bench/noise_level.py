@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -70,6 +70,12 @@ class NoiseLevelTier(Protocol):
 
     def cases(self) -> list[Case]:
         return [Case((t, str(s)), (t, s), tuple((t, str(s), n) for n in self.names)) for t in self.tasks for s in SIGMAS]
+
+    def row_labels(self, rows: Sequence[Row]) -> set[str]:
+        """Rows hold no method column: "nfc" where a row has restorations (its prior is checked)."""
+        if not rows:
+            return set()
+        return {"estimate"} | ({"nfc"} if any(str(r.get("psnr_true", "")) != "" for r in rows) else set())
 
     def setup(self, group: Hashable, log: Callable[[str], None] = print) -> SimpleNamespace:
         """The task's operator at this size, the truths x (N, 3, size, size) and seeded measurements y."""

@@ -6,8 +6,8 @@ NFC's NFE and at their presets, DPIR and each problem's classical answer
 
 Rows (results.csv): setting, method, nfe, image, psnr, ssim, seconds, note. The methods:
 
-* ``nfc``: NFC's default (16 NFE); ``nfc-gaussian`` (Poisson settings): the same sampler told the
-  noise is Gaussian of the Poisson model's reference std (the likelihood is the difference), the
+* ``nfc``: NFC's default (16 NFE; 8 on denoising); ``nfc-gaussian`` (Poisson settings): the same
+  sampler told the noise is Gaussian of the Poisson model's reference std (the likelihood is the difference), the
   counts clipped into the range ``restore`` accepts for that std (a photon spike past it is
   more than Gaussian noise explains);
 * ``daps@16``, ``dps@16``: DAPS and DPS at NFC's NFE; ``daps``, ``dps``: at their ``fast`` presets;

@@ -112,6 +112,11 @@ class Protocol:
         """A first-table row a rerun computes again (a method that raised: its reason in ``note``)."""
         return bool(row.get("note"))
 
+    def row_labels(self, rows: Sequence[Row]) -> set[str]:
+        """The columns ("method@budget", or "method" in a table without budgets) that first-table
+        rows already hold: what a rerun's folder check compares with its own."""
+        return {f"{r['method']}@{r['budget']}" if "budget" in r else r["method"] for r in rows}
+
     def order(self, table: Table, cases: Sequence[Case]) -> Callable[[Row], Any]:
         """The canonical sort key of ``table``'s rows: the order of their cases."""
         index = {c.name: i for i, c in enumerate(cases)}
@@ -137,9 +142,7 @@ def run_protocol(protocol: Protocol, log: Callable[[str], None] = print) -> dict
     protocol.prepare(device)
     check_protocol(spec, out / "config.json")  # before its rows are read as this protocol's
     existing = main.read(out)
-    record, notes = check_folder_record(spec, out / "config.json", protocol.record(),
-                                        {f"{r['method']}@{r['budget']}" if "budget" in r else r["method"]
-                                         for r in existing})  # a table without budgets: its method labels
+    record, notes = check_folder_record(spec, out / "config.json", protocol.record(), protocol.row_labels(existing))
     cases = protocol.cases()
     d.barrier()
     if d.rank == 0:
