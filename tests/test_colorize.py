@@ -113,3 +113,16 @@ def test_simulate_and_restore_colorize_from_the_command_line(tmp_path):
                  "-o", str(tmp_path / "out"), "--method", "ddrm", "--steps", "2", "-q"]) == 0
     restored, _ = read_image(tmp_path / "out" / "photo.png")
     assert restored.shape == (32, 32, 3)
+
+
+def test_the_wiener_start_of_a_colorization_has_no_colour_cast():
+    """A power law has no correlation between channels, so its linear-MMSE start would put y's
+    residual along the luma weights (green): the start is the gray image, which fits y exactly."""
+    from nfc_dps.samplers.common import initial_estimate
+
+    op = Colorization()
+    y = torch.rand(2, 1, SIZE, SIZE, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    spectrum = torch.ones(1, 1, SIZE, SIZE)
+    start = initial_estimate(op, y, 0.05, (2, 3, SIZE, SIZE), "wiener", spectrum)
+    torch.testing.assert_close(start, y.expand(-1, 3, -1, -1))
+    torch.testing.assert_close(op.A(start), y)

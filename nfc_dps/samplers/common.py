@@ -169,6 +169,9 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
       gradients (``START_CG_ITERATIONS``) where there is no closed form. For a blur that does not
       wrap (reflect or valid boundary) C is stationary on the image's symmetric extension instead,
       so that it does not join opposite borders either (``gaussian_step.blur_wiener_estimate``).
+      Where the measurement mixes the image's channels (colorization), the ``adjoint`` estimate:
+      S has no correlation between channels, so its estimate would spread y's residual along the
+      mixing weights (a colour cast), while the adjoint one (the gray image) fits y without one.
     Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
     """
     if not is_linear(operator):  # a model-units nonlinear operator: its own start from y
@@ -184,7 +187,7 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     count = observed.sum(dim=(-2, -1), keepdim=True).clamp_min(1)
     normalised = torch.where(observed, back / torch.where(observed, gain, torch.ones_like(gain)), torch.zeros_like(back))
     mean = normalised.sum(dim=(-2, -1), keepdim=True) / count
-    if kind == "adjoint":
+    if kind == "adjoint" or (kind == "wiener" and _mixes_channels(operator, like)):
         return torch.where(observed, normalised, mean.expand_as(normalised))
     level = mean.expand_as(normalised).contiguous()
     if kind == "tikhonov":
@@ -199,6 +202,11 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
         return blur_wiener_estimate(operator, y, level, sigma_y, spectrum, START_CG_ITERATIONS)
     return gaussian_conditional(operator, y, level, sigma_y, spectrum, None, sample=False,
                                 cg_iters=START_CG_ITERATIONS, coverage=pixel_coverage(operator, like))
+
+
+def _mixes_channels(operator: LinearOperator, like: Tensor) -> bool:
+    """Whether the measurement of images shaped ``like`` has other channels than they do."""
+    return operator.measurement_shape(like.shape)[1] != like.shape[1]
 
 
 def spectrum_for(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape,
