@@ -54,6 +54,7 @@ conformal() {
     cp "$ROOT/$name"/{conformal.csv,calibration.csv,summary.md} "docs/bench/$dest/"
 }
 I256="--size 256 --zoom 1 --image-names astronaut,coffee,chelsea"
+T=sr_bicubic,inpaint_box,inpaint_random,deblur_gaussian,deblur_motion,denoise  # the standard tasks and denoising
 C=wiener,tv,bicubic,biharmonic
 A=nfc,nfc:deterministic,daps,dps,diffpir,ddnm,ddrm,dpir,$C
 MULTI="torchrun --nproc_per_node=$PROCS --standalone -m nfc_dps bench"
@@ -73,8 +74,8 @@ run_table() {
         done ;;
     prior_report) nfc-dps prior-report --label "$PRIOR_LABEL" \
         --no-overlap --no-whole --threads 2 --timing-runs 5 --out docs/prior_report.json --markdown ;;
-    local256_det) bench local256_det $I256 --methods nfc:deterministic,dpir,dpir:paper,tv,wiener,bicubic,biharmonic ;;
-    local256_50nfe) bench local256_50nfe $I256 --methods nfc,nfc:fast_psnr,ddnm --budgets 50 ;;
+    local256_det) bench local256_det $I256 --tasks $T --methods nfc:deterministic,dpir,dpir:paper,tv,wiener,bicubic,biharmonic ;;
+    local256_50nfe) bench local256_50nfe $I256 --tasks $T --methods nfc,nfc:fast_psnr,ddnm --budgets 50 ;;
     local256_seed1) bench local256_seed1 $I256 --tasks sr_bicubic,deblur_gaussian,deblur_motion \
         --methods nfc:deterministic,dpir,dpir:paper,tv --seed 1 ;;
     local64_det) bench local64_det --methods nfc:deterministic,dpir,dpir:paper,$C ;;

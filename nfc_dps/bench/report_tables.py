@@ -21,7 +21,8 @@ from .calibration_report import coverage_table, read_calibration_csv
 from .spec import DEFAULT_TASKS, TASK_LABELS
 from .tables import group_rows, load_results, mean_std, numbers
 
-TASKS = DEFAULT_TASKS
+#: the task columns, in order, of the tables whose result files have rows of them
+TASKS = (*DEFAULT_TASKS, "denoise")
 #: display names, in the order rows are listed (network methods, then the classical answers)
 METHOD_NAMES = {**{name: m.display_name for name, m in METHODS.items()},
                 "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic"}
@@ -144,8 +145,11 @@ def _sort_key(key: tuple[str, str, str], preset: str) -> tuple:
 
 
 def _fmt_nfe(rows: list[dict[str, str]]) -> str:
+    """The network calls of a row's cells: one number, or each count it takes, most first ("16/8")."""
     n = numbers(rows, "nfe")
-    return "–" if not n or max(n) == 0 else f"{int(np.median(n))}"
+    if not n or max(n) == 0:
+        return "–"
+    return "/".join(str(v) for v in sorted({int(v) for v in n}, reverse=True))
 
 
 def _caption(src: Source, link: str) -> str:
