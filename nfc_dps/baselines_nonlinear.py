@@ -108,11 +108,11 @@ def hdr_inverse_inpaint(operator: HighDynamicRange, y: Tensor, margin: float = 0
     """The unclipped inverse where y is not clipped (within ``margin`` of 0 or 1); the clipped pixels
     filled by scikit-image's biharmonic inpainting, then held on their side of the clip (a pixel
     clipped at 0 is at most the inverse of 0, one clipped at 1 at least that of 1)."""
-    inverse = operator.start(y)
+    inverse = operator.inverse(y)
     observed = (y > margin) & (y < 1 - margin)
     filled = torch.stack([torch.cat([biharmonic_inpaint(Inpainting(observed[i, c].float()), inverse[i:i + 1, c:c + 1])
                                      for c in range(y.shape[1])], 1)[0] for i in range(y.shape[0])])
-    low, high = operator.start(torch.zeros(())), operator.start(torch.ones(()))
+    low, high = operator.inverse(torch.zeros(())), operator.inverse(torch.ones(()))
     filled = torch.where(y <= margin, torch.minimum(filled, low), filled)
     filled = torch.where(y >= 1 - margin, torch.maximum(filled, high), filled)
     return filled.clamp(0, 1).float()

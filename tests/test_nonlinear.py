@@ -202,3 +202,12 @@ def test_daps_draws_do_not_depend_on_the_batch_on_weighted_and_nonlinear_operato
         both = nfc_dps.restore(y, op, noise=noise, **kw).image
         alone = nfc_dps.restore(y, op, noise=noise, max_batch=1, **kw).image
         torch.testing.assert_close(both, alone, atol=1e-5, rtol=0)
+
+
+def test_hdr_starts_saturated_pixels_at_the_saturated_value():
+    """Where the sensor saturated the scene mostly lies well past the clip: the first estimate takes
+    the saturated reading (0 or 1) there, the unclipped inverse elsewhere; the inverse itself stays."""
+    op = build_operator("hdr", 4)
+    y = torch.tensor([-0.03, 0.0, 0.2, 0.5, 0.9, 1.0, 1.04]).view(1, 1, 1, 7)
+    torch.testing.assert_close(op.inverse(y), (y - 0.5) / 2 + 0.5)
+    torch.testing.assert_close(op.start(y), torch.tensor([0.0, 0.0, 0.35, 0.5, 0.7, 1.0, 1.0]).view(1, 1, 1, 7))

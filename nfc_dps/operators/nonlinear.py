@@ -196,9 +196,16 @@ class HighDynamicRange(NonlinearOperator):
     def A(self, x: Tensor) -> Tensor:
         return (self.scale * (x - 0.5) + 0.5).clamp(0, 1)
 
-    def start(self, y: Tensor) -> Tensor:
+    def inverse(self, y: Tensor) -> Tensor:
         """The unclipped inverse: (y - 1/2) / scale + 1/2."""
         return (y - 0.5) / self.scale + 0.5
+
+    def start(self, y: Tensor) -> Tensor:
+        """The unclipped inverse where y is inside (0, 1); where the measurement is saturated (y <= 0
+        or y >= 1), the saturated value itself (0 or 1), as the sensor shows it: the inverse would
+        put every clipped pixel on the clip's edge, while the scene there mostly lies well beyond it
+        (chosen on validation images over fills at fractions of the way from the edge to 0 or 1)."""
+        return torch.where((y <= 0) | (y >= 1), y.clamp(0, 1), self.inverse(y))
 
     def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
         return tuple(image_shape)
