@@ -200,6 +200,36 @@ def test_a_denoising_measurement_is_the_denoiser_at_its_noise_level():
     torch.testing.assert_close(alone, out, rtol=0, atol=1e-5)  # the oracle is symmetric: one call suffices
 
 
+def test_denoising_averages_the_symmetries_and_stays_in_a_denoisers_range():
+    """An orientation-dependent error (a ramp along the width) cancels over the symmetries of the
+    square; one call keeps it. Noise above a denoiser-only prior's range is denoised at its top
+    (as DPIR does), not refused; Poisson-whitened noise at the image's own level."""
+    from nfc_dps.noise import PoissonNoise
+    from nfc_dps.priors.denoiser import DenoiserPrior
+
+    ramp = torch.linspace(-0.01, 0.01, 8).view(1, 1, 1, 8)
+    levels = []
+
+    def fn(x, sigma):
+        levels.append(sigma.clone())
+        return x + ramp.to(x.dtype)
+
+    prior = DenoiserPrior(fn, sigma_max=50 / 255)
+    op = nfc_dps.build_operator("denoise", 8)
+    y = torch.full((1, 3, 8, 8), 0.5)
+    out = nfc_dps.restore(y, op, prior=prior, sigma_y=0.25, progress=False)  # above 50/255
+    torch.testing.assert_close(out.image, y, rtol=0, atol=1e-6)
+    assert out.nfe == 8 and all(float(s.max()) == pytest.approx(50 / 255) for s in levels)
+    one = nfc_dps.restore(y, op, prior=prior, sigma_y=0.02, progress=False, self_ensemble=False)
+    torch.testing.assert_close(one.image, y + ramp, rtol=0, atol=1e-6)
+    levels.clear()
+    counts = torch.full((1, 3, 8, 8), 0.5)
+    counts[..., :4] = 0.1  # dim pixels: fewer photons, relatively noisier
+    nfc_dps.restore(counts, op, prior=prior, noise=PoissonNoise(50), progress=False)
+    raw_std = (counts.clamp_min(1 / 50) / 50).sqrt()  # per-pixel Poisson std at the box-smoothed counts, about
+    assert float(levels[0][0]) == pytest.approx(float(raw_std.square().mean().sqrt()), rel=0.15)
+
+
 def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
     """renoise "matched": at the first level x - x0 is the fresh draw scaled by
     sqrt(max(s_1^2 - e^2, 0)) / s_1, e^2 = mean over frequencies of 1 / (|H|^2 / sigma_y^2 + 1 / s_0^2)

@@ -254,7 +254,8 @@ def glance_table(sized: Sequence[tuple[str, Source]], link: str) -> str:
     L = ["| | " + " | ".join(TASK_LABELS[t] for t in TASKS) + " |", "|---|" + "---|" * len(TASKS)]
     for title, src in sized:
         nfc = _means(src, "nfc:deterministic")
-        rows = [(f"{title}: NFC default (16 NFE)", {t: (v, "") for t, v in nfc.items()}),
+        calls = _fmt_nfe([r for r in src.rows if r["method"] == "nfc:deterministic"])
+        rows = [(f"{title}: NFC default ({calls} NFE)", {t: (v, "") for t, v in nfc.items()}),
                 (f"{title}: better DPIR preset", _best(src, DPIR_COLUMNS)),
                 (f"{title}: best classical", _best(src, CLASSICAL))]
         top = {t: max(d[t][0] for _, d in rows if t in d) for t in TASKS if any(t in d for _, d in rows)}

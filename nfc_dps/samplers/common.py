@@ -169,7 +169,7 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
       gradients (``START_CG_ITERATIONS``) where there is no closed form. For a blur that does not
       wrap (reflect or valid boundary) C is stationary on the image's symmetric extension instead,
       so that it does not join opposite borders either (``gaussian_step.blur_wiener_estimate``).
-      Where the measurement mixes the image's channels (colorization), the ``adjoint`` estimate:
+      Where the operator mixes the image's channels (it declares ``image_channels``: colorization), the ``adjoint`` estimate:
       S has no correlation between channels, so its estimate would spread y's residual along the
       mixing weights (a colour cast), while the adjoint one (the gray image) fits y without one.
     Shapes: y (B, C, h, w) -> (B, C, H, W) with H, W from ``image_shape``.
@@ -187,7 +187,7 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
     count = observed.sum(dim=(-2, -1), keepdim=True).clamp_min(1)
     normalised = torch.where(observed, back / torch.where(observed, gain, torch.ones_like(gain)), torch.zeros_like(back))
     mean = normalised.sum(dim=(-2, -1), keepdim=True) / count
-    if kind == "adjoint" or (kind == "wiener" and _mixes_channels(operator, like)):
+    if kind == "adjoint" or (kind == "wiener" and _mixes_channels(operator)):
         return torch.where(observed, normalised, mean.expand_as(normalised))
     level = mean.expand_as(normalised).contiguous()
     if kind == "tikhonov":
@@ -204,9 +204,10 @@ def initial_estimate(operator: LinearOperator, y: Tensor, sigma_y: float, image_
                                 cg_iters=START_CG_ITERATIONS, coverage=pixel_coverage(operator, like))
 
 
-def _mixes_channels(operator: LinearOperator, like: Tensor) -> bool:
-    """Whether the measurement of images shaped ``like`` has other channels than they do."""
-    return operator.measurement_shape(like.shape)[1] != like.shape[1]
+def _mixes_channels(operator: LinearOperator) -> bool:
+    """Whether A mixes the image's channels: it declares the channels it takes (colorization: 3),
+    where an operator that acts on each channel alike declares None."""
+    return getattr(operator, "image_channels", None) is not None
 
 
 def spectrum_for(source: str, prior: Prior, operator: LinearOperator, y_m: Tensor, image_shape,

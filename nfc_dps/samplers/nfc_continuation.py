@@ -8,11 +8,12 @@ Algorithm, for levels sigma_0 > ... > sigma_{N-1} (model units) and the measurem
         x      = argmin ||y - A x||^2 / (2 sigma_y^2) + lam ||x - x0_hat||^2 / (2 sigma_k^2)   # operator.prox
     return x
 
-A denoising measurement (operator family "denoise": A = I, or I whitened per pixel) is the image
-itself under noise sigma_y, so the continuation's first level is that noise and its posterior mean
-is the denoiser's output there: the estimate is D(A^+ y, sigma_y) in one call (with
-``self_ensemble``: the mean over min(N, 8) of the symmetries of the square, one call each); data
-steps below the noise would only put the noise back.
+A denoising measurement (operator family "denoise": A = I, or I whitened per pixel for Poisson
+noise) is the image itself under noise, A^+ y = x + noise, so the continuation's first level is
+that noise and its posterior mean is the denoiser's output there: the estimate is D(A^+ y, s), s
+the image's noise level, in one call (with ``self_ensemble``: the mean over min(N, 8) of the
+symmetries of the square, one call each; the other settings are unused); data steps below the
+noise would only put the noise back.
 
 The data step is the conditional mean of the Gaussian step with covariance sigma_k^2 / lam (DPIR's HQS
 weighting); nothing is re-noised between levels, so the run draws no random number. The levels
@@ -29,6 +30,7 @@ import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 from torch.profiler import record_function
 
@@ -46,7 +48,6 @@ from .common import (
     model_operator,
     pf_ode_predict,
     schedule_top,
-    sigma_vector,
     spectrum_for,
     to_image_units,
     to_model_units,
@@ -71,14 +72,16 @@ class ContinuationConfig(StepConfig):
     """The deterministic continuation's settings; every field is a YAML key (sigmas in [-1, 1]
     model units). The defaults are the ``deterministic`` preset.
 
-    num_levels: N levels = network calls (NFE).
+    num_levels: N levels = network calls (NFE); on a denoising measurement min(N, 8) calls with the
+        self-ensemble, else 1 (see the module docstring).
     sigma_max: the first level, a number or "auto": max(``AUTO_SIGMA_MAX_INPAINT``, sigma_y) when
         the operator's family is "inpaint", ``AUTO_SIGMA_MAX_UNINFORMED`` when its first estimate
         holds no image (phase retrieval), else ``AUTO_SIGMA_MAX`` (:func:`top_sigma`).
     sigma_min / noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in
         model units (below the measurement noise a data step cannot tell detail from noise).
     prior_weight: lam, the data step's trust in x0_hat (DPIR's HQS weighting is lam = 0.23).
-    self_ensemble: DPIR's periodical geometric self-ensemble (``SelfEnsemblePrior``); no extra NFE.
+    self_ensemble: DPIR's periodical geometric self-ensemble (``SelfEnsemblePrior``); no extra NFE
+        (on a denoising measurement: the mean of the calls' symmetries).
     """
 
     num_levels: int = 16
@@ -151,8 +154,7 @@ def sample_nfc_continuation(
     if cfg.sigma_max == "auto" and not getattr(operator, "start_is_informative", True) and prior.denoiser_only:
         top = min(top, float(prior.sigma_max))  # the uninformed start's rule stays within a denoiser's range
     if operator.family == "denoise" and is_linear(operator):
-        calls = min(cfg.num_levels, DIHEDRAL_ORDER) if cfg.self_ensemble else 1
-        return to_image_units(_denoise_measurement(prior, operator.A_pinv(prob.y), prob.sigma, calls, callback))
+        return to_image_units(_denoise_measurement(prior, operator, prob.y, prob.sigma, cfg, callback))
     sigmas = continuation_sigmas(cfg, schedule_top(prior, top), prob.sigma)
     spectrum = None
     if is_linear(operator):  # a nonlinear operator starts from its own estimate (operator.start)
@@ -170,12 +172,22 @@ def sample_nfc_continuation(
     return to_image_units(x)
 
 
-def _denoise_measurement(prior: Prior, y: Tensor, sigma_y: float, calls: int, callback: Callback) -> Tensor:
-    """The posterior mean of a denoising measurement y (B, C, H, W, model units, noise std sigma_y):
-    D(y, sigma_y), averaged over the first ``calls`` symmetries of the square."""
-    sigma = schedule_top(prior, sigma_y)  # a denoiser-only prior refuses noise beyond its range
+def _denoise_measurement(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, cfg: ContinuationConfig,
+                         callback: Callback) -> Tensor:
+    """The posterior mean of a denoising measurement y (B, C, H, W, model units, noise std sigma_y of
+    the diagonal operator's measurement): D(A^+ y, s) at the image's noise level s (per image, the
+    root mean square of A^+ y's per-pixel noise std sigma_y / A(1): sigma_y itself for A = I),
+    averaged over the first min(N, 8) symmetries of the square with ``self_ensemble`` (4 on a
+    non-square image for a prior of one size). A denoiser-only prior is called at most at the top of
+    its range, as DPIR calls it."""
+    image = operator.A_pinv(y)
+    gain = operator.A(torch.ones_like(image[:1]))
+    level = ((sigma_y / gain).square().flatten(1).mean(1)).sqrt().expand(image.shape[0])
+    level = level.clamp(max=float(prior.sigma_max))
+    symmetries = DIHEDRAL_ORDER if image.shape[-2] == image.shape[-1] or prior.fixed_size is None else 4
+    calls = min(cfg.num_levels, symmetries) if cfg.self_ensemble else 1
     denoiser = SelfEnsemblePrior(prior) if calls > 1 else prior
-    x0_hat = sum(denoiser.denoise(y, sigma_vector(sigma, y)) for _ in range(calls)) / calls
+    x0_hat = sum(denoiser.denoise(image, level.to(image.dtype)) for _ in range(calls)) / calls
     if callback is not None:
-        callback({"i": 0, "sigma": sigma, "x": x0_hat, "denoised": x0_hat, "x0": x0_hat, "nfe": prior.nfe})
+        callback({"i": 0, "sigma": float(level.max()), "x": x0_hat, "denoised": x0_hat, "x0": x0_hat, "nfe": prior.nfe})
     return x0_hat

@@ -458,6 +458,18 @@ class _Run:
             self.stop_signal = "a signal to another process of the group"
         return bool(stop.item() == 0)
 
+    def _share_signal(self) -> None:
+        """In a group, when the ranks have stopped at one step: a signal any rank got is every rank's
+        (a collective; a no-op in a single process)."""
+        if self.dist.world == 1:
+            return
+        import torch.distributed as tdist
+
+        got = torch.tensor([0.0 if self.stop_signal is None else 1.0], device=self.device)
+        tdist.all_reduce(got, op=tdist.ReduceOp.MAX)
+        if got.item() and self.stop_signal is None:
+            self.stop_signal = "a signal to another process of the group"
+
     def mean_loss(self, run_sum: Tensor, run_n: int) -> float:
         """The mean loss of the steps since the last log, over every rank."""
         if self.dist.world > 1:
@@ -548,6 +560,7 @@ class _Run:
                 if step % cfg.save_every == 0:
                     self.save()
                     t_log = time.time()  # crops/s counts training, not saving and evaluating
+            self._share_signal()  # one that came after the ranks' last agreement
             if self.step > self.saved:  # the last save and export, still under the signal handlers
                 self.save()
             elif self.writer and cfg.export and self.exported != self.step and not self.export_is_current():
