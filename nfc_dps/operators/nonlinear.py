@@ -204,7 +204,9 @@ class HighDynamicRange(NonlinearOperator):
         """The unclipped inverse where y is inside (0, 1); where the measurement is saturated (y <= 0
         or y >= 1), the saturated value itself (0 or 1), as the sensor shows it: the inverse would
         put every clipped pixel on the clip's edge, while the scene there mostly lies well beyond it
-        (chosen on validation images over fills at fractions of the way from the edge to 0 or 1)."""
+        (chosen on validation images over fills at fractions of the way from the edge to 0 or 1, and
+        over thresholds a little inside (0, 1), which also catch the saturated pixels that noise
+        pulled back inside but lost)."""
         return torch.where((y <= 0) | (y >= 1), y.clamp(0, 1), self.inverse(y))
 
     def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
