@@ -56,7 +56,7 @@ KIND_SIMULATION = "nfc_dps.simulation"
 #: key of a simulation.json whose folder a simulate run was rewriting when it stopped
 INCOMPLETE = "incomplete"
 #: how ``nfc-dps restore`` derives each image's seed from the run's base seed
-PER_IMAGE_SEED = ("nfc_dps.api.stable_seed(seed, name): a hash of the base seed and the image's path relative "
+PER_IMAGE_SEED = ("nfc_dps.restore_inputs.stable_seed(seed, name): a hash of the base seed and the image's path relative "
                   "to the input folder ('/'-separated), never its position in the folder")
 #: ``noise_sigma: auto``: the Gaussian noise level estimated per image from the measurement
 AUTO_NOISE_SIGMA = "auto"

@@ -2,7 +2,8 @@
 harness and ``nfc-dps restore``: gloo on CPU, NCCL on GPUs; a single process needs no process group.
 
 Work is dealt over ranks by the callers (the harness by (task, image) job, ``restore`` by file);
-this module only starts the group and moves small Python objects between ranks.
+this module only starts the group and moves small Python objects and values between ranks
+(broadcast, gather, max, mean: no-ops in a single process).
 
 What is torchrun's own: when any rank exits with a nonzero status, torchrun stops the other ranks
 (SIGTERM), prints its ``ChildFailedError`` traceback and a table of each rank's exit code, and
@@ -107,6 +108,37 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (picklable; [obj] in a single process)."""
+        if not self.initialised:
+            return [obj]
+        import torch.distributed as dist
+
+        box: list[Any] = [None] * self.world
+        dist.all_gather_object(box, obj)
+        return box
+
+    def max(self, value: float, device: torch.device | str = "cpu") -> float:
+        """The largest ``value`` over the ranks (``value`` itself in a single process); ``device``:
+        where this rank's tensors live (NCCL reduces on the GPU)."""
+        if not self.initialised:
+            return float(value)
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        """The mean of tensor ``t`` over the ranks (``t`` itself in a single process)."""
+        if not self.initialised:
+            return t
+        import torch.distributed as dist
+
+        t = t.clone()
+        dist.all_reduce(t)
+        return t / self.world
 
 
 def init_distributed(device: str) -> Dist:

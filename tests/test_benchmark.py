@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from nfc_dps.api import stable_seed
 from nfc_dps.bench.cli import main
 from nfc_dps.bench.measurements import load_images, measurement
 from nfc_dps.bench.spec import BenchSpec, method_config, method_runs, task_specs
 from nfc_dps.bench.tables import COLUMNS, VOLATILE
+from nfc_dps.restore_inputs import stable_seed
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -482,8 +482,8 @@ def test_the_oracle_retries_a_failed_row(tmp_path, monkeypatch):
 def test_the_committed_rows_are_seeded_as_the_harness_seeds_them_now():
     """Every row of a committed result file carries the sampler seed the harness derives today from
     (--seed, task, image): rerunning its command reproduces its measurements."""
-    from nfc_dps.api import stable_seed
     from nfc_dps.bench.spec import seed_name
+    from nfc_dps.restore_inputs import stable_seed
 
     rows = read_rows(Path(__file__).resolve().parents[1] / "docs" / "bench" / "local256_det_results.csv")
     seeded = [r for r in rows if r["seed"]]

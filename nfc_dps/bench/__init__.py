@@ -4,7 +4,7 @@ oracle, Gaussian-mixture and calibration protocols, a per-NFE profile, and shard
 processes. Every protocol runs through one runner (:func:`nfc_dps.bench.runner.run_protocol`).
 
 Grid: tasks x images x methods x NFE budgets, fixed seeds. Every seed is derived from
-(--seed, task, image) alone (:func:`nfc_dps.api.stable_seed`), so a row's numbers do not depend on
+(--seed, task, image) alone (:func:`nfc_dps.restore_inputs.stable_seed`), so a row's numbers do not depend on
 which process ran it, in which order, or with which other jobs.
 
 Outputs (written atomically): results.csv (one row per task x image x method x estimator x

@@ -67,7 +67,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import stable_seed
 from ..conformal import DEFAULT_EPS, EDGE_WEIGHTS, fit_rule, interval
 from ..io import atomic_write_bytes, atomic_write_text
 from ..metrics import coverage, expected_coverage
@@ -75,6 +74,7 @@ from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
 from ..priors.default import load_prior
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..restore_inputs import stable_seed
 from ..samplers import METHODS, Measurement, sample_chains
 from ..training.leaves import textured_leaves
 from .calibration_report import (

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import stable_seed
 from ..io import atomic_write_bytes, atomic_write_text
 from ..operators import BlurOperator, Denoising, Inpainting, build_operator
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..restore_inputs import stable_seed
 from .instruments import save_png
 from .spec import BenchSpec, TaskSpec, seed_name
 

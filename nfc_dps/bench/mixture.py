@@ -52,12 +52,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import stable_seed
 from ..io import atomic_write_text
 from ..metrics import coverage, expected_coverage, sliced_wasserstein
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianMixturePrior
 from ..priors.base import Prior, PriorWrapper
+from ..restore_inputs import stable_seed
 from ..samplers import METHODS, Measurement, sample_chains
 from ..samplers.nfc import NFCConfig
 from .runner import Case, Protocol, Row, Table, folder_record

@@ -19,12 +19,13 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..api import restore, stable_seed
+from ..api import restore
 from ..io import atomic_write_text
 from ..metrics import psnr
 from ..noise_level import measurement_sigma
 from ..operators import build_operator
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..restore_inputs import stable_seed
 from .measurements import _center_crop_zoom
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt, load_results

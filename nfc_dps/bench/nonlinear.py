@@ -33,13 +33,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import range_tolerance, restore, stable_seed
+from ..api import restore
 from ..baselines_nonlinear import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
 from ..io import atomic_write_text
 from ..metrics import psnr, rotation_twin_aligned, ssim
 from ..noise import GaussianNoise, NoiseModel, PoissonNoise
 from ..operators import TASKS, build_operator
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..restore_inputs import range_tolerance, stable_seed
 from ..samplers import get_config
 from .measurements import _center_crop_zoom
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..api import stable_seed
 from ..baselines import tv_restore, wiener
 from ..io import atomic_write_text
 from ..metrics import mse, psnr, ssim
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianSpectralPrior
+from ..restore_inputs import stable_seed
 from ..samplers import METHODS, Measurement, get_config, sample_chains
 from .grid import RESULTS
 from .runner import Case, Protocol, Row, Table, folder_record

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import io as nio
-from ..api import as_batch, restore, stable_seed
+from ..api import restore
 from ..config import ResolvedSampler, TaskConfig, load_config
 from ..conformal import (
     DEFAULT_EPS,
@@ -25,6 +25,7 @@ from ..conformal import (
     prior_fingerprint,
     sampler_fields,
 )
+from ..restore_inputs import as_batch, stable_seed
 from ..samplers.common import PriorRangeError
 from .common import (
     DEFAULT_MAX_BATCH,

@@ -18,11 +18,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import io as nio
-from ..api import as_batch, stable_seed
 from ..locking import LOCK_FILE  # noqa: F401 - the lock file's name, for the CLI's users and tests
 from ..metrics import restoration_metrics
 from ..priors.base import Prior
 from ..priors.default import load_prior, prior_identity
+from ..restore_inputs import as_batch, stable_seed
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 

@@ -19,6 +19,7 @@ from ..config import PER_IMAGE_SEED, ResolvedSampler
 from ..conformal import CalibrationError, UnfamiliarImageWarning, prior_fingerprint
 from ..distributed import Dist, init_distributed, resolve_device
 from ..operators import TASKS
+from ..restore_inputs import as_batch
 from ..run_record import resolved_config
 from ..samplers.common import PriorRangeError
 from .common import (
@@ -447,7 +448,7 @@ class RestoreRun:
         try:
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always", UnfamiliarImageWarning)
-                res = api.restore(torch.cat([api.as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
+                res = api.restore(torch.cat([as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
                                   prior=self.prior, method=self.sampler.method,
                                   **({"sigma_y": "auto"} if self.task.estimates_noise else {"noise": self.task.noise_model}),
                                   seed=[j.item.seed for j in jobs], num_samples=self.samples,

@@ -12,11 +12,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import io as nio
-from ..api import as_batch
 from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
 from ..noise import GaussianNoise
 from ..operators import TASKS
 from ..operators.blur import KernelLargerThanMeasurement
+from ..restore_inputs import as_batch
 from ..run_record import package_versions
 from .common import (
     DISK_FULL,

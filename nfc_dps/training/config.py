@@ -1,6 +1,7 @@
-"""The settings of a training run (:class:`TrainConfig`), their checks, the network fields a
-resumed or warm-started run takes from its state or its initial prior, the learning-rate
-schedule and what a run returns (:class:`TrainResult`)."""
+"""The settings of a training run (:class:`TrainConfig`), their checks (values, the folders apart),
+the network fields a resumed or warm-started run takes from its state or its initial prior, the
+compute precision ``auto`` stands for, the learning-rate schedule and what a run returns
+(:class:`TrainResult`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from ..priors.archs import ARCHS, DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
+from ..priors.diffusers_prior import native_bfloat16
 from .data import DEFAULT_SCALES, TrainingError
 from .export import EVAL_SIGMAS
 from .leaves import SYNTHETIC
@@ -142,3 +146,34 @@ def resolve_network(cfg: TrainConfig, saved: dict | None, init: dict | None) -> 
                                     f"this run asks for {value!r}")
         out[key] = value
     return replace(cfg, **out)
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 autocast on a CUDA GPU that multiplies bfloat16 in hardware, else float32
+    (a CPU keeps float32 under ``auto``: bfloat16 is faster only where the CPU has it natively,
+    scripts/train_throughput.py measures it, and its effect per step against float32 is not measured;
+    ``--precision bfloat16`` asks for it)."""
+    if name != "auto":
+        return name
+    return "bfloat16" if device.type == "cuda" and native_bfloat16(device) else "float32"
+
+
+def check_folders(cfg: TrainConfig) -> None:
+    """The work, export and image folders are apart: a work or export folder that is the image
+    folder, or holds it, would leave no image to train on (both are left out of the scan)."""
+    if cfg.images is None:
+        return
+    images = Path(cfg.images)
+    try:
+        real = images.resolve()
+        others = [(flag, Path(f), Path(f).resolve()) for flag, f in (("--workdir", cfg.workdir), ("--export", cfg.export))
+                  if f is not None]
+    except (OSError, RuntimeError) as e:
+        raise TrainingError(f"cannot follow the symbolic links of a folder: {e}") from e
+    for flag, given, folder in others:
+        if folder == real:
+            raise TrainingError(f"{flag} {given} is the --images folder {images}; choose another folder (its files "
+                                f"would mix with the training images, which it is left out of)")
+        if folder in real.parents:
+            raise TrainingError(f"--images {images} lies inside {flag} {given}, which the image scan leaves out; "
+                                f"choose a {flag} folder outside it")

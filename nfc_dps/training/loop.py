@@ -26,7 +26,6 @@ denoising PSNR at every export) and ``train_config.json``.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import math
 import os
@@ -49,14 +48,15 @@ from ..locking import FolderBusy, folder_lock
 from ..priors.archs import build_unet, size_independent
 from ..priors.base import EDMDenoiser
 from ..priors.default import load_prior
-from ..priors.diffusers_prior import _UNetCall, native_bfloat16
+from ..priors.diffusers_prior import _UNetCall
 from ..priors.training_data import images_power_law
-from .config import TrainConfig, TrainResult, check_config, learning_rate, resolve_network
+from .config import TrainConfig, TrainResult, check_config, check_folders, learning_rate, resolve_network, resolve_precision
 from .data import BUILTIN_DEAD_LEAVES, CropSampler, DeadLeaves, TrainingError, load_builtin, load_folder, multiscale
 from .export import INFO_NAME, evaluate_heldout, export_prior, init_network_keys, load_init_weights
 from .leaves import DEFAULT_SYNTHETIC
+from .logs import append_row, keep_rows
 from .plot import read_loss_csv, render_loss_png
-from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, write_state
+from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, resume_seed, write_state
 
 LOSS_CSV, LOSS_PNG, HELDOUT_CSV, CONFIG_JSON = "loss.csv", "loss.png", "heldout.csv", "train_config.json"
 LOSS_FIELDS = ["step", "loss", "seconds", "crops_per_s"]
@@ -64,54 +64,6 @@ SIGMA_DATA = 0.5
 #: in a torchrun group the ranks agree whether to go on every this many steps (a signal or the
 #: --minutes budget on any rank stops them all at the next such step; --steps needs no agreement)
 GROUP_CHECK_EVERY = 10
-
-
-def _precision(name: str, device: torch.device) -> str:
-    """``auto``: bfloat16 autocast on a CUDA GPU that multiplies bfloat16 in hardware, else float32
-    (a CPU keeps float32 under ``auto``: bfloat16 is faster only where the CPU has it natively,
-    scripts/train_throughput.py measures it, and its effect per step against float32 is not measured;
-    ``--precision bfloat16`` asks for it)."""
-    if name != "auto":
-        return name
-    return "bfloat16" if device.type == "cuda" and native_bfloat16(device) else "float32"
-
-
-def _keep_rows(path: Path, upto: int) -> None:
-    """Drop rows logged after step ``upto`` (a run killed after its last save logged them)."""
-    if not path.is_file():
-        return
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return
-    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= upto]
-    if len(kept) != len(rows):
-        nio.atomic_write_text(path, "".join(",".join(r) + "\n" for r in kept))
-
-
-def _append(path: Path, header: list[str], row: list) -> None:
-    new = not path.is_file() or path.stat().st_size == 0
-    with open(path, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(header)
-        w.writerow(row)
-
-
-def _resume_seed(cfg: TrainConfig, state: dict, workdir: Path, warn: Callable[[str], None]) -> int:
-    """The seed of a resumed run: the work folder's own (it fixes the dead-leaves images, while the
-    crop stream continues from the saved generator); another value given is refused. ``init_from``
-    only starts a new work folder, so it is ignored with a warning."""
-    args = state.get("args")
-    if state.get("legacy") or not isinstance(args, dict):  # the earlier script's state: its crops are reseeded
-        return 0 if cfg.seed is None else cfg.seed
-    saved = 0 if args.get("seed") is None else int(args["seed"])
-    if cfg.seed is not None and cfg.seed != saved:
-        raise TrainingError(f"--workdir {workdir} was trained with --seed {saved}, this run asks for {cfg.seed}; "
-                            f"leave --seed out (or give {saved}) to resume, or use another --workdir")
-    if cfg.init_from:
-        warn(f"--init-from {cfg.init_from} is ignored: {workdir} resumes its own weights at step {int(state['step'])}")
-    return saved
 
 
 def _default_log(msg: str) -> None:
@@ -139,7 +91,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
     if cfg.batch % dist.world:
         raise TrainingError(f"--batch {cfg.batch} is the global batch, shared by {dist.world} processes: "
                             f"give a multiple of {dist.world}")
-    _check_folders(cfg)
+    check_folders(cfg)
     workdir = Path(cfg.workdir)
     created = False
     try:
@@ -163,27 +115,6 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             with contextlib.suppress(OSError):
                 workdir.rmdir()
         raise
-
-
-def _check_folders(cfg: TrainConfig) -> None:
-    """The work, export and image folders are apart: a work or export folder that is the image
-    folder, or holds it, would leave no image to train on (both are left out of the scan)."""
-    if cfg.images is None:
-        return
-    images = Path(cfg.images)
-    try:
-        real = images.resolve()
-        others = [(flag, Path(f), Path(f).resolve()) for flag, f in (("--workdir", cfg.workdir), ("--export", cfg.export))
-                  if f is not None]
-    except (OSError, RuntimeError) as e:
-        raise TrainingError(f"cannot follow the symbolic links of a folder: {e}") from e
-    for flag, given, folder in others:
-        if folder == real:
-            raise TrainingError(f"{flag} {given} is the --images folder {images}; choose another folder (its files "
-                                f"would mix with the training images, which it is left out of)")
-        if folder in real.parents:
-            raise TrainingError(f"--images {images} lies inside {flag} {given}, which the image scan leaves out; "
-                                f"choose a {flag} folder outside it")
 
 
 class _Run:
@@ -224,7 +155,7 @@ class _Run:
         """The run's settings: the folder's seed and network, the data, the procedural generator;
         every mismatch with the folder's state a TrainingError before the data loads."""
         workdir, saved = self.workdir, (state["config"] if state else None)
-        cfg = replace(cfg, seed=_resume_seed(cfg, state, workdir, self.warn) if state is not None
+        cfg = replace(cfg, seed=resume_seed(cfg, state, workdir, self.warn) if state is not None
                       else (0 if cfg.seed is None else cfg.seed))
         init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
         cfg = resolve_network(cfg, saved, init)
@@ -259,7 +190,7 @@ class _Run:
     def _networks(self, state: dict | None) -> None:
         """The network, its EMA, Adam and the random stream: the state's, else fresh (or warm-started)."""
         cfg, device = self.cfg, self.device
-        self.precision = _precision(cfg.precision, device)
+        self.precision = resolve_precision(cfg.precision, device)
         self.channels_last = device.type == "cuda" or size_independent(cfg.arch)
         self.fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         torch.manual_seed(cfg.seed)
@@ -297,12 +228,7 @@ class _Run:
         naming the rank; rank 0 says it) or when the ranks resume from different steps (a work folder
         that is not on a file system every rank sees). A no-op in a single process."""
         world = self.dist.world
-        if world == 1:
-            return
-        import torch.distributed as tdist
-
-        box: list = [None] * world
-        tdist.all_gather_object(box, (problem, None if problem else self.step))
+        box = self.dist.gather((problem, None if problem else self.step))
         for rank, (why, _) in enumerate(box):
             if why is not None:
                 raise TrainingError(why if rank == 0 else f"process {rank} of {world}: {why}")
@@ -371,20 +297,13 @@ class _Run:
             "train_images": self.split["train"], "heldout_images": self.split["heldout"],
             "skipped": [{"file": f, "reason": r} for f, r in data.skipped]})
         for name in (LOSS_CSV, HELDOUT_CSV):
-            _keep_rows(self.workdir / name, self.step)
+            keep_rows(self.workdir / name, self.step)
 
     # -- saving
 
     def _streams(self) -> list[Tensor]:
         """Every rank's crop-stream state, on rank 0 (a collective: every rank calls it)."""
-        mine = self.gen.get_state()
-        if self.dist.world == 1:
-            return [mine]
-        import torch.distributed as tdist
-
-        box: list = [None] * self.dist.world
-        tdist.all_gather_object(box, mine)
-        return box
+        return self.dist.gather(self.gen.get_state())
 
     def save(self) -> None:
         """state.pt (atomically), the loss plot, and the export when there is one (rank 0; every
@@ -423,7 +342,7 @@ class _Run:
         res = evaluate_heldout(load_prior(cfg.export, device=self.device), data.heldout, cfg.eval_sigmas, cfg.eval_crop)
         self.heldout = res
         nio.write_json(Path(cfg.export) / INFO_NAME, {**info, "heldout_psnr": res})
-        _append(self.workdir / HELDOUT_CSV, ["step"] + [f"psnr_{s:g}" for s in cfg.eval_sigmas] + ["images", "crop"],
+        append_row(self.workdir / HELDOUT_CSV, ["step"] + [f"psnr_{s:g}" for s in cfg.eval_sigmas] + ["images", "crop"],
                 [step] + [f"{res['mean'][s]:.3f}" for s in cfg.eval_sigmas] + [res["images"], res["crop"]])
         self.log(f"step {step}: exported {cfg.export}; held-out PSNR ({res['images']} image(s), crop {cfg.eval_crop}): "
                  + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
@@ -446,39 +365,21 @@ class _Run:
         if cfg.steps is not None and self.step >= cfg.steps:
             return False  # every rank counts the same steps
         go = self.stop_signal is None and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60)
-        if self.dist.world == 1:
-            return go
-        if self.step % GROUP_CHECK_EVERY:
+        if self.dist.world > 1 and self.step % GROUP_CHECK_EVERY:
             return True  # a group agrees every few steps: each agreement waits for the slowest rank
-        import torch.distributed as tdist
+        return self._agree_to_go(go)
 
-        stop = torch.tensor([0.0 if go else 2.0 if self.stop_signal is not None else 1.0], device=self.device)
-        tdist.all_reduce(stop, op=tdist.ReduceOp.MAX)
-        if stop.item() == 2 and self.stop_signal is None:  # a signal on another rank stops this one alike
+    def _agree_to_go(self, go: bool) -> bool:
+        """``go`` on every rank of a group, and a signal any rank got every rank's (a collective;
+        ``go`` itself in a single process)."""
+        stop = self.dist.max(0.0 if go else 2.0 if self.stop_signal is not None else 1.0, self.device)
+        if stop == 2 and self.stop_signal is None:  # a signal on another rank stops this one alike
             self.stop_signal = "a signal to another process of the group"
-        return bool(stop.item() == 0)
-
-    def _share_signal(self) -> None:
-        """In a group, when the ranks have stopped at one step: a signal any rank got is every rank's
-        (a collective; a no-op in a single process)."""
-        if self.dist.world == 1:
-            return
-        import torch.distributed as tdist
-
-        got = torch.tensor([0.0 if self.stop_signal is None else 1.0], device=self.device)
-        tdist.all_reduce(got, op=tdist.ReduceOp.MAX)
-        if got.item() and self.stop_signal is None:
-            self.stop_signal = "a signal to another process of the group"
+        return stop == 0
 
     def mean_loss(self, run_sum: Tensor, run_n: int) -> float:
         """The mean loss of the steps since the last log, over every rank."""
-        if self.dist.world > 1:
-            import torch.distributed as tdist
-
-            run_sum = run_sum.clone()
-            tdist.all_reduce(run_sum)
-            run_sum /= self.dist.world
-        return float(run_sum) / run_n
+        return float(self.dist.mean(run_sum)) / run_n
 
     def on_signal(self, signum: int, frame: object) -> None:
         """SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
@@ -551,7 +452,7 @@ class _Run:
                     now = time.time()
                     rate = crops_log / max(now - t_log, 1e-9)
                     if self.writer:
-                        _append(workdir / LOSS_CSV, LOSS_FIELDS,
+                        append_row(workdir / LOSS_CSV, LOSS_FIELDS,
                                 [step, f"{mean:.5f}", f"{self.seconds0 + now - self.t_wall:.1f}", f"{rate:.1f}"])
                     bar.set_postfix(loss=f"{mean:.4f}", crops_s=f"{rate:.0f}")
                     self.loss = mean
@@ -560,7 +461,7 @@ class _Run:
                 if step % cfg.save_every == 0:
                     self.save()
                     t_log = time.time()  # crops/s counts training, not saving and evaluating
-            self._share_signal()  # one that came after the ranks' last agreement
+            self._agree_to_go(self.stop_signal is None)  # a signal that came after the ranks' last agreement
             if self.step > self.saved:  # the last save and export, still under the signal handlers
                 self.save()
             elif self.writer and cfg.export and self.exported != self.step and not self.export_is_current():

@@ -21,7 +21,7 @@ import io
 import pathlib
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -30,6 +30,9 @@ from ..overrides import flatten
 from ..priors.archs import DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
 from .data import BUILTIN, BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, TrainingError
 from .leaves import DEFAULT_SYNTHETIC
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 STATE_NAME = "state.pt"
 STATE_FORMAT = 2
@@ -111,3 +114,19 @@ def write_state(path: Path, state: dict) -> None:
         nio.atomic_write_bytes(path, buf.getvalue())
     except OSError as e:
         raise TrainingError(f"cannot write the training state {path}: {e.strerror or e}") from e
+
+
+def resume_seed(cfg: TrainConfig, state: dict, workdir: Path, warn: Callable[[str], None]) -> int:
+    """The seed of a resumed run: the work folder's own (it fixes the dead-leaves images, while the
+    crop stream continues from the saved generator); another value given is refused. ``init_from``
+    only starts a new work folder, so it is ignored with a warning."""
+    args = state.get("args")
+    if state.get("legacy") or not isinstance(args, dict):  # the earlier script's state: its crops are reseeded
+        return 0 if cfg.seed is None else cfg.seed
+    saved = 0 if args.get("seed") is None else int(args["seed"])
+    if cfg.seed is not None and cfg.seed != saved:
+        raise TrainingError(f"--workdir {workdir} was trained with --seed {saved}, this run asks for {cfg.seed}; "
+                            f"leave --seed out (or give {saved}) to resume, or use another --workdir")
+    if cfg.init_from:
+        warn(f"--init-from {cfg.init_from} is ignored: {workdir} resumes its own weights at step {int(state['step'])}")
+    return saved
