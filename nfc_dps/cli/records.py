@@ -120,13 +120,15 @@ class EarlierRuns:
 
     ``known``: the folder holds a restore run's records (a manifest, or resolved_config.json of
     restore); ``unreadable``: its manifest.json cannot be read, so which file is whose is not
-    known; ``entries``: the inputs the manifest has an entry for; ``owners``: each output a
+    known; ``entries``: the inputs the manifest has an entry for (``unlisted``: those whose entry
+    lists no outputs, so which files are theirs is not known); ``owners``: each output a
     finished entry lists (in lower case) -> (its input, what it is of it); ``unfinished``: the
     output stems (in lower case) of images a run started and no entry lists."""
 
     known: bool = False
     unreadable: bool = False
     entries: set[str] = field(default_factory=set)
+    unlisted: set[str] = field(default_factory=set)
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)
     unfinished: set[str] = field(default_factory=set)
 
@@ -179,6 +181,8 @@ def earlier_runs(out: Path) -> EarlierRuns:
     for name, entry in images.items():
         runs.entries.add(name)
         outputs = finished_outputs(entry)
+        if not outputs:
+            runs.unlisted.add(name)
         stem = PurePosixPath(outputs[0]).stem if outputs else ""
         for rel in outputs or ():
             runs.owners.setdefault(rel.casefold(), (name, output_kind(rel, stem)))

@@ -250,7 +250,10 @@ def _check_outputs(args, out: Path, names: list[str], stems: list[str], samples:
     check_output_names(plan, earlier, Path(args.output) / MANIFEST)
     if args.overwrite:
         return
-    files = [rel for name, outputs in plan.items() if name not in earlier.entries for rel, _ in outputs]
+    # every file the run would write, also the new ones of an image the manifest records (more
+    # samples, an interval): a file no earlier run wrote is the user's. An entry that lists no
+    # outputs (damaged) leaves its image's files to it, as the manifest cannot tell which are whose
+    files = [rel for name, outputs in plan.items() if name not in earlier.unlisted for rel, _ in outputs]
     refuse_unrecorded(Path(args.output), out, [*files, *RECORD_FILES], earlier.wrote, STEM_FOLDERS)
 
 
