@@ -46,3 +46,15 @@ def test_a_calibration_added_on_a_rerun_never_replaces_a_users_file(tmp_path, pr
     err = capsys.readouterr().err
     assert str(out / "a_upper.png") in err and "Traceback" not in err
     assert (out / "a_upper.png").read_bytes() == mine and not (out / "a_lower.png").exists()
+
+
+# -- P4: a phase retrieval measurement of the wrong size
+
+
+def test_phase_retrieval_of_a_photo_is_one_line_naming_it_and_the_expected_size(tmp_path, prior_dir, capsys) -> None:
+    a, out = _one_input(tmp_path)  # a 32x32 photo, not the Fourier amplitudes simulate writes
+    assert run("restore", "-i", a, "-o", out, "--task", "phase_retrieval", prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(a) in err and "32x32" in err
+    assert "a 21x21 image: 31x31 Fourier amplitudes" in err  # the nearest size simulate writes (oversample 2)
+    assert not out.exists()

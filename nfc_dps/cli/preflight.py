@@ -62,14 +62,15 @@ def check_method_takes_operator(method: str, source: OperatorSource, name: str, 
 
 def check_measurement_fits(source: OperatorSource, name: str, path: Path, image: Any) -> None:
     """UsageError naming ``path`` when the task's operator, built as for input ``name``, cannot
-    restore a measurement of ``image``'s size: a valid-boundary blur whose kernel is larger than it."""
+    restore a measurement of ``image``'s size: a valid-boundary blur whose kernel is larger than it,
+    a phase retrieval measurement of a size no image's Fourier amplitudes have."""
     operator = _operator_for(source, name, image)
     if operator is None:
         return
     h, w = image.shape[:2]
     try:
         operator.image_shape((1, 1 if image.ndim == 2 else image.shape[-1], h, w))
-    except KernelLargerThanMeasurement as e:
+    except (KernelLargerThanMeasurement, ValueError) as e:
         raise UsageError(f"{path}: {e}") from e
 
 

@@ -260,8 +260,12 @@ class PhaseRetrieval(NonlinearOperator):
 
         h, w = side(hp), side(wp)
         if h < 0 or w < 0:
+            n = max(1, round(hp / f))  # the image side nearest the measurement's height
             raise ValueError(f"a phase retrieval measurement of size {hp}x{wp} (oversample {self.oversample:g}) "
-                             f"is the padded grid of no image; expected (1 + oversample / 4) times the image's size")
+                             f"is the padded grid of no image; expected (1 + oversample / 4) times the image's size "
+                             f"(a {n}x{n} image: {self.measurement_shape((n, n))[-2]}x"
+                             f"{self.measurement_shape((n, n))[-1]} Fourier amplitudes, as 'nfc-dps simulate "
+                             f"--task phase_retrieval' writes them), not a photo")
         return (*measurement_shape[:-2], h, w)
 
     def describe(self) -> dict[str, Any]:
