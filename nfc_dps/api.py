@@ -61,6 +61,10 @@ class Restoration:
         ``sigma_y="auto"`` the estimate (a float for one image, a list of one per image for a batch
         (B, C, h, w));
         None under a non-Gaussian noise model.
+    frame: for a photograph's blur (boundary "valid") the restoration is the whole scene, larger
+        than the photo by the kernel less one; ``frame`` = (top, left, height, width) of the photo's
+        own frame in it (:meth:`photo`); None where the restoration is not larger than the
+        region the measurement lies over.
     """
 
     image: Any
@@ -72,7 +76,17 @@ class Restoration:
     lower: Any | None = None
     upper: Any | None = None
     noise_sigma: float | list[float] | None = None
+    frame: tuple[int, int, int, int] | None = None
 
+    def photo(self) -> Any:
+        """``image`` cropped to the photo's own frame (``frame``; ``image`` itself where it is None),
+        laid out like ``image``."""
+        if self.frame is None:
+            return self.image
+        top, left, h, w = self.frame
+        if isinstance(self.image, np.ndarray):  # (h, w[, C])
+            return self.image[top:top + h, left:left + w]
+        return self.image[..., top:top + h, left:left + w]
 
 
 
@@ -213,6 +227,7 @@ def restore(
         seconds = time.perf_counter() - t0
         out = _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
     out.noise_sigma = noise.sigma if isinstance(noise, GaussianNoise) else None
+    out.frame = operator.measured_frame(tuple(batch.shape[:2]) + tuple(operator.image_shape(batch.shape)[-2:]))
     return out
 
 
@@ -252,7 +267,7 @@ def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noi
         per_sample = [back(torch.cat([r.samples[j] for r in parts])) for j in range(parts[0].samples.shape[0])]
         samples = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
     return Restoration(joined("image"), joined("std"), samples, parts[0].nfe, sum(r.seconds for r in parts),
-                       parts[0].config, joined("lower"), joined("upper"), sigmas)
+                       parts[0].config, joined("lower"), joined("upper"), sigmas, parts[0].frame)
 
 
 def _checked_restarts(restarts: Any, num_samples: int) -> int:

@@ -205,10 +205,13 @@ def test_the_restore_command_restores_a_valid_blur_to_the_scene_it_measured(tmp_
     assert read_image(tmp_path / "sim" / "measurements" / "a.png")[0].shape == (28, 28, 3)
     assert main(["restore", "--config", str(tmp_path / "sim" / "simulation.json"), "-o", str(tmp_path / "out"),
                  "--prior", str(tmp_path / "prior"), "--steps", "2", "-q"]) == 0
-    assert read_image(tmp_path / "out" / "a.png")[0].shape == (32, 32, 3)
+    assert read_image(tmp_path / "out" / "a.png")[0].shape == (28, 28, 3)  # the photo's frame
     with open(tmp_path / "out" / "results.csv") as f:
         row = next(csv.DictReader(f))
-    assert row["status"] == "done" and float(row["psnr"]) > 15, row
+    assert row["status"] == "done" and float(row["psnr"]) > 15 and row["extent"] == "photo", row
+    assert main(["restore", "--config", str(tmp_path / "sim" / "simulation.json"), "-o", str(tmp_path / "scene"),
+                 "--prior", str(tmp_path / "prior"), "--steps", "2", "--keep-border", "-q"]) == 0
+    assert read_image(tmp_path / "scene" / "a.png")[0].shape == (32, 32, 3)  # the scene it measured
 
 
 def test_a_task_named_on_the_command_line_or_in_the_api_gets_the_configs_boundary(tmp_path, prior_dir):
@@ -236,7 +239,7 @@ def test_a_task_named_on_the_command_line_or_in_the_api_gets_the_configs_boundar
     assert main(["restore", "-i", str(tmp_path / "sim"), "-o", str(tmp_path / "out"), *task, "--prior", prior_dir,
                  "--steps", "2", "-q"]) == 0
     assert _json.loads((tmp_path / "out" / "resolved_config.json").read_text())["task"]["boundary"] == "valid"
-    assert read_image(tmp_path / "out" / "a.png")[0].shape == (32, 32, 3)
+    assert read_image(tmp_path / "out" / "a.png")[0].shape == (28, 28, 3)  # the photo's frame
 
 
 def test_simulate_refuses_a_valid_blur_kernel_larger_than_the_image_before_writing(tmp_path, capsys):

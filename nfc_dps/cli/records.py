@@ -41,7 +41,7 @@ RECORD_FILES = (MANIFEST, RESULTS_CSV, SUMMARY_JSON, RESOLVED_JSON)
 #: the subfolders that hold outputs named after an image's stem
 STEM_FOLDERS = ("std", "samples")
 RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "scored", "nfe", "seconds",
-                 "size", "alpha", "noise_sigma", "error"]
+                 "size", "extent", "alpha", "noise_sigma", "error"]
 
 
 def scored_regions(rows: list[dict[str, Any]]) -> str | None:

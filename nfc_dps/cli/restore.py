@@ -89,6 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Each input image is the measurement y of the task (for SR the output is factor x larger).\n"
                     "Outputs in --output:\n"
                     "  <name>.png            restoration (mean of the samples with --samples K > 1); input's bit depth;\n"
+                    "                        a photograph's blur (boundary valid): the photo's frame, the input's size\n"
+                    "                        (--keep-border: the whole scene; results.csv's extent says which)\n"
                     "                        an input's alpha channel is re-attached when the size is unchanged, dropped for SR\n"
                     f"  std/<name>.png|.npy   per-pixel posterior std (K > 1); PNG gray 1.0 = std {1 / STD_PNG_SCALE:g}\n"
                     "                        (the sampler's spread under the prior, not a calibrated error bar: see --calibration)\n"
@@ -125,6 +127,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="posterior samples per image: writes their mean and a std map (default 1, at most "
                         f"{MAX_SAMPLES}); needs a sampling preset, e.g. --preset fast")
     r.add_argument("--save-samples", action="store_true", help="also write each sample (with --samples K)")
+    r.add_argument("--keep-border", action="store_true",
+                   help="a blur with boundary 'valid' (a photograph's): write the whole restored scene, the photo's "
+                        "frame plus the band beyond it that the blur mixed in (default: the photo's own frame, "
+                        "the input's size)")
     r.add_argument("--restarts", type=int, default=1, metavar="N",
                    help="run N chains per image and keep the one the measurement fits best (its likelihood; as DPS "
                         "and DAPS report phase retrieval); needs a sampling method or preset (default 1)")
@@ -298,6 +304,7 @@ class RestoreRun:
             "prior": prior_key(args.prior), "precision": prior.precision,  # bfloat16 and float32 differ slightly
             "bit_depth": args.bit_depth, "save_samples": args.save_samples,
             **({"restarts": args.restarts} if args.restarts > 1 else {}),  # earlier runs' keys unchanged
+            **({"frame": "photo"} if not args.keep_border else {}),
         })
         about = {"input": str(inp.resolve()), "output": str(out),
                  "task": task.as_dict(), "method": sampler.method, "preset": sampler.preset,
@@ -411,7 +418,8 @@ class RestoreRun:
         entry = None if self.records.overwrite else self.records.images.get(item.name)
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
-                       size=entry.get("size"), alpha=entry.get("alpha", ""), noise_sigma=entry.get("noise_sigma", ""))
+                       size=entry.get("size"), extent=entry.get("extent", ""), alpha=entry.get("alpha", ""),
+                       noise_sigma=entry.get("noise_sigma", ""))
             add_ground_truth_metrics(row, item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
                                      entry.get("measured_frame"))
             return row
@@ -474,9 +482,10 @@ class RestoreRun:
                 self.log.error(f"note {jobs[b].item.name}: {note}")
         for i, job in enumerate(jobs):
             earlier = self.records.forget_before_replacing(job.item.name, job.key)
+            frame = measured_frame(job.operator, job.y)
             try:
                 entry = write_outputs(self.out, job, res, i, len(jobs), self.args.bit_depth, self.samples,
-                                      self.args.save_samples)
+                                      self.args.save_samples, None if self.args.keep_border else frame)
             except Exception as e:  # noqa: BLE001 - one bad image must not stop the others
                 if isinstance(e, OSError) and e.errno in DISK_FULL:
                     raise OutputError(e) from e
@@ -484,9 +493,10 @@ class RestoreRun:
                 continue
             self.records.remove_unlisted(earlier, entry["outputs"], keep=self.own_outputs)
             entry["key"] = job.key
-            frame = measured_frame(job.operator, job.y)
             if frame is not None:
                 entry["measured_frame"] = frame
+                # what a valid-boundary blur's restoration holds: the photo's frame or the whole scene
+                entry["extent"] = job.row["extent"] = "scene" if self.args.keep_border else "photo"
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
             add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,

@@ -16,7 +16,8 @@ import torch
 
 from .. import io as nio
 from ..metrics import rotation_twin_aligned
-from .common import STD_PNG_SCALE, UsageError, image_metrics, match_file, to_numpy
+from .common import STD_PNG_SCALE, UsageError, image_metrics, match_file
+from .common import to_numpy as _to_numpy
 from .outputs import npy_bytes
 from .records import EarlierRuns
 
@@ -93,12 +94,21 @@ def _clash(rel: str, one: tuple[str, str], other: tuple[str, str], where: str) -
 
 
 def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: int | None, samples: int,
-                  save_samples: bool) -> dict[str, Any]:
+                  save_samples: bool, frame: list[int] | None = None) -> dict[str, Any]:
     """Write image ``i`` of the restore() result ``res`` of ``batch`` images into ``out`` (at
     ``bit_depth``, None: the input's; std map when ``samples`` > 1, and each sample with
-    ``save_samples``), fill the job's row; its manifest entry."""
+    ``save_samples``), fill the job's row; its manifest entry. ``frame`` ([top, left, height,
+    width]): every image written is that region of the restoration (the photo's own frame)."""
     item, row, info = job.item, job.row, job.info
     h, w = job.y.shape[:2]
+
+    def to_numpy(a: Any) -> np.ndarray:
+        a = _to_numpy(a)
+        if frame is None:
+            return a
+        top, left, fh, fw = frame
+        return a[top:top + fh, left:left + fw]
+
     image = to_numpy(res.image[i:i + 1])
     if not np.isfinite(image).all():
         raise FloatingPointError("restoration contains NaN/Inf; not saved")
@@ -189,11 +199,19 @@ def add_ground_truth_metrics(row: dict[str, Any], item: Item, gt_dir: Path | Non
     if gt.ndim == 3 and x.ndim == 2:
         gt = gt.mean(-1)
     scored = WHOLE_IMAGE
-    if frame is not None and x.shape[:2] != tuple(frame[2:]):
+    if frame is not None:
         top, left, fh, fw = frame
-        if gt.shape[:2] in (x.shape[:2], (fh, fw)):  # a truth of the whole scene, or of the photo's frame
-            x = x[top:top + fh, left:left + fw]
-            gt = gt[top:top + fh, left:left + fw] if gt.shape[:2] != (fh, fw) else gt
+        # the restoration and the truth are each the whole scene (the frame, the band above and left of
+        # it, and as wide a band or one pixel more below and right) or the photo's frame
+        def on_frame(a: np.ndarray) -> np.ndarray | None:
+            if a.shape[:2] == (fh, fw):
+                return a
+            scene = a.shape[0] - fh - top in (top, top + 1) and a.shape[1] - fw - left in (left, left + 1)
+            return a[top:top + fh, left:left + fw] if scene else None
+
+        x_frame, gt_frame = on_frame(x), on_frame(gt)
+        if x_frame is not None and gt_frame is not None:
+            x, gt = x_frame, gt_frame
             scored = f"measured frame {fh}x{fw} at row {top}, column {left}"
     if gt.shape != x.shape:
         row["error"] = f"ground truth {gt_path.name} is {gt.shape}, the restoration {x.shape}"

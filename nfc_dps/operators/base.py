@@ -192,6 +192,12 @@ class LinearOperator(torch.nn.Module):
         """(h, w) of the image inside a larger canvas when A sees only x[..., :h, :w], else None."""
         return None
 
+    def measured_frame(self, image_shape: Sequence[int]) -> tuple[int, int, int, int] | None:
+        """(top, left, height, width) of the region of an image of ``image_shape`` that the
+        measurement lies over, where the image is larger than that region (a photograph's blur:
+        the scene beyond the frame that the blur mixed in), else None."""
+        return None
+
     def norm_bound(self) -> float | Tensor:
         """A bound on ||A||^2 for gradient step sizes: 1 (the built-in operators are normalised, and an
         operator of your own is taken to be); a (B,) tensor where it holds per-image parameters."""

@@ -122,6 +122,9 @@ class NonlinearWrapper(NonlinearOperator):
     def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
         return self.inner.image_shape(measurement_shape)
 
+    def measured_frame(self, image_shape: Sequence[int]) -> tuple[int, int, int, int] | None:
+        return self.inner.measured_frame(image_shape)
+
 
 class WeightedNonlinearOperator(NonlinearWrapper):
     """A'(x) = w * A(x) for a nonlinear A and per-pixel weights w (B|1, C|1, h, w) > 0 on its
@@ -298,6 +301,9 @@ class CameraBlur(NonlinearOperator):
 
     def A(self, x: Tensor) -> Tensor:
         return linear_to_srgb(self.blur.A(srgb_to_linear(x)).clamp(0, 1))
+
+    def measured_frame(self, image_shape: Sequence[int]) -> tuple[int, int, int, int] | None:
+        return self.blur.measured_frame(image_shape)
 
     def blur_kernel(self) -> Tensor | None:
         return None  # in linear light only: on the encoded image A is no convolution
