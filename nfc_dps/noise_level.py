@@ -4,7 +4,8 @@ Two classical estimators, combined:
 
 * patch PCA (Chen, Zhu and Heng, "An efficient statistical method for image noise level
   estimation", ICCV 2015): the covariance of the measurement's overlapping patches (all channels of
-  a patch together) splits into eigenvalues the image explains and a tail only white noise
+  a patch together; each channel on its own where the channels are one gray image that carries
+  one noise draw) splits into eigenvalues the image explains and a tail only white noise
   explains, the longest run of the smallest eigenvalues whose mean is not above their median;
   sigma^2 is the tail's mean;
 * weak-texture patches (Liu, Tanaka and Okutomi, "Single-image noise level estimation for blind
@@ -88,6 +89,11 @@ def _weak_texture_sigma(patches: np.ndarray, form: np.ndarray, sigma: float) -> 
 def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: bool = True) -> float:
     """The white Gaussian noise std of ``image`` (C, H, W), in its own units, at least :data:`FLOOR`.
 
+    Channels that are one gray image up to a scale and an offset on most pixels (a toned black-and-
+    white photo, a gray scan with a coloured stamp: :func:`_one_gray`) may carry one noise draw,
+    which cancels in the patches' channel differences; where these read no more than 8-bit rounding
+    (:data:`ONE_DRAW`), each channel is read on its own and their levels combined as their root
+    mean square.
     observed: optional (H, W) bool mask of the pixels that carry a measurement (others are ignored).
     weak_texture: select weak-texture patches (False: every patch, for a blurred measurement).
     Raises ValueError when too few (fully observed) patches remain.
@@ -102,6 +108,58 @@ def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: 
     if img.shape[1] > 1 and bool((img - img[:, :1]).abs().max() <= 1e-6):
         img = img[:, :1]  # a gray image stored as equal channels: its copies are not independent noise
     mask = None if observed is None else observed.detach().cpu().double()[None, None]
+    level = _patch_sigma(img, mask, weak_texture)
+    if level is not None and level <= ONE_DRAW and img.shape[1] > 1 and _one_gray(img[0], observed):
+        levels = [_patch_sigma(img[:, c:c + 1], mask, weak_texture) for c in range(img.shape[1])]
+        if None not in levels:  # each channel on its own, combined
+            return max(float(np.sqrt(np.mean(np.square(levels)))), FLOOR)
+    if level is not None:
+        return level
+    size = f"{image.shape[1]}x{image.shape[2]}"
+    if observed is None:
+        raise ValueError(f"the measurement ({size}) is too small to estimate its noise level: give the noise level")
+    raise ValueError(f"too few observed pixels to estimate the noise level ({int(observed.sum())} of {size}, "
+                     f"too few of them side by side): give the noise level")
+
+
+#: the most the median pixel of a channel may differ from an affine function of another and still
+#: be one gray image with it: 8-bit rounding of both (median ~0.3 / 255) passes, independent noise
+#: of std sigma (median >= 0.67 sigma) from sigma ~0.003 on, a colour photo's colours
+SAME_GRAY = 0.5 / 255
+#: a joint estimate at most this over channels that are one gray image is their shared noise draw
+#: cancelling (what is left is rounding: 8-bit rounding reads up to 0.00114): they are then read
+#: one by one
+ONE_DRAW = 1.5 * FLOOR
+#: at most this many pixels (a seeded random subset) in :func:`_one_gray`'s fits
+MAX_PIXELS = 200_000
+
+
+def _one_gray(img: Tensor, observed: Tensor | None) -> bool:
+    """Whether every channel of ``img`` (C, H, W) is an affine function of the channel of largest
+    spread at most of the (observed) pixels: a least-squares fit, refit on its better half, whose
+    median absolute residual is at most :data:`SAME_GRAY`."""
+    pixels = img.flatten(1) if observed is None else img[:, observed.to(img.device).bool()]
+    if pixels.shape[1] > MAX_PIXELS:
+        keep = torch.randperm(pixels.shape[1], generator=torch.Generator().manual_seed(0))[:MAX_PIXELS]
+        pixels = pixels[:, keep]
+    if pixels.shape[1] < 16:
+        return False
+    ref = pixels[int(pixels.std(dim=1).argmax())]
+    for channel in pixels:
+        design = torch.stack([ref, torch.ones_like(ref)], 1)
+        use = torch.ones_like(ref, dtype=torch.bool)
+        for _ in range(2):  # the fit, then the fit on the half of the pixels it explains best
+            coef = torch.linalg.lstsq(design[use], channel[use, None]).solution
+            residual = (design @ coef)[:, 0].sub(channel).abs()
+            use = residual <= residual.median()
+        if float(residual.median()) > SAME_GRAY:
+            return False
+    return True
+
+
+def _patch_sigma(img: Tensor, mask: Tensor | None, weak_texture: bool) -> float | None:
+    """:func:`estimate_sigma` of ``img`` (1, C, H, W), all channels of a patch together, at the pixels
+    ``mask`` (1, 1, H, W) observes; None when too few patches remain."""
     first = None
     for shape in PATCHES if mask is None else MASKED_PATCHES:
         if shape[0] > img.shape[2] or shape[1] > img.shape[3]:
@@ -124,11 +182,7 @@ def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: 
             return max(weak, FLOOR)
     if first is not None:  # no patch size left enough weak-texture patches: every patch of the largest
         return max(first, FLOOR)
-    size = f"{image.shape[1]}x{image.shape[2]}"
-    if observed is None:
-        raise ValueError(f"the measurement ({size}) is too small to estimate its noise level: give the noise level")
-    raise ValueError(f"too few observed pixels to estimate the noise level ({int(observed.sum())} of {size}, "
-                     f"too few of them side by side): give the noise level")
+    return None
 
 
 def measurement_sigma(y: Tensor, operator) -> list[float]:

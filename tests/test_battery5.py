@@ -58,3 +58,53 @@ def test_phase_retrieval_of_a_photo_is_one_line_naming_it_and_the_expected_size(
     assert "Traceback" not in err and str(a) in err and "32x32" in err
     assert "a 21x21 image: 31x31 Fourier amplitudes" in err  # the nearest size simulate writes (oversample 2)
     assert not out.exists()
+
+
+# -- P1: auto on a toned black-and-white photo or a gray scan with a coloured stamp
+
+
+def _camera(size: int = 256) -> np.ndarray:
+    from skimage import data, transform
+
+    return transform.resize(data.camera().astype(np.float64) / 255, (size, size), anti_aliasing=True)
+
+
+TONE = np.array([1.0, 0.85, 0.65])  # sepia: one gray image, scaled per channel
+
+
+def test_auto_reads_a_sepia_photo_with_independent_noise_per_channel() -> None:
+    from nfc_dps.noise_level import estimate_sigma
+
+    gray = _camera()
+    noise = 0.05 * np.random.default_rng(0).standard_normal((3, *gray.shape))
+    y = TONE[:, None, None] * gray + noise
+    assert estimate_sigma(torch_tensor(y)) == pytest.approx(0.05, rel=0.15)
+
+
+def test_auto_reads_a_toned_photo_whose_channels_share_one_noise_draw() -> None:
+    """The grain of the gray photo, toned afterwards: each channel's noise is the gray's, scaled;
+    the channels' differences cancel it. Today's code read the floor (0.001)."""
+    from nfc_dps.noise_level import estimate_sigma
+
+    gray = _camera() + 0.05 * np.random.default_rng(1).standard_normal((256, 256))
+    y = TONE[:, None, None] * gray
+    rms = 0.05 * float(np.sqrt(np.mean(TONE**2)))  # the channels' noise levels, combined
+    assert estimate_sigma(torch_tensor(y)) == pytest.approx(rms, rel=0.15)
+    png = np.round(np.clip(y, 0, 1) * 255) / 255  # as an 8-bit file holds it
+    assert estimate_sigma(torch_tensor(png)) == pytest.approx(rms, rel=0.15)
+
+
+def test_auto_reads_a_gray_scan_with_a_small_coloured_stamp() -> None:
+    from nfc_dps.noise_level import estimate_sigma
+
+    gray = _camera() + 0.05 * np.random.default_rng(2).standard_normal((256, 256))
+    y = np.stack([gray] * 3)
+    y[0, 20:60, 180:230] += 0.3  # a red stamp: the channels are no longer equal
+    y[1:, 20:60, 180:230] -= 0.2
+    assert estimate_sigma(torch_tensor(y)) == pytest.approx(0.05, rel=0.15)
+
+
+def torch_tensor(a: np.ndarray):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
