@@ -138,9 +138,29 @@ def checked_measurement(y, operator, sigma_y, noise, seed, num_samples, max_batc
         # a map of unknown range (FunctionOperator, phase retrieval): its measurement may lie anywhere
         if not torch.isfinite(batch).all():
             raise ValueError("measurement contains NaN or Inf")
+        check_magnitude(batch, operator)
     else:
         check_range(batch, noise.sigma)
     return batch, back, noise, seed_list(seed, batch.shape[0]), int(num_samples)
+
+
+#: the largest measurement value a nonlinear map of unknown range may give: the data step works
+#: in [0, 1] pixel units (sigma_y too), and float32 loses a measurement ~1e5 times larger
+MAX_MEASUREMENT = 1e4
+
+
+def check_magnitude(batch: Tensor, operator: LinearOperator) -> None:
+    """ValueError when a nonlinear map of unknown range (``FunctionOperator(linear=False)``) gives a
+    measurement far beyond [0, 1] units (raw sensor counts): its restoration would be flat grey."""
+    if getattr(operator, "is_linear", True) or getattr(operator, "measurement_range", (0, 1)) is not None:
+        return
+    peak = float(batch.abs().max())
+    if peak > MAX_MEASUREMENT:
+        raise ValueError(f"the measurement reaches {peak:.3g}: restore works in [0, 1] pixel units (sigma_y too), "
+                         f"and a nonlinear {getattr(operator, 'name', 'operator')} measurement above "
+                         f"{MAX_MEASUREMENT:g} is restored as flat grey; rescale it to about [0, 1] (divide the "
+                         f"measurement and A's output by the same factor, e.g. {peak:.3g}, and the noise level with "
+                         f"them)")
 
 
 def checked_noise(sigma_y: Any, noise: Any) -> NoiseModel:

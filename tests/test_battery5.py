@@ -108,3 +108,18 @@ def torch_tensor(a: np.ndarray):
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+# -- P3: a nonlinear map in raw sensor counts
+
+
+def test_a_nonlinear_map_in_raw_counts_is_refused_in_words(tiny_prior) -> None:
+    import torch
+
+    import nfc_dps
+    from nfc_dps.operators import FunctionOperator
+
+    op = FunctionOperator(lambda v: 1e5 * v**2, (3, 16, 16), (3, 16, 16), linear=False)
+    y = op.A(torch.full((1, 3, 16, 16), 0.7))[0]
+    with pytest.raises(ValueError, match=r"reaches 4\.9e\+04.*rescale it to about \[0, 1\]"):
+        nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y=0.01, progress=False)
