@@ -123,3 +123,21 @@ def test_a_nonlinear_map_in_raw_counts_is_refused_in_words(tiny_prior) -> None:
     y = op.A(torch.full((1, 3, 16, 16), 0.7))[0]
     with pytest.raises(ValueError, match=r"reaches 4\.9e\+04.*rescale it to about \[0, 1\]"):
         nfc_dps.restore(y, op, prior=str(tiny_prior), sigma_y=0.01, progress=False)
+
+
+# -- P9: file names as spreadsheet formulas in results.csv
+
+
+def test_a_file_name_that_is_a_formula_is_quoted_in_results_csv(tmp_path, prior_dir) -> None:
+    from test_cli import rows
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    names = ["=HYPERLINK(1).png", "+1.png", "-2.png", "@SUM(A1).png", "plain.png"]
+    for i, name in enumerate(names):
+        write_image(inp / name, smooth(phase=i))
+    assert run("restore", "-i", inp, "-o", out, "--task", "denoise", prior=prior_dir) == 0
+    written = {r["name"]: r for r in rows(out)}
+    assert set(written) == {"'" + n for n in names[:4]} | {"plain.png"}
+    assert written["'=HYPERLINK(1).png"]["output"] == "'=HYPERLINK(1).png"  # the output's name too
+    assert (out / "=HYPERLINK(1).png").is_file()  # the files keep their names

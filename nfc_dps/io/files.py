@@ -102,15 +102,29 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_text(path, text + "\n")
 
 
+#: a text cell starting with one of these is a formula to a spreadsheet (CSV injection, OWASP)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """``value`` as a CSV cell: floats with 4 decimals, None and NaN/Inf empty, and text that a
+    spreadsheet would run as a formula (a file named ``=cmd.png``) prefixed with a single quote."""
+    if isinstance(value, float):
+        return f"{value:.4f}" if math.isfinite(value) else ""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def write_csv(path: str | Path, rows: Iterable[Mapping[str, Any]], fieldnames: Sequence[str]) -> Path:
-    """Atomic CSV with a header; floats with 4 decimals, missing values empty."""
+    """Atomic CSV with a header, each value a :func:`csv_cell`."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(fieldnames), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else
-                             ("" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v))
-                         for k, v in row.items()})
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
     return atomic_write_text(path, buf.getvalue())
 
 
