@@ -307,7 +307,8 @@ class Calibration:
             raise CalibrationError(f"{source}: key task.task (the task's name, e.g. \"sr_bicubic\") must be a "
                                    f"non-empty string, got {d['task'].get('task')!r}")
         kw = {k: d[k] for k in need}
-        return cls(**kw, task=d.get("task"), edge_weight=c, fit=d.get("fit") or {}, source=source)
+        return cls(**kw, task=d.get("task"), edge_weight=c, fit=_checked_fit(d.get("fit", {}), source),
+                   source=source)
 
     # -- applying
 
@@ -394,6 +395,25 @@ class Calibration:
         rec_factor = self.task.get("factor") if want == "sr" else None
         if factor is not None and rec_factor is not None and int(factor) != int(rec_factor):
             raise self._mismatch("SR factor", int(factor), rec_factor)
+
+
+def _checked_fit(fit: Any, source: str) -> dict[str, Any]:
+    """A calibration file's ``fit``: an object whose ``mean_spread_range``, where present, is
+    [low, high], finite numbers >= 0 with low <= high; CalibrationError naming the key otherwise."""
+    if not isinstance(fit, dict):
+        raise CalibrationError(f"{source}: key fit must be an object (JSON {{...}}, as 'nfc-dps calibrate' writes), "
+                               f"got {fit!r}; calibrate again")
+    if "mean_spread_range" not in fit:
+        return fit
+    seen = fit["mean_spread_range"]
+    ok = (isinstance(seen, list) and len(seen) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in seen)
+          and seen[0] <= seen[1])
+    if not ok:
+        raise CalibrationError(f"{source}: key fit.mean_spread_range must be [low, high], two finite numbers >= 0 "
+                               f"with low <= high (the calibration images' mean spread), got {seen!r}; calibrate "
+                               f"again")
+    return fit
 
 
 def load_calibration(calibration: "Calibration | str | Path | dict") -> Calibration:

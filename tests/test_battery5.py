@@ -141,3 +141,32 @@ def test_a_file_name_that_is_a_formula_is_quoted_in_results_csv(tmp_path, prior_
     assert set(written) == {"'" + n for n in names[:4]} | {"plain.png"}
     assert written["'=HYPERLINK(1).png"]["output"] == "'=HYPERLINK(1).png"  # the output's name too
     assert (out / "=HYPERLINK(1).png").is_file()  # the files keep their names
+
+
+# -- P10: a calibration file's fit
+
+
+@pytest.mark.parametrize("fit, key", [
+    ("x", "key fit must be an object"), ([1, 2], "key fit must be an object"), (None, "key fit must be an object"),
+    ({"mean_spread_range": "wide"}, "fit.mean_spread_range"), ({"mean_spread_range": [1.0]}, "fit.mean_spread_range"),
+    ({"mean_spread_range": [0.2, 0.1]}, "fit.mean_spread_range"),
+    ({"mean_spread_range": [float("nan"), 0.1]}, "fit.mean_spread_range"),
+    ({"mean_spread_range": ["a", "b"]}, "fit.mean_spread_range"),
+])
+def test_a_calibration_whose_fit_is_malformed_is_refused_at_load_naming_the_key(tmp_path, prior_dir, fit, key) -> None:
+    import json
+
+    from test_folder_safety import _calibration_file
+
+    from nfc_dps.conformal import CalibrationError, load_calibration
+
+    path = _calibration_file(tmp_path, prior_dir)
+    d = json.loads(path.read_text())
+    d["fit"] = fit
+    path.write_text(json.dumps(d))
+    with pytest.raises(CalibrationError, match=key) as e:
+        load_calibration(path)
+    assert str(path) in str(e.value)
+    d["fit"] = {"mean_spread_range": [0.01, 0.02], "images": ["a.png"]}
+    path.write_text(json.dumps(d))
+    assert load_calibration(path).fit["mean_spread_range"] == [0.01, 0.02]
