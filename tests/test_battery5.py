@@ -170,3 +170,21 @@ def test_a_calibration_whose_fit_is_malformed_is_refused_at_load_naming_the_key(
     d["fit"] = {"mean_spread_range": [0.01, 0.02], "images": ["a.png"]}
     path.write_text(json.dumps(d))
     assert load_calibration(path).fit["mean_spread_range"] == [0.01, 0.02]
+
+
+# -- P7: an all-black inpainting mask
+
+
+def test_an_all_black_mask_is_refused_naming_the_file(tmp_path, prior_dir, capsys) -> None:
+    a, out = _one_input(tmp_path)
+    mask = tmp_path / "mask.png"
+    write_image(mask, np.zeros((32, 32), np.float32))
+    assert run("restore", "-i", a, "-o", out, "--task", "inpaint_mask", "--mask", mask, prior=prior_dir) == 2
+    err = capsys.readouterr().err
+    assert str(mask) in err and "observes no pixel" in err and "Traceback" not in err
+    assert not out.exists()
+    masks = tmp_path / "masks"  # a folder of masks: that image fails, naming its mask
+    masks.mkdir()
+    write_image(masks / "a.png", np.zeros((32, 32), np.float32))
+    assert run("restore", "-i", a, "-o", out, "--task", "inpaint_mask", "--mask", masks, prior=prior_dir) == 1
+    assert "observes no pixel" in capsys.readouterr().err

@@ -94,13 +94,18 @@ def random_mask(h: int, w: int, missing_fraction: float = 0.7, generator: torch.
 
 def load_mask(path: str | Path) -> Tensor:
     """Mask from an image (white/bright = observed, black = missing; threshold at half range, so
-    JPEG noise does not matter) or a .npy array (nonzero = observed). Returns float32 (H, W)."""
+    JPEG noise does not matter) or a .npy array (nonzero = observed). Returns float32 (H, W);
+    ValueError naming the file for a mask that observes no pixel."""
     arr = squeeze_to_2d(read_array(path, "mask"))
     if arr.ndim != 2:
         raise ValueError(f"mask file {str(path)!r} must hold a 2-D (H, W) mask, got shape {arr.shape}")
     if not np.isfinite(arr).all():
         raise ValueError(f"mask file {str(path)!r} contains NaN or Inf")
     observed = arr != 0 if Path(path).suffix.lower() == ".npy" else arr > 0.5
+    if not observed.any():
+        raise ValueError(f"mask file {str(path)!r} observes no pixel (all black; white = observed, black = "
+                         f"missing): there is nothing to restore from. An inverted mask? Make the pixels the "
+                         f"measurement holds white")
     return torch.from_numpy(observed.astype(np.float32))
 
 
