@@ -26,7 +26,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .config import validate_overrides
-from .conformal import UnfamiliarImageWarning, load_calibration, prior_fingerprint
+from .conformal import UnfamiliarImageWarning, load_calibration
 from .noise import GaussianNoise, NoiseModel
 from .noise_level import measurement_sigma
 from .operators.base import LinearOperator
@@ -209,8 +209,8 @@ def restore(
         if not isinstance(noise, GaussianNoise):
             raise ValueError(f"calibrated intervals are fitted under Gaussian noise; this measurement's noise is {noise}")
         calibration = load_calibration(calibration)
-        calibration.check(method, cfg, num_samples, prior_fingerprint(prior), family=operator.family,
-                          noise_sigma=noise.sigma, factor=operator.downsampling_factor)
+        calibration.check_run(method, cfg, num_samples, prior, family=operator.family, noise_sigma=noise.sigma,
+                              factor=operator.downsampling_factor)
     why = get_method(method).problem(method, operator, noise, cfg)
     if why:
         raise ValueError(why)

@@ -335,6 +335,12 @@ class Calibration:
         return CalibrationError(f"calibration {self.source} was fitted for {key} {recorded!r}, this run has "
                                 f"{here!r}; calibrate again for this run (nfc-dps calibrate ...)")
 
+    def check_run(self, method: str, config: Any, num_samples: int, prior: Any, **kw: Any) -> None:
+        """:meth:`check` against a loaded ``prior``: its fingerprint and precision (the CLI's and
+        the API's one check); ``kw``: the task or the operator's (``task``, ``family``, ...)."""
+        self.check(method, config, num_samples, prior_fingerprint(prior),
+                   precision=getattr(prior, "precision", None), **kw)
+
     def check(self, method: str, config: Any, num_samples: int, prior: str | None = None,
               task: dict[str, Any] | Sequence[dict[str, Any]] | None = None, family: str | None = None,
               noise_sigma: float | None = None, factor: int | None = None, precision: str | None = None) -> None:

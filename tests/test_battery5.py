@@ -188,3 +188,29 @@ def test_an_all_black_mask_is_refused_naming_the_file(tmp_path, prior_dir, capsy
     write_image(masks / "a.png", np.zeros((32, 32), np.float32))
     assert run("restore", "-i", a, "-o", out, "--task", "inpaint_mask", "--mask", masks, prior=prior_dir) == 1
     assert "observes no pixel" in capsys.readouterr().err
+
+
+# -- P6: the API checks a calibration's precision as the CLI does
+
+
+def test_the_api_refuses_a_calibration_fitted_in_another_precision(tmp_path, prior_dir) -> None:
+    import json
+
+    import torch
+    from test_folder_safety import _calibration_file
+
+    from nfc_dps import build_operator, restore
+    from nfc_dps.conformal import CalibrationError
+    from nfc_dps.priors.default import load_prior
+    from nfc_dps.samplers import get_config
+
+    path = _calibration_file(tmp_path, prior_dir)  # nfc/fast, K = 2, denoise at 0.025
+    d = json.loads(path.read_text())
+    prior = load_prior(prior_dir)
+    other = {"float32": "bfloat16", "bfloat16": "float32"}[prior.precision]
+    d["prior"]["precision"] = other
+    path.write_text(json.dumps(d))
+    with pytest.raises(CalibrationError, match=f"in {other}, this run's prior runs in {prior.precision}"):
+        restore(torch.rand(1, 3, 16, 16), build_operator("denoise"), prior=prior, method="nfc",
+                config=get_config("nfc", "fast", num_levels=2), num_samples=2, sigma_y=0.025, calibration=path,
+                progress=False)

@@ -16,7 +16,7 @@ from typing import Any
 from .. import api
 from .. import io as nio
 from ..config import PER_IMAGE_SEED, ResolvedSampler
-from ..conformal import CalibrationError, UnfamiliarImageWarning, prior_fingerprint
+from ..conformal import CalibrationError, UnfamiliarImageWarning
 from ..distributed import Dist, init_distributed, resolve_device
 from ..operators import TASKS
 from ..restore_inputs import as_batch
@@ -269,8 +269,7 @@ def _checked_prior(args, device, first, sampler: ResolvedSampler, samples: int, 
     prior = open_checked_prior(args, device, first)
     if args.calibration_loaded is not None:
         try:
-            args.calibration_loaded.check(sampler.method, sampler.config, samples, prior_fingerprint(prior),
-                                          precision=prior.precision)
+            args.calibration_loaded.check_run(sampler.method, sampler.config, samples, prior)
         except CalibrationError as e:
             raise UsageError(str(e)) from e
     in_use = prior_key(args.prior)["path"]
