@@ -136,6 +136,11 @@ class GaussianNoise(NoiseModel):
         return f"{self.kind}:{self.sigma:g}"
 
 
+#: the peaks PoissonNoise takes: below, a clean white pixel expects next to no photon (and 1 / peak
+#: overflows); above, no sensor counts as many, and torch's Poisson draws go negative from ~1e15
+MIN_PEAK, MAX_PEAK = 1e-3, 1e9
+
+
 @dataclass(frozen=True)
 class PoissonNoise(NoiseModel):
     """y = Poisson(peak A(x)) / peak; ``peak`` > 0: the photon count a clean value of 1 expects."""
@@ -148,6 +153,10 @@ class PoissonNoise(NoiseModel):
         value = _number(type(self).__name__, "peak", self.peak)
         if value <= 0:
             raise ValueError(f"{type(self).__name__}: peak must be > 0 (photons at a clean value of 1), got {value:g}")
+        if not MIN_PEAK <= value <= MAX_PEAK:
+            raise ValueError(f"{type(self).__name__}: peak {value:g} is no photon count (the photons a clean value of "
+                             f"1 expects): give one in [{MIN_PEAK:g}, {MAX_PEAK:g}] (a sensor pixel holds up to "
+                             f"about 1e6)")
         object.__setattr__(self, "peak", value)
 
     def _counts(self, clean: Tensor, generators: Generators) -> Tensor:

@@ -214,3 +214,29 @@ def test_the_api_refuses_a_calibration_fitted_in_another_precision(tmp_path, pri
         restore(torch.rand(1, 3, 16, 16), build_operator("denoise"), prior=prior, method="nfc",
                 config=get_config("nfc", "fast", num_levels=2), num_samples=2, sigma_y=0.025, calibration=path,
                 progress=False)
+
+
+# -- P13: non-physical Poisson peaks
+
+
+@pytest.mark.parametrize("peak", [1e-320, 1e-6, 1e30, 1e12])
+def test_a_poisson_peak_no_sensor_counts_is_refused(tmp_path, capsys, peak) -> None:
+    from nfc_dps.noise import PoissonGaussianNoise, PoissonNoise
+
+    for make in (lambda: PoissonNoise(peak), lambda: PoissonGaussianNoise(peak, 0.01)):
+        with pytest.raises(ValueError, match="is no photon count"):
+            make()
+    a, _ = _one_input(tmp_path)
+    assert run("simulate", "-i", a.parent, "-o", tmp_path / "sim", "--task", "denoise", "--noise",
+               f"poisson:{peak:g}") == 2
+    err = capsys.readouterr().err
+    assert "is no photon count" in err and "Traceback" not in err
+
+
+def test_the_largest_peak_still_counts_photons() -> None:
+    import torch
+
+    from nfc_dps.noise import MAX_PEAK, PoissonNoise
+
+    y = PoissonNoise(MAX_PEAK).sample(torch.full((1, 1, 8, 8), 1.0), torch.Generator().manual_seed(0))
+    assert (y > 0.99).all() and (y < 1.01).all()
