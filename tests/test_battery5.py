@@ -240,3 +240,25 @@ def test_the_largest_peak_still_counts_photons() -> None:
 
     y = PoissonNoise(MAX_PEAK).sample(torch.full((1, 1, 8, 8), 1.0), torch.Generator().manual_seed(0))
     assert (y > 0.99).all() and (y < 1.01).all()
+
+
+# -- P8: a denoiser-only prior at the top of its range for a noisier measurement
+
+
+def test_a_denoiser_only_prior_below_the_noise_is_a_warning_naming_both_levels() -> None:
+    import torch
+
+    import nfc_dps
+    from nfc_dps.priors.denoiser import DenoiserPrior
+    from nfc_dps.samplers.common import PriorRangeWarning
+
+    prior = DenoiserPrior(lambda x, sigma: x, sigma_max=50 / 255)
+    op = nfc_dps.build_operator("denoise", 8)
+    y = torch.full((1, 3, 8, 8), 0.5)
+    with pytest.warns(PriorRangeWarning, match=r"noise level 0\.25 .*prior's range \(top 0\.1961\)"):
+        nfc_dps.restore(y, op, prior=prior, sigma_y=0.25, progress=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PriorRangeWarning)
+        nfc_dps.restore(y, op, prior=prior, sigma_y=0.1, progress=False)  # within its range: no warning

@@ -21,7 +21,7 @@ from ..distributed import Dist, init_distributed, resolve_device
 from ..operators import TASKS
 from ..restore_inputs import as_batch
 from ..run_record import resolved_config
-from ..samplers.common import PriorRangeError
+from ..samplers.common import PriorRangeError, PriorRangeWarning
 from .common import (
     DEFAULT_MAX_BATCH,
     DISK_FULL,
@@ -456,8 +456,9 @@ class RestoreRun:
         import torch
 
         try:
-            with warnings.catch_warnings(record=True):
+            with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UnfamiliarImageWarning)
+                warnings.simplefilter("always", PriorRangeWarning)
                 res = api.restore(torch.cat([as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
                                   prior=self.prior, method=self.sampler.method,
                                   **({"sigma_y": "auto"} if self.task.estimates_noise else {"noise": self.task.noise_model}),
@@ -476,6 +477,8 @@ class RestoreRun:
                 return
             self._record(self._failed(jobs[0], e))
             return
+        for w in {str(w.message) for w in caught if issubclass(w.category, PriorRangeWarning)}:
+            self.log.error(f"note {', '.join(j.item.name for j in jobs)}: {w}")
         if self.calibration is not None and res.std is not None:  # the API's warnings, said per image here
             for b, note in self.calibration.unfamiliar(res.image, res.std):
                 self.log.error(f"note {jobs[b].item.name}: {note}")

@@ -11,6 +11,7 @@ where this happens.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -276,6 +277,22 @@ def ddim_step(x0: Tensor, eps: Tensor, sigma_next: float, noise_fraction: float,
 class PriorRangeError(ValueError):
     """A sampler's schedule would call a denoiser-only prior above its noise range: no image of
     the run can be restored with this method and prior."""
+
+
+class PriorRangeWarning(UserWarning):
+    """A denoiser-only prior is called at the top of its range for a noisier measurement: the
+    restoration keeps some of the noise."""
+
+
+def warn_above_range(prior: Prior, level: float) -> None:
+    """A :class:`PriorRangeWarning` naming both levels when ``level`` (model units: the noise a
+    denoiser-only ``prior`` is asked to remove) lies above the prior's top, where it is called instead."""
+    limit = float(prior.sigma_max)
+    if getattr(prior, "denoiser_only", False) and level > limit * (1 + 1e-6):
+        warnings.warn(f"the measurement's noise level {level / 2:.4g} ([0, 1] units) lies above this denoiser-only "
+                      f"prior's range (top {limit / 2:.4g}): it is denoised at {limit / 2:.4g}, so the restoration "
+                      f"keeps some of the noise; use a prior trained for noise up to {level / 2:.4g}, or a diffusion "
+                      f"prior", PriorRangeWarning, stacklevel=3)
 
 
 def schedule_top(prior: Prior, top: float) -> float:

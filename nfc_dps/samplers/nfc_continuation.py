@@ -51,6 +51,7 @@ from .common import (
     spectrum_for,
     to_image_units,
     to_model_units,
+    warn_above_range,
 )
 from .nfc import ODE_SIGMA_MIN, RHO
 from .self_ensemble import DIHEDRAL_ORDER, SelfEnsemblePrior
@@ -183,6 +184,7 @@ def _denoise_measurement(prior: Prior, operator: LinearOperator, y: Tensor, sigm
     image = operator.A_pinv(y)
     gain = operator.A(torch.ones_like(image[:1]))
     level = ((sigma_y / gain).square().flatten(1).mean(1)).sqrt().expand(image.shape[0])
+    warn_above_range(prior, float(level.max()))
     level = level.clamp(max=float(prior.sigma_max))
     symmetries = DIHEDRAL_ORDER if image.shape[-2] == image.shape[-1] or prior.fixed_size is None else 4
     calls = min(cfg.num_levels, symmetries) if cfg.self_ensemble else 1
