@@ -378,7 +378,7 @@ def test_cli_calibrate_then_restore_end_to_end(tmp_path, prior_dirs, capsys):
         lo, info = read_image(out / f"{stem}_lower.png")
         hi, _ = read_image(out / f"{stem}_upper.png")
         x, _ = read_image(out / f"{stem}.png")
-        assert info.bit_depth == 16 and lo.shape == hi.shape == x.shape == (16, 16, 3)
+        assert info.bit_depth == 16 and lo.shape == hi.shape == x.shape == (12, 12, 3)  # the photo's frame
         assert (lo <= hi).all() and (hi - lo).max() > 0
         assert (lo <= x + 1 / 255).all() and (x <= hi + 1 / 255).all()  # x was written at 8 bits
         manifest = json.loads((out / "manifest.json").read_text())
