@@ -15,8 +15,10 @@ import torch
 #: where a module's or callable's code must live for its weights to say what it computes (the
 #: embedded and folder priors): anything else is also fingerprinted by its outputs on a probe
 TRUSTED_CODE = ("nfc_dps", "torch", "diffusers")
-#: the probe's noise stds (model units, clamped into the prior's range), sizes tried (pixels) and seed
-PROBE_SIGMAS = (0.05, 0.2, 0.5)
+#: the probe's noise stds (model units, clamped into the prior's range and deduplicated: the range the
+#: samplers call, from a denoiser's few levels up to a diffusion prior's sigma_max of 80), sizes
+#: tried (pixels) and seed
+PROBE_SIGMAS = (0.05, 0.2, 0.5, 2.0, 10.0, 80.0)
 PROBE_SIZES = (16, 64)
 PROBE_SEED = 0
 #: the probe's outputs ([-1, 1] model units) are hashed rounded to this step
@@ -50,10 +52,10 @@ def weights_determine(prior: Any) -> bool:
 
 
 def _probe_digest(prior: Any) -> bytes:
-    """SHA-256 of the prior's outputs on a fixed, seeded probe: a (3, C, S, S) image uniform in
+    """SHA-256 of the prior's outputs on a fixed, seeded probe: an (N, C, S, S) image uniform in
     [-1, 1] (S the smallest multiple of ``size_multiple`` >= each of :data:`PROBE_SIZES` in turn
     until one runs, or the prior's fixed size) plus Gaussian noise at :data:`PROBE_SIGMAS` (model
-    units, clamped into its range), called under no_grad with torch's random state seeded (and
+    units, clamped into its range; one image per distinct level, N of them), called under no_grad with torch's random state seeded (and
     restored after), outputs in float32 rounded to :data:`PROBE_STEP`. Buffers the call changes (a
     BatchNorm's running statistics in training mode) are put back. CalibrationError when the prior
     cannot denoise the probe."""
@@ -66,7 +68,7 @@ def _probe_digest(prior: Any) -> bytes:
                                                             dict.fromkeys(multiple * math.ceil(p / multiple)
                                                                           for p in PROBE_SIZES)]
     lo, hi = float(getattr(prior, "sigma_min", 0.0)), float(getattr(prior, "sigma_max", 1.0))
-    sigmas = torch.tensor([min(max(s, lo), hi) for s in PROBE_SIGMAS], dtype=torch.float32)
+    sigmas = torch.tensor(list(dict.fromkeys(min(max(s, lo), hi) for s in PROBE_SIGMAS)), dtype=torch.float32)
     module = isinstance(prior, torch.nn.Module)
     device = (prior_device(prior) if module else None) or torch.device("cpu")
     floats = [t.dtype for t in (prior.parameters() if module else ()) if t.is_floating_point()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from test_cli import run, smooth
 
@@ -262,3 +263,43 @@ def test_a_denoiser_only_prior_below_the_noise_is_a_warning_naming_both_levels()
     with warnings.catch_warnings():
         warnings.simplefilter("error", PriorRangeWarning)
         nfc_dps.restore(y, op, prior=prior, sigma_y=0.1, progress=False)  # within its range: no warning
+
+
+# -- P5: a user prior's fingerprint probes the whole range the samplers call
+
+
+def _above(level):
+    """A diffusion model's denoiser of [0, 1] units that smooths more above ``level`` only."""
+    def fn(x, sigma):
+        mean = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+        strong = (sigma > level).to(x.dtype).view(-1, 1, 1, 1)
+        return (1 - 0.5 * strong) * x + 0.5 * strong * mean
+
+    return fn
+
+
+def test_priors_that_differ_only_at_high_noise_have_other_fingerprints() -> None:
+    from nfc_dps.conformal import prior_fingerprint
+    from nfc_dps.priors import DenoiserPrior
+
+    # model units 2 * [0, 1] units: the first differs above sigma 2 (model), the second above 20
+    a = DenoiserPrior(_above(1.0), 40.0, denoiser_only=False)
+    b = DenoiserPrior(_above(10.0), 40.0, denoiser_only=False)
+    assert prior_fingerprint(a) != prior_fingerprint(b)
+    assert prior_fingerprint(a) == prior_fingerprint(DenoiserPrior(_above(1.0), 40.0, denoiser_only=False))
+
+
+def test_a_denoisers_probe_is_three_levels_as_before() -> None:
+    """A denoiser's range (here 0.4 in model units) holds three of the probe's levels: its probe,
+    and so its fingerprint, are those of the earlier three-level probe."""
+    from nfc_dps.fingerprint import _probe_digest
+    from nfc_dps.priors import DenoiserPrior
+
+    seen = []
+
+    def fn(x, sigma):
+        seen.append(sigma.tolist())
+        return x
+
+    _probe_digest(DenoiserPrior(fn, 0.2))
+    assert seen == [pytest.approx([0.025, 0.1, 0.2])]
