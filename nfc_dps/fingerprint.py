@@ -58,7 +58,7 @@ def _probe_digest(prior: Any) -> bytes:
     units, clamped into its range; one image per distinct level, N of them), called under no_grad with torch's random state seeded (and
     restored after), outputs in float32 rounded to :data:`PROBE_STEP`. Buffers the call changes (a
     BatchNorm's running statistics in training mode) are put back. CalibrationError when the prior
-    cannot denoise the probe."""
+    cannot denoise the probe, or when a second, identical call gives other outputs (not deterministic)."""
     from .conformal import CalibrationError  # conformal re-exports this module's names
     from .priors.base import prior_device
 
@@ -74,21 +74,30 @@ def _probe_digest(prior: Any) -> bytes:
     floats = [t.dtype for t in (prior.parameters() if module else ()) if t.is_floating_point()]
     dtype = floats[0] if floats else torch.float32
     buffers = [(b, b.detach().clone()) for b in (prior.buffers() if module else ())]
+
+    def call(x: torch.Tensor) -> Any:
+        """The prior on ``x`` with torch's random state seeded (and restored after), its buffers put back."""
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+                torch.manual_seed(PROBE_SEED)
+                return prior.denoise(x.to(device=device, dtype=dtype), sigmas.to(device=device, dtype=dtype))
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+
+    def rounded(out: torch.Tensor) -> torch.Tensor:
+        q = torch.nan_to_num(out.detach().float().cpu(), nan=0.0, posinf=1e6, neginf=-1e6)
+        return torch.round(q.clamp(-1e6, 1e6) / PROBE_STEP).to(torch.int64)
+
     for h, w in sizes:
         gen = torch.Generator().manual_seed(PROBE_SEED)
         clean = torch.rand((len(sigmas), channels, h, w), generator=gen) * 2 - 1
         x = clean + sigmas.view(-1, 1, 1, 1) * torch.randn(clean.shape, generator=gen)
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-                torch.manual_seed(PROBE_SEED)
-                out = prior.denoise(x.to(device=device, dtype=dtype), sigmas.to(device=device, dtype=dtype))
-            error = None
+            out, error = call(x), None
         except Exception as e:  # a user's prior may raise anything; a larger probe may run
             error = e
-        finally:
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
         if error is None:
             break
     if error is not None:
@@ -98,8 +107,15 @@ def _probe_digest(prior: Any) -> bytes:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise CalibrationError(f"cannot fingerprint the prior {type(prior).__name__} for its calibration: the probe "
                                f"image of shape {tuple(x.shape)} gave {got}")
-    q = torch.nan_to_num(out.detach().float().cpu(), nan=0.0, posinf=1e6, neginf=-1e6)
-    q = torch.round(q.clamp(-1e6, 1e6) / PROBE_STEP).to(torch.int64)
+    q = rounded(out)
+    again = call(x)  # the same seeded call again: a prior whose outputs differ cannot be identified by them
+    if not isinstance(again, torch.Tensor) or tuple(again.shape) != tuple(x.shape) or not torch.equal(rounded(again), q):
+        raise CalibrationError(f"the prior {type(prior).__name__} is not deterministic: two calls on one seeded probe "
+                               f"image {tuple(x.shape)} gave different outputs (randomness torch's seed does not "
+                               f"fix: numpy.random, Python's random, a torch.Generator of its own, or "
+                               f"nondeterministic kernels), so no calibration can identify it by its outputs; draw "
+                               f"its randomness from torch's global generator (torch.randn, dropout), or make it "
+                               f"deterministic")
     return hashlib.sha256(f"{tuple(x.shape)}".encode() + q.contiguous().numpy().tobytes()).digest()
 
 

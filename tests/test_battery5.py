@@ -303,3 +303,34 @@ def test_a_denoisers_probe_is_three_levels_as_before() -> None:
 
     _probe_digest(DenoiserPrior(fn, 0.2))
     assert seen == [pytest.approx([0.025, 0.1, 0.2])]
+
+
+# -- P11: a user prior with unseeded randomness is named as not deterministic, not "other weights"
+
+
+def _jittery(x, sigma):  # numpy's generator: torch's seed does not fix it
+    return x + torch.from_numpy(np.random.default_rng().normal(0, 0.01, x.shape)).to(x.dtype)
+
+
+def test_a_prior_with_unseeded_randomness_is_named_not_deterministic() -> None:
+    from nfc_dps.conformal import CalibrationError, prior_fingerprint
+    from nfc_dps.priors import DenoiserPrior
+
+    with pytest.raises(CalibrationError, match="prior DenoiserPrior is not deterministic.*numpy.random"):
+        prior_fingerprint(DenoiserPrior(_jittery, 0.2))
+
+
+def test_the_api_names_a_non_deterministic_prior_before_restoring() -> None:
+    import nfc_dps
+    from nfc_dps.config import get_config
+    from nfc_dps.conformal import Calibration, CalibrationError, sampler_fields
+    from nfc_dps.priors import DenoiserPrior
+
+    cal = Calibration(q=1.5, coverage=0.9, rule="pooled", eps=1e-3, n_images=9, num_samples=2, method="nfc",
+                      preset="fast", sampler=sampler_fields(get_config("nfc", "fast")),
+                      prior={"fingerprint": "0123456789abcdef"}, task={"task": "denoise", "noise_sigma": 0.025})
+    op = nfc_dps.build_operator("denoise", image_size=(16, 16))
+    with pytest.raises(CalibrationError, match="not deterministic") as e:
+        nfc_dps.restore(torch.full((1, 3, 16, 16), 0.5), op, DenoiserPrior(_jittery, 0.2), preset="fast",
+                        num_samples=2, calibration=cal, progress=False)
+    assert "other weights" not in str(e.value)

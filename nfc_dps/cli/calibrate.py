@@ -104,6 +104,10 @@ def _calibrate(args, log: Log, task: TaskConfig, sampler: ResolvedSampler, seed:
     device = parse_device(args.device)
     set_threads(args.threads)
     prior = open_checked_prior(args, device, first)
+    try:  # before any restoration: a prior no calibration can identify (not deterministic) is refused now
+        fingerprint = prior_fingerprint(prior)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from e
     log.info(f"calibrating {sampler.method}/{sampler.preset} K={args.samples} on {len(images)} image(s) of "
              f"{folder} [{task.task}, noise_sigma={task.noise_sigma}, target coverage {args.coverage:g}]")
     names = input_names(images, folder)
@@ -118,7 +122,7 @@ def _calibrate(args, log: Log, task: TaskConfig, sampler: ResolvedSampler, seed:
         q=q, coverage=float(args.coverage), rule=args.rule, eps=DEFAULT_EPS, n_images=len(restored),
         num_samples=int(args.samples), method=sampler.method, preset=sampler.preset,
         sampler=sampler_fields(sampler.config),
-        prior={"fingerprint": prior_fingerprint(prior), "path": info["path"],
+        prior={"fingerprint": fingerprint, "path": info["path"],
                "embedded_default": args.prior is None, "precision": prior.precision},
         task=task.as_dict(), edge_weight=fit.edge_weight,
         fit={"images": names, "folder": str(folder.resolve()), "seed": int(seed),
