@@ -66,15 +66,42 @@ def range_tolerance(sigma_y: float) -> float:
     return 6.0 * sigma_y + 0.05
 
 
+class MeasurementRangeError(ValueError):
+    """A measurement outside [0, 1] by more than its Gaussian noise explains: ``lo``, ``hi`` its
+    values' range, ``sigma_y`` and ``tol`` the noise and tolerance; :meth:`cli_reason` says it in
+    the command line's words (its flags, not the API's arguments)."""
+
+    def __init__(self, lo: float, hi: float, sigma_y: float, tol: float) -> None:
+        self.lo, self.hi, self.sigma_y, self.tol = lo, hi, sigma_y, tol
+        super().__init__(f"{self._values('sigma_y=')}; restore takes images in [0, 1] (divide 8-bit data by 255, or "
+                         f"pass the uint8 array itself){self._poisson('noise=PoissonNoise(peak)')}")
+
+    def _values(self, sigma: str) -> str:
+        return (f"measurement values lie in [{self.lo:.4g}, {self.hi:.4g}], outside the [0, 1] range by more than "
+                f"noise of {sigma}{self.sigma_y:g} explains (tolerance {self.tol:.3g})")
+
+    def _poisson(self, how: str) -> str:
+        """A measurement of no negative values above 1: how a Poisson measurement (counts / peak) is restored."""
+        if self.lo < -self.tol:
+            return ""
+        return f"; a Poisson measurement (photon counts / peak, above 1 where the peak is low) is restored with {how}"
+
+    def cli_reason(self) -> str:
+        """The reason in the command line's words: --noise poisson:PEAK for a Poisson simulation's
+        float TIFF, and --noise-sigma for the Gaussian level."""
+        poisson = self._poisson("--noise poisson:PEAK, the peak simulate used (restore --config "
+                                "SIM/simulation.json reads it)")
+        return f"{self._values('--noise-sigma ')}{poisson or '; scale the data to [0, 1]'}"
+
+
 def check_range(batch: Tensor, sigma_y: float) -> None:
-    """ValueError unless ``batch`` is finite and within [0, 1] up to :func:`range_tolerance`."""
+    """ValueError unless ``batch`` is finite and within [0, 1] up to :func:`range_tolerance`
+    (:class:`MeasurementRangeError` when it is finite)."""
     if not torch.isfinite(batch).all():
         raise ValueError("measurement contains NaN or Inf")
     lo, hi, tol = float(batch.min()), float(batch.max()), range_tolerance(sigma_y)
     if lo < -tol or hi > 1 + tol:
-        raise ValueError(f"measurement values lie in [{lo:.4g}, {hi:.4g}], outside the [0, 1] range by more than "
-                         f"noise of sigma_y={sigma_y:g} explains (tolerance {tol:.3g}); restore takes images in "
-                         f"[0, 1] (divide 8-bit data by 255, or pass the uint8 array itself)")
+        raise MeasurementRangeError(lo, hi, sigma_y, tol)
 
 
 def seed_list(seed: Any, b: int) -> list[int]:

@@ -334,3 +334,28 @@ def test_the_api_names_a_non_deterministic_prior_before_restoring() -> None:
         nfc_dps.restore(torch.full((1, 3, 16, 16), 0.5), op, DenoiserPrior(_jittery, 0.2), preset="fast",
                         num_samples=2, calibration=cal, progress=False)
     assert "other weights" not in str(e.value)
+
+
+# -- P12: a Poisson simulation restored without --noise is told --noise poisson:PEAK
+
+
+def test_a_poisson_simulation_restored_without_noise_names_the_flag(tmp_path, prior_dir, capsys) -> None:
+    a, out = _one_input(tmp_path)
+    sim = tmp_path / "sim"
+    assert run("simulate", "-i", a.parent, "-o", sim, "--task", "denoise", "--noise", "poisson:10") == 0
+    assert run("restore", "-i", sim / "measurements", "-o", out, "--task", "denoise", "--preset", "fast",
+               prior=prior_dir) != 0
+    err = capsys.readouterr().err
+    assert "--noise poisson:PEAK" in err and "simulation.json" in err
+    assert "divide 8-bit data by 255" not in err and "sigma_y=" not in err
+
+
+def test_the_api_names_the_poisson_noise_model_for_counts_above_one() -> None:
+    import nfc_dps
+
+    op = nfc_dps.build_operator("denoise", image_size=(16, 16))
+    with pytest.raises(ValueError, match=r"noise=PoissonNoise\(peak\)"):
+        nfc_dps.restore(torch.full((1, 3, 16, 16), 1.8), op, progress=False)
+    with pytest.raises(ValueError, match="divide 8-bit data by 255") as e:  # negative values: no Poisson advice
+        nfc_dps.restore(torch.full((1, 3, 16, 16), -1.0), op, progress=False)
+    assert "Poisson" not in str(e.value)

@@ -22,7 +22,7 @@ from ..locking import LOCK_FILE  # noqa: F401 - the lock file's name, for the CL
 from ..metrics import restoration_metrics
 from ..priors.base import Prior
 from ..priors.default import load_prior, prior_identity
-from ..restore_inputs import as_batch, stable_seed
+from ..restore_inputs import MeasurementRangeError, as_batch, stable_seed
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
@@ -296,6 +296,8 @@ def failure_reason(e: BaseException) -> str:
         return e.reason
     if isinstance(e, FloatingPointError):
         return f"NaN/Inf in the restoration, not saved ({e})"
+    if isinstance(e, MeasurementRangeError):  # the command line's flags, not the API's arguments
+        return e.cli_reason()
     if isinstance(e, (ValueError, OSError)):
         return str(e)
     return f"{type(e).__name__}: {e}"
