@@ -359,3 +359,49 @@ def test_the_api_names_the_poisson_noise_model_for_counts_above_one() -> None:
     with pytest.raises(ValueError, match="divide 8-bit data by 255") as e:  # negative values: no Poisson advice
         nfc_dps.restore(torch.full((1, 3, 16, 16), -1.0), op, progress=False)
     assert "Poisson" not in str(e.value)
+
+
+# -- P14: NaN from the user's own denoiser or operator is named, not blamed on the step size; a
+# nonlinear A of zero gradient is refused
+
+
+def _smooth3(x, sigma):
+    return torch.nn.functional.avg_pool2d(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+
+
+def _nan_above(x, sigma):  # a user's denoiser that breaks at high noise levels
+    out = _smooth3(x, sigma)
+    return torch.where((sigma > 0.1).view(-1, 1, 1, 1), torch.full_like(out, float("nan")), out)
+
+
+@pytest.mark.parametrize("method", ["nfc", "dps", "diffpir"])
+def test_nan_from_the_users_denoiser_names_the_prior(method) -> None:
+    import nfc_dps
+    from nfc_dps.priors import DenoiserPrior
+
+    op = nfc_dps.build_operator("sr_bicubic", image_size=(16, 16))
+    with pytest.raises(FloatingPointError, match=r"the prior's denoiser \(DenoiserPrior\) returned NaN/Inf") as e:
+        nfc_dps.restore(torch.full((1, 3, 4, 4), 0.5), op, DenoiserPrior(_nan_above, 40.0, denoiser_only=False),
+                        method=method, preset="fast", progress=False)
+    assert "step size" in str(e.value) and "smaller step size" not in str(e.value)
+
+
+def test_nan_from_the_users_operator_beyond_0_1_names_the_operator() -> None:
+    import nfc_dps
+    from nfc_dps.operators import FunctionOperator
+    from nfc_dps.priors import DenoiserPrior
+
+    op = FunctionOperator(torch.sqrt, (3, 16, 16), (3, 16, 16), linear=False, name="root")
+    with pytest.raises(FloatingPointError, match=r"the operator root .*A gives NaN/Inf on images in \[-0.5, 1.5\]"):
+        nfc_dps.restore(torch.full((1, 3, 16, 16), 0.5), op, DenoiserPrior(_smooth3, 40.0, denoiser_only=False),
+                        method="dps", preset="fast", progress=False)
+
+
+@pytest.mark.parametrize("A", [lambda x: torch.round(4 * x) / 4, lambda x: x.detach() ** 2,
+                               lambda x: torch.zeros_like(x) + 0.3])
+def test_a_nonlinear_map_of_zero_gradient_is_refused(A) -> None:
+    from nfc_dps.operators import FunctionOperator
+
+    with pytest.raises(ValueError, match="A's gradient is zero.*would ignore the measurement"):
+        FunctionOperator(A, (3, 8, 8), (3, 8, 8), linear=False)
+    FunctionOperator(lambda x: torch.clamp(2 * x, 0, 1), (3, 8, 8), (3, 8, 8), linear=False)  # zero in part: kept

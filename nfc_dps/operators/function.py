@@ -41,6 +41,22 @@ def _shape(value: Sequence[int], name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _check_gradient(op: Any, device: Any, dtype: torch.dtype | None) -> None:
+    """ValueError when a nonlinear map's gradient is zero on a mid-grey and a seeded random image
+    in [0, 1] (a seeded random direction): A detaches its input, rounds, thresholds or is
+    constant, and the samplers' data step, which follows that gradient, would ignore the measurement."""
+    dtype = dtype or torch.get_default_dtype()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand((2, *op.image_shape_), generator=gen, dtype=dtype).to(device)
+    x[0] = 0.5
+    y = op.A(x)
+    u = torch.randn(y.shape, generator=gen, dtype=y.dtype).to(y.device)
+    if not torch.any(op.vjp(x, u) != 0):
+        raise ValueError(f"A's gradient is zero on images in [0, 1] of shape {tuple(x.shape)} (A detaches its input, "
+                         f"rounds, thresholds or is constant): the samplers' data step follows A's gradient and would "
+                         f"ignore the measurement; write A with differentiable torch operations")
+
+
 class FunctionOperator(LinearOperator):
     """A linear operator from a function ``A`` (a colour-filter array, a compressed-sensing
     matrix, a projection, a calibrated PSF bank, ...).
@@ -90,7 +106,9 @@ class FunctionOperator(LinearOperator):
             raise ValueError(f"family={kwargs['family']!r}: a nonlinear map's family is 'nonlinear'; drop the argument")
         from .nonlinear import NonlinearFunctionOperator  # builds on this module's checks
 
-        return NonlinearFunctionOperator(A, image_shape, measurement_shape, name=name, **kwargs)
+        op = NonlinearFunctionOperator(A, image_shape, measurement_shape, name=name, **kwargs)
+        _check_gradient(op, kwargs.get("device", "cpu"), kwargs.get("dtype"))
+        return op
 
     def __init__(self, A: Callable[[Tensor], Tensor], image_shape: Sequence[int], measurement_shape: Sequence[int],
                  A_adjoint: Callable[[Tensor], Tensor] | None = None, *, linear: bool = True, name: str = "function",

@@ -140,13 +140,62 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
             callback({**info, "chains": span})
 
         before = counted.nfe
+        counted.nonfinite = None
         part = measurement.chains(torch.arange(lo, hi, device=device) // num_samples).gaussian()
-        with torch.no_grad():  # a method that differentiates (DPS) turns gradients on for its own step
-            x = sample(counted, part, config, chain_generators(seeds, num_samples, lo, hi, device=device),
-                       None if callback is None else step)
+        try:
+            with torch.no_grad():  # a method that differentiates (DPS) turns gradients on for its own step
+                x = sample(counted, part, config, chain_generators(seeds, num_samples, lo, hi, device=device),
+                           None if callback is None else step)
+        except ValueError as e:  # a step's check of a non-finite image: name the prior or operator that made it
+            reason = nonfinite_reason(method, counted, measurement) if "NaN" in str(e) else None
+            if reason is None or reason.endswith(STEP_ADVICE):
+                raise
+            raise FloatingPointError(reason) from e
         if not torch.isfinite(x).all():
-            raise FloatingPointError(f"{method} produced NaN/Inf; try a smaller step size or another preset")
+            raise FloatingPointError(nonfinite_reason(method, counted, measurement))
         yield ChainChunk(lo, hi, x, counted.nfe - before)
+
+
+#: where the operator is probed when a run ends non-finite: images in [0, 1], then beyond it (a
+#: sampler's iterates leave [0, 1] on the way)
+PROBE_RANGES = ((0.0, 1.0), (-0.5, 1.5))
+#: the advice when neither the prior nor the operator made the NaN/Inf
+STEP_ADVICE = "try a smaller step size or another preset"
+
+
+def nonfinite_reason(method: str, prior: Any, measurement: Measurement) -> str:
+    """Why a run of ``method`` ended with NaN/Inf: the prior (a :class:`CountingPrior` that saw it
+    return NaN/Inf for a finite input), else the operator (A, or its adjoint / vector-Jacobian
+    product, non-finite on seeded images in :data:`PROBE_RANGES`), else the sampler's steps."""
+    inner = getattr(prior, "inner", prior)
+    if getattr(prior, "nonfinite", None) is not None and bool(prior.nonfinite):
+        return (f"{method} produced NaN/Inf: the prior's denoiser ({type(inner).__name__}) returned NaN/Inf for a "
+                f"finite input, at a noise level in its range (model units [{float(inner.sigma_min):g}, "
+                f"{float(inner.sigma_max):g}]); the prior's own network or function is the cause, not the step size")
+    op = measurement.operator
+    name = getattr(op, "name", type(op).__name__)
+    shape = tuple(measurement.image_shape)
+    gen = torch.Generator().manual_seed(0)
+    for lo, hi in PROBE_RANGES:
+        x = (lo + (hi - lo) * torch.rand(shape, generator=gen)).to(measurement.y)
+        try:
+            with torch.no_grad():
+                y = op.A(x)
+            what = "A"
+            if torch.isfinite(y).all():
+                u = torch.randn(y.shape, generator=gen).to(y)
+                what = "its adjoint" if is_linear(op) else "its gradient (vector-Jacobian product)"
+                with torch.enable_grad():
+                    g = op.A_adjoint(u) if is_linear(op) else op.vjp(x, u)
+                y = g
+        except Exception:  # noqa: BLE001 - a probe of the user's code: its failure is not this run's reason
+            continue
+        if not torch.isfinite(y).all():
+            inside = "images in [0, 1]" if (lo, hi) == (0.0, 1.0) else \
+                f"images in [{lo:g}, {hi:g}] (a sampler's iterates leave [0, 1]: make it finite there, e.g. clamp)"
+            return (f"{method} produced NaN/Inf: the operator {name} ({type(op).__name__}): {what} gives NaN/Inf on "
+                    f"{inside}; the operator's own function is the cause, not the step size")
+    return f"{method} produced NaN/Inf; {STEP_ADVICE}"
 
 
 def sample_chains(method: str, prior: Any, measurement: Measurement, config: Any, seeds: Sequence[int],

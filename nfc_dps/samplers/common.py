@@ -74,15 +74,23 @@ def check_flag(name: str, value: object) -> bool:
 
 
 class CountingPrior(PriorWrapper):
-    """Wraps a prior and counts its network evaluations (one batched call = 1 NFE per image)."""
+    """Wraps a prior and counts its network evaluations (one batched call = 1 NFE per image).
+    ``nonfinite``: None, or a 0-d bool tensor, True once the prior returned NaN/Inf for a finite
+    input (kept on its device, never read during sampling: the chain driver names the prior when
+    a run ends non-finite)."""
 
     def __init__(self, inner: Prior) -> None:
         super().__init__(inner)
         self.nfe = 0
+        self.nonfinite: Tensor | None = None
 
     def denoise(self, x: Tensor, sigma: Tensor) -> Tensor:
         self.nfe += 1
-        return self.inner.denoise(x, sigma)
+        out = self.inner.denoise(x, sigma)
+        with torch.no_grad():
+            bad = torch.isfinite(x).all() & ~torch.isfinite(out).all()
+            self.nonfinite = bad if self.nonfinite is None else self.nonfinite | bad
+        return out
 
 
 def counting(prior: Prior) -> CountingPrior:
