@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from .noise import GaussianNoise, NoiseModel, parse_noise
+from .noise import GaussianNoise, NoiseModel, NoiseSpecError, parse_noise
 from .operators import TASKS, build_operator, check_task_params, noise_sigma_problem
 from .overrides import ConfigError, coerce, coerce_overrides, flatten
 from .samplers import METHODS, get_config, with_preset_hint
@@ -224,14 +224,14 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     if spec is not None:
         try:
             model = parse_noise(spec) if isinstance(spec, str) else None
-        except ValueError as e:
-            raise ConfigError(f"{source}: key 'noise' {e}") from None
+        except NoiseSpecError as e:  # the key and the spec named once
+            raise ConfigError(f"{source}: key 'noise' {e.spec!r}: {e.reason}") from None
         if model is None:
             raise ConfigError(f"{source}: key 'noise' must be a spec such as 'poisson:30', got {spec!r}")
         if isinstance(model, GaussianNoise):  # gaussian:s is noise_sigma s
             why = noise_sigma_problem(model.sigma)
             if why:
-                raise ConfigError(f"{source}: key 'noise' sigma {why}")
+                raise ConfigError(f"{source}: key 'noise' {spec!r}: sigma {why}")
             noise, spec = model.sigma, None
         else:
             spec = str(model)

@@ -251,25 +251,34 @@ NOISE_KINDS: dict[str, tuple[type, tuple[str, ...]]] = {
 }
 
 
+class NoiseSpecError(ValueError):
+    """A ``kind:values`` spec :func:`parse_noise` refuses: ``spec`` and ``reason`` (what is wrong,
+    without the spec), so that a flag or a config key can name the spec once."""
+
+    def __init__(self, spec: Any, reason: str) -> None:
+        self.spec, self.reason = spec, reason
+        super().__init__(f"noise {spec!r}: {reason}")
+
+
 def parse_noise(spec: str) -> NoiseModel:
     """A noise model from ``kind:values``: ``gaussian:0.025``, ``poisson:30``,
-    ``poisson-gaussian:30,0.01`` (ValueError naming the spec otherwise)."""
+    ``poisson-gaussian:30,0.01`` (:class:`NoiseSpecError`, a ValueError naming the spec, otherwise)."""
     kind, _, values = str(spec).strip().partition(":")
     if kind not in NOISE_KINDS:
         forms = ", ".join(f"{k}:{','.join(p)}" for k, (_, p) in NOISE_KINDS.items())
-        raise ValueError(f"noise {spec!r}: unknown kind {kind!r}; choose one of {forms}")
+        raise NoiseSpecError(spec, f"unknown kind {kind!r}; choose one of {forms}")
     cls, params = NOISE_KINDS[kind]
     parts = [v.strip() for v in values.split(",")] if values.strip() else []
     if len(parts) != len(params):
-        raise ValueError(f"noise {spec!r}: {kind} takes {len(params)} value(s) ({','.join(params)}), got {len(parts)}")
+        raise NoiseSpecError(spec, f"{kind} takes {len(params)} value(s) ({','.join(params)}), got {len(parts)}")
     try:
         numbers_ = [float(v) for v in parts]
     except ValueError:
-        raise ValueError(f"noise {spec!r}: {','.join(params)} must be numbers") from None
+        raise NoiseSpecError(spec, f"{','.join(params)} must be numbers") from None
     try:
         return cls(*numbers_)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"noise {spec!r}: {e}") from None
+        raise NoiseSpecError(spec, str(e)) from None
 
 
 def noise_from_record(record: dict[str, Any]) -> NoiseModel:
@@ -297,4 +306,4 @@ def as_noise(noise: Any) -> NoiseModel:
 
 
 __all__ = ["NoiseModel", "GaussianNoise", "PoissonNoise", "PoissonGaussianNoise", "parse_noise", "as_noise",
-           "noise_from_record", "NOISE_KINDS"]
+           "noise_from_record", "NOISE_KINDS", "NoiseSpecError"]

@@ -405,3 +405,25 @@ def test_a_nonlinear_map_of_zero_gradient_is_refused(A) -> None:
     with pytest.raises(ValueError, match="A's gradient is zero.*would ignore the measurement"):
         FunctionOperator(A, (3, 8, 8), (3, 8, 8), linear=False)
     FunctionOperator(lambda x: torch.clamp(2 * x, 0, 1), (3, 8, 8), (3, 8, 8), linear=False)  # zero in part: kept
+
+
+# -- P15: a bad --param under --noise is the --param's; a spec error names the spec once
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--noise", "poisson:10", "--param", "sigma=abc"], "error: --param: unknown key 'sigma'"),
+    (["--noise", "poisson:abc"], "error: --noise 'poisson:abc': peak must be numbers"),
+    (["--noise", "gaussian:12"], "error: --noise 'gaussian:12': sigma must be in [0, 1]"),
+])
+def test_noise_and_param_errors_name_their_own_flag_once(tmp_path, capsys, flags, message) -> None:
+    a, _ = _one_input(tmp_path)
+    assert run("simulate", "-i", a.parent, "-o", tmp_path / "sim", "--task", "deblur_gaussian", *flags) == 2
+    err = capsys.readouterr().err
+    assert message in err and "key 'noise' noise" not in err and err.count("poisson:abc") <= 1
+
+
+def test_a_config_files_noise_spec_is_named_once(tmp_path) -> None:
+    from nfc_dps.config import ConfigError, parse_task
+
+    with pytest.raises(ConfigError, match=r"^c.yaml: key 'noise' 'poisson:abc': peak must be numbers$"):
+        parse_task({"task": "denoise", "noise": "poisson:abc"}, "c.yaml")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import AUTO_NOISE_SIGMA, DEFAULT_NOISE_SIGMA, ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
+from ..noise import GaussianNoise, NoiseSpecError, parse_noise
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, check_input, match_file
@@ -44,16 +45,30 @@ def resolve_task(args, bundle: ConfigBundle, command: str = "restore") -> TaskCo
     if getattr(args, "noise", None) is not None:
         if args.noise_sigma is not None:
             raise UsageError("pass one of --noise and --noise-sigma (--noise gaussian:S is --noise-sigma S)")
-        spec = args.noise  # parse_task checks it and turns gaussian:S into noise_sigma S
+        spec = args.noise  # parse_task turns gaussian:S into noise_sigma S
+        _check_noise_flag(spec)
         if noise == AUTO_NOISE_SIGMA:  # a file's auto gives way to the flag's model
             noise = DEFAULT_NOISE_SIGMA
     if noise == AUTO_NOISE_SIGMA and command != "restore":
         where = "--noise-sigma" if args.noise_sigma is not None else task.source
         raise UsageError(f"{where}: noise_sigma auto is restore's (it estimates the level of each measurement); "
                          f"{command} needs a stated noise level")
-    source = "--noise" if getattr(args, "noise", None) is not None else "--param" if args.param else task.source
+    # --noise is checked above: what parse_task refuses now is the task's parameters (a --param's, or a file's)
+    source = "--param" if args.param else task.source
     return parse_task({"task": task.task, **params, "noise_sigma": noise if noise == AUTO_NOISE_SIGMA else float(noise),
                        **({"noise": spec} if spec else {})}, source)
+
+
+def _check_noise_flag(spec: str) -> None:
+    """UsageError naming --noise and its spec once when the spec is not a noise model (or its
+    Gaussian sigma is not a noise level)."""
+    try:
+        model = parse_noise(spec)
+    except NoiseSpecError as e:
+        raise UsageError(f"--noise {spec!r}: {e.reason}") from None
+    why = noise_sigma_problem(model.sigma) if isinstance(model, GaussianNoise) else None
+    if why:
+        raise UsageError(f"--noise {spec!r}: sigma {why}")
 
 
 def resolve_seed(args, bundle: ConfigBundle) -> int:
