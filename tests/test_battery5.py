@@ -427,3 +427,20 @@ def test_a_config_files_noise_spec_is_named_once(tmp_path) -> None:
 
     with pytest.raises(ConfigError, match=r"^c.yaml: key 'noise' 'poisson:abc': peak must be numbers$"):
         parse_task({"task": "denoise", "noise": "poisson:abc"}, "c.yaml")
+
+
+# -- P17: phase retrieval with a method of a linear data step is refused before the prior loads
+
+
+@pytest.mark.parametrize("method", ["diffpir", "ddnm", "ddrm"])
+def test_phase_retrieval_with_a_linear_method_is_refused_up_front(tmp_path, capsys, method) -> None:
+    a, out = _one_input(tmp_path)
+    sim = tmp_path / "sim"
+    assert run("simulate", "-i", a.parent, "-o", sim, "--task", "phase_retrieval") == 0
+    capsys.readouterr()
+    # a prior that does not exist: the refusal comes before it would load
+    assert run("restore", "-i", sim / "measurements", "-o", out, "--task", "phase_retrieval", "--method", method,
+               prior=str(tmp_path / "no_prior")) == 2
+    err = capsys.readouterr().err
+    assert f"--method {method}" in err and "needs a linear operator" in err and "cannot load" not in err
+    assert not out.exists()

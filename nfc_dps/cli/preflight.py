@@ -25,12 +25,13 @@ class FirstImage(NamedTuple):
     info: Any
 
 
-def first_image(images: list[Path]) -> FirstImage | None:
+def first_image(images: list[Path], any_range: bool = False) -> FirstImage | None:
     """The first of ``images`` that reads; None when none does (each unreadable image is then
-    reported by name)."""
+    reported by name). ``any_range``: float values outside [0, 1] are read (restore's
+    measurements: Fourier amplitudes, Poisson counts / peak), as each image is read later."""
     for path in images:
         try:
-            return FirstImage(path, *nio.read_image(path))
+            return FirstImage(path, *nio.read_image(path, any_range=any_range))
         except (nio.ImageReadError, OSError):
             continue
     return None

@@ -169,7 +169,7 @@ def cmd_restore(args) -> int:
                         if k in task.params and Path(task.params[k]).is_dir()}
     read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items())
     images, others = read_inputs("--input", inp)
-    first = first_image(images)
+    first = first_image(images, any_range=True)  # as each measurement is read: phase retrieval's too
     if first is not None and task.task == "colorize":
         try:  # a colour photo is no colorize measurement: said up front, naming it
             first = first._replace(image=colorize_measurement(first.image, str(first.path)))
