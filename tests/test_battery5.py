@@ -444,3 +444,15 @@ def test_phase_retrieval_with_a_linear_method_is_refused_up_front(tmp_path, caps
     err = capsys.readouterr().err
     assert f"--method {method}" in err and "needs a linear operator" in err and "cannot load" not in err
     assert not out.exists()
+
+
+# -- P18: --restarts has an upper bound, as --samples
+
+
+def test_restarts_beyond_the_bound_are_refused_stating_the_cost(tmp_path, capsys) -> None:
+    a, out = _one_input(tmp_path)
+    assert run("restore", "-i", a, "-o", out, "--task", "denoise", "--preset", "fast", "--restarts", "1000000000",
+               prior=str(tmp_path / "no_prior")) == 2
+    err = capsys.readouterr().err
+    assert "--restarts 1000000000" in err and "at most 10,000 restarts" in err and "cannot load" not in err
+    assert not out.exists()

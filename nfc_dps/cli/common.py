@@ -79,6 +79,16 @@ def check_samples(samples: int, config: Any) -> None:
                          f"known to about 1/sqrt(2K) of itself: a few hundred already pin it down)")
 
 
+def check_restarts(restarts: int, config: Any) -> None:
+    """UsageError stating the cost when ``--restarts`` exceeds :data:`MAX_SAMPLES`, as ``--samples``
+    (before any work: every restart is a whole chain)."""
+    if restarts > MAX_SAMPLES:
+        nfe = int(getattr(config, "nfe", 1) or 1)
+        raise UsageError(f"--restarts {restarts}: that many chains of {nfe} network calls each is "
+                         f"{restarts * nfe:,} network calls per image; at most {MAX_SAMPLES:,} restarts (a few keep "
+                         f"the chain that fits best; more rarely find a better one)")
+
+
 def parse_device(name: str | None):
     """The torch device of ``--device`` (None: CPU); UsageError when it is not available here."""
     import torch

@@ -133,7 +133,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the input's size)")
     r.add_argument("--restarts", type=int, default=1, metavar="N",
                    help="run N chains per image and keep the one the measurement fits best (its likelihood; as DPS "
-                        "and DAPS report phase retrieval); needs a sampling method or preset (default 1)")
+                        f"and DAPS report phase retrieval); needs a sampling method or preset (default 1, at most {MAX_SAMPLES})")
     r.add_argument("--calibration", default=None, metavar="FILE.json",
                    help="a file of 'nfc-dps calibrate' for this task, method, preset, K and prior: also writes the "
                         "calibrated interval <name>_lower.png / <name>_upper.png (docs/uncertainty.md)")

@@ -10,7 +10,7 @@ from typing import Any
 from ..config import ResolvedSampler, load_config, parse_task
 from ..conformal import CalibrationError, load_calibration
 from ..operators import TASKS
-from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_input, check_readable_folder, check_samples
+from .common import DEFAULT_MAX_BATCH, SIMULATION_JSON, Log, UsageError, check_input, check_readable_folder, check_restarts, check_samples
 from .tasks import RANDOM_TASKS, check_operator_file, resolve_sampler, resolve_seed, with_operator_files
 
 
@@ -93,6 +93,7 @@ def run_sampler(args, bundle) -> tuple[ResolvedSampler, int, int]:
         raise UsageError(f"--save-samples writes each of K >= 2 posterior samples; add --samples K (got K = {samples})")
     if args.restarts < 1:
         raise UsageError(f"--restarts must be >= 1, got {args.restarts}")
+    check_restarts(args.restarts, sampler.config)
     if args.restarts > 1 and (samples > 1 or sampler.config.is_deterministic):
         raise UsageError(f"--restarts {args.restarts} keeps the best of N chains per image: it needs a stochastic "
                          f"sampler (e.g. --method daps, or --preset fast) and no --samples")
