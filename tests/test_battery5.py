@@ -456,3 +456,67 @@ def test_restarts_beyond_the_bound_are_refused_stating_the_cost(tmp_path, capsys
     err = capsys.readouterr().err
     assert "--restarts 1000000000" in err and "at most 10,000 restarts" in err and "cannot load" not in err
     assert not out.exists()
+
+
+# -- P21: --steps 0 --export on a new work folder would export random weights; P22: an unwritable
+# --export is found before training
+
+
+def _train_images(tmp_path: Path) -> Path:
+    d = tmp_path / "images"
+    d.mkdir()
+    for i in range(3):
+        write_image(d / f"im{i}.png", smooth(48, phase=i))
+    return d
+
+
+def _train_cfg(workdir: Path, images: Path, **kw):
+    from nfc_dps.training import TrainConfig
+
+    base = dict(workdir=workdir, images=images, widths=(8, 16), crop=16, batch=4, log_every=2, progress=False,
+                eval_crop=32)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_steps_0_on_a_new_work_folder_is_refused(tmp_path) -> None:
+    from nfc_dps.training import TrainingError, train_prior
+
+    images = _train_images(tmp_path)
+    with pytest.raises(TrainingError, match="--steps 0 .*holds no saved state: it would export untrained, random"):
+        train_prior(_train_cfg(tmp_path / "w", images, steps=0, export=tmp_path / "p"), log=lambda m: None)
+    assert not (tmp_path / "p").exists() and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file"])
+def test_an_unwritable_export_is_refused_before_training(tmp_path, where) -> None:
+    from nfc_dps.training import TrainingError, train_prior
+
+    images = _train_images(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    export = tmp_path / "notes.txt" if where == "a_file" else tmp_path / "notes.txt" / "prior"
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match=f"--export {export}.*(is a file|a file, not a folder)"):
+        train_prior(_train_cfg(tmp_path / "w", images, steps=3, save_every=100, export=export), log=lines.append)
+    assert not (tmp_path / "w").exists() and not lines  # no step trained, no work folder left
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_export_in_a_read_only_folder_is_refused_before_training(tmp_path, monkeypatch) -> None:
+    import tempfile as tf
+
+    from nfc_dps.training import TrainingError, train_prior
+
+    images = _train_images(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tf.mkstemp
+
+    def mkstemp(*a, dir=None, **kw):  # a read-only folder, also for root (who may write anywhere)
+        if dir is not None and Path(dir) == locked:
+            raise PermissionError(13, "Permission denied")
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(tf, "mkstemp", mkstemp)
+    with pytest.raises(TrainingError, match=f"--export {locked / 'p'}: cannot write in {locked} "
+                                            r"\(Permission denied\)"):
+        train_prior(_train_cfg(tmp_path / "w", images, steps=3, export=locked / "p"), log=lambda m: None)

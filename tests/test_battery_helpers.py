@@ -165,7 +165,10 @@ def test_unreadable_image_folders_are_named(folder: Path, tmp_path: Path, monkey
 def test_steps_0_claims_no_state_it_did_not_write(folder: Path, tmp_path: Path) -> None:
     lines: list[str] = []
     wd = tmp_path / "w"
-    train_prior(_cfg(wd, folder, steps=0, export=tmp_path / "p"), log=lines.append)
+    train_prior(_cfg(tmp_path / "a", folder, steps=1, export=tmp_path / "pa"), log=_quiet)
+    # a new folder exports --init-from's weights (without it: refused, issue 51 P21)
+    train_prior(_cfg(wd, folder, steps=0, export=tmp_path / "p", init_from=tmp_path / "pa", widths=None, crop=None),
+                log=lines.append)
     assert not (wd / "state.pt").exists()
     assert not any("state in" in line for line in lines), lines
     assert lines[-1] == f"step 0: nothing trained, no state written to {wd}; prior of the initial weights in {tmp_path / 'p'}"

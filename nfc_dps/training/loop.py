@@ -155,6 +155,11 @@ class _Run:
         """The run's settings: the folder's seed and network, the data, the procedural generator;
         every mismatch with the folder's state a TrainingError before the data loads."""
         workdir, saved = self.workdir, (state["config"] if state else None)
+        if cfg.steps == 0 and state is None and not cfg.init_from:
+            raise TrainingError(f"--steps 0 exports the saved state's weights (or --init-from's), and --workdir "
+                                f"{workdir} holds no saved state: it would export untrained, random weights as a "
+                                f"prior; give --steps N >= 1 to train, --init-from PRIOR to export a warm start, or "
+                                f"the --workdir of an earlier run")
         cfg = replace(cfg, seed=resume_seed(cfg, state, workdir, self.warn) if state is not None
                       else (0 if cfg.seed is None else cfg.seed))
         init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
