@@ -6,6 +6,8 @@ compute precision ``auto`` stands for, the learning-rate schedule and what a run
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -158,9 +160,36 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" and native_bfloat16(device) else "float32"
 
 
+def check_export(export: str | Path | None) -> None:
+    """TrainingError when the prior folder ``--export`` names cannot be written, before any
+    training (an export is written at every save, the first one minutes in): a path that is a
+    file, or lies under one, or a folder (the export's, or the nearest one above it that exists,
+    where the export is staged) in which a file cannot be created."""
+    if export is None:
+        return
+    out = Path(export)
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"--export {out} is a file, not a folder: give a folder for the prior (it is written "
+                            f"at every save)")
+    above = next((p for p in out.parents if p.exists()), Path("."))
+    if not above.is_dir():
+        raise TrainingError(f"--export {out}: {above} is a file, not a folder, so the prior folder cannot be created "
+                            f"there")
+    for folder in ([out] if out.is_dir() else []) + [above]:
+        try:
+            fd, name = tempfile.mkstemp(dir=folder, prefix=".nfc_dps-write-check-")
+            os.close(fd)
+            os.unlink(name)
+        except OSError as e:
+            raise TrainingError(f"--export {out}: cannot write in {folder} ({e.strerror or e}); give a folder you "
+                                f"can write (checked before training: the prior is written at every save)") from e
+
+
 def check_folders(cfg: TrainConfig) -> None:
     """The work, export and image folders are apart: a work or export folder that is the image
-    folder, or holds it, would leave no image to train on (both are left out of the scan)."""
+    folder, or holds it, would leave no image to train on (both are left out of the scan); the
+    export folder can be written (:func:`check_export`)."""
+    check_export(cfg.export)
     if cfg.images is None:
         return
     images = Path(cfg.images)
