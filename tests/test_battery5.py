@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 from test_cli import run, smooth
 
 from nfc_dps.io import write_image
@@ -302,7 +302,7 @@ def test_a_denoisers_probe_is_three_levels_as_before() -> None:
         return x
 
     _probe_digest(DenoiserPrior(fn, 0.2))
-    assert seen == [pytest.approx([0.025, 0.1, 0.2])]
+    assert seen and all(s == pytest.approx([0.025, 0.1, 0.2]) for s in seen)  # twice: the determinism check
 
 
 # -- P11: a user prior with unseeded randomness is named as not deterministic, not "other weights"
@@ -520,3 +520,42 @@ def test_an_export_in_a_read_only_folder_is_refused_before_training(tmp_path, mo
     with pytest.raises(TrainingError, match=f"--export {locked / 'p'}: cannot write in {locked} "
                                             r"\(Permission denied\)"):
         train_prior(_train_cfg(tmp_path / "w", images, steps=3, export=locked / "p"), log=lambda m: None)
+
+
+# -- P23: Measurement and sample_chains check their inputs
+
+
+def test_measurement_refuses_what_no_sampler_can_restore() -> None:
+    import nfc_dps
+    from nfc_dps.noise import PoissonNoise
+    from nfc_dps.samplers.chains import Measurement
+
+    sr = nfc_dps.build_operator("sr_bicubic", image_size=(16, 16))
+    mask = nfc_dps.build_operator("inpaint_random", image_size=(16, 16))
+    y = torch.rand(1, 3, 4, 4)
+    cases = [
+        (lambda: Measurement(mask, torch.rand(1, 3, 8, 8), 0.01), ValueError, "cannot measure images of shape"),
+        (lambda: Measurement(sr, y, 0.01, (1, 3, 16.5, 16)), ValueError, "image_shape must be four integers"),
+        (lambda: Measurement(sr, y, 0.01, (1, 3, 32, 32)), ValueError, r"y has shape \(1, 3, 4, 4\), but"),
+        (lambda: Measurement(sr, y.numpy(), 0.01), TypeError, "y must be a torch.Tensor"),
+        (lambda: Measurement(sr, torch.full((1, 3, 4, 4), float("nan")), 0.01), ValueError, "NaN"),
+        (lambda: Measurement(sr, y, 5.0), ValueError, "divide by 255"),
+        (lambda: Measurement(sr, y - 0.5, PoissonNoise(10)), ValueError, "cannot be negative"),
+    ]
+    for make, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            make()
+
+
+@pytest.mark.parametrize("kw, message", [(dict(max_batch=0), "max_batch must be an int >= 1 or None, got 0"),
+                                         (dict(num_samples=0), "num_samples must be an int >= 1, got 0"),
+                                         (dict(max_batch=2.5), "max_batch must be an int")])
+def test_sample_chains_refuses_a_batch_of_no_chain(kw, message) -> None:
+    import nfc_dps
+    from nfc_dps.config import get_config
+    from nfc_dps.priors import DenoiserPrior
+    from nfc_dps.samplers.chains import Measurement, sample_chains
+
+    m = Measurement(nfc_dps.build_operator("denoise", image_size=(8, 8)), torch.rand(1, 3, 8, 8), 0.05)
+    with pytest.raises(ValueError, match=message):
+        sample_chains("nfc", DenoiserPrior(_smooth3, 0.2), m, get_config("nfc"), seeds=[0], **kw)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..noise import GaussianNoise, NoiseModel, as_noise
-from ..operators.base import LinearOperator
+from ..operators.base import LinearOperator, noise_sigma_problem
 from ..operators.nonlinear import WeightedNonlinearOperator, is_linear
 from ..operators.weighted import WeightedOperator
 from .common import counting
@@ -47,12 +47,48 @@ class Measurement:
     image_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        y = self.y
+        if not isinstance(y, Tensor):
+            raise TypeError(f"Measurement: y must be a torch.Tensor (B, C, h, w), got {type(y).__name__} (a numpy "
+                            f"array: torch.from_numpy; nfc_dps.restore takes numpy images)")
+        if y.ndim != 4 or not y.is_floating_point():
+            raise ValueError(f"Measurement: y must be a float tensor (B, C, h, w), got dtype "
+                             f"{str(y.dtype).removeprefix('torch.')} and shape {tuple(y.shape)}")
+        if isinstance(self.noise, (int, float, np.integer, np.floating)) and not isinstance(self.noise, bool):
+            # a number is a Gaussian std in [0, 1] pixel units (GaussianNoise refuses a negative one)
+            why = noise_sigma_problem(float(self.noise)) if float(self.noise) > 1 else None
+            if why:
+                raise ValueError(f"Measurement: noise (a Gaussian std) {why}")
         object.__setattr__(self, "noise", as_noise(self.noise))
-        shape = self.operator.image_shape(self.y.shape) if self.image_shape is None else self.image_shape
+        why = self.noise.measurement_problem(y)  # NaN / Inf; a Poisson measurement's negative values
+        if why:
+            raise ValueError(f"Measurement: {why} (noise {self.noise})")
+        shape = self.operator.image_shape(y.shape) if self.image_shape is None else self.image_shape
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or any(
+                isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in shape):
+            raise ValueError(f"Measurement: image_shape must be four integers (B, C, H, W), got {shape!r}")
         shape = tuple(int(s) for s in shape)
-        if len(shape) != 4 or shape[0] != self.y.shape[0]:
-            raise ValueError(f"Measurement: image_shape must be (B, C, H, W) with B = {self.y.shape[0]} "
+        if len(shape) != 4 or shape[0] != y.shape[0]:
+            raise ValueError(f"Measurement: image_shape must be (B, C, H, W) with B = {y.shape[0]} "
                              f"(the measurement's batch), got {shape}")
+        try:
+            expected: tuple[int, ...] | None = tuple(int(s) for s in self.operator.measurement_shape(shape))
+        except NotImplementedError:  # an operator that declares no shapes: its A says
+            expected = None
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"Measurement: the operator takes no image of shape {shape} ({e})") from e
+        name = getattr(self.operator, "name", type(self.operator).__name__)
+        if expected is None or expected[1:] == tuple(y.shape[1:]):
+            try:  # an operator of fixed size (a mask, a kernel bank) answers for any shape: it is applied once
+                with torch.no_grad():
+                    out = self.operator.A(torch.zeros(shape, dtype=y.dtype, device=y.device))
+                expected = tuple(out.shape)
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:
+                raise ValueError(f"Measurement: the operator {name} cannot measure images of shape {shape} "
+                                 f"(the unknown images of y's shape {tuple(y.shape)}): {type(e).__name__}: {e}") from e
+        if expected != tuple(y.shape):
+            raise ValueError(f"Measurement: y has shape {tuple(y.shape)}, but the operator {name} measures images "
+                             f"of shape {shape} as {expected}")
         object.__setattr__(self, "image_shape", shape)
 
     @property
@@ -121,6 +157,14 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
     naming the method."""
     from . import get_method  # the registry imports every sampler, this module included
 
+    if not isinstance(measurement, Measurement):
+        raise TypeError(f"measurement must be a nfc_dps.samplers.Measurement, got {type(measurement).__name__}")
+    for name, value, least in (("num_samples", num_samples, 1), ("max_batch", max_batch, 1)):
+        if value is None and name == "max_batch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}{' or None' if name == 'max_batch' else ''}, "
+                             f"got {value!r}")
     m = get_method(method)
     why = m.problem(method, measurement.operator, measurement.noise, config)
     if why:
