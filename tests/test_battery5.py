@@ -559,3 +559,26 @@ def test_sample_chains_refuses_a_batch_of_no_chain(kw, message) -> None:
     m = Measurement(nfc_dps.build_operator("denoise", image_size=(8, 8)), torch.rand(1, 3, 8, 8), 0.05)
     with pytest.raises(ValueError, match=message):
         sample_chains("nfc", DenoiserPrior(_smooth3, 0.2), m, get_config("nfc"), seeds=[0], **kw)
+
+
+# -- P24: a refused pickle is named in nfc-dps' words, not torch's "weights_only=False will likely succeed"
+
+
+class _Payload:
+    pass
+
+
+def test_a_pickle_refusal_names_the_object_not_torchs_advice(tmp_path) -> None:
+    from nfc_dps.priors.adm_convert import load_adm_state_dict
+    from nfc_dps.training import TrainingError
+    from nfc_dps.training.state import read_state
+
+    path = tmp_path / "state.pt"
+    torch.save({"model": {}, "ema": {}, "opt": {}, "step": 1, "evil": _Payload()}, path)
+    with pytest.raises(TrainingError) as e:
+        read_state(path)
+    with pytest.raises(ValueError) as f:
+        load_adm_state_dict(path)
+    for message in (str(e.value), str(f.value)):
+        assert "it pickles the Python object test_battery5._Payload" in message
+        assert "weights_only" not in message and "can still be loaded" not in message and "\x1b" not in message

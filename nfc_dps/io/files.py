@@ -140,3 +140,21 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
             p.unlink()
             removed.append(p)
     return removed
+
+
+def weights_only_refusal(error: BaseException) -> str:
+    """What a weights-only ``torch.load`` refused, in nfc-dps' words: the Python object the file
+    pickles ("it pickles the Python object __main__.Payload"), not torch's advice to load it with
+    ``weights_only=False`` (which would run the file's code), and no terminal escape codes."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it pickles the Python object {found.group(1)}"
+    found = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    if found:
+        return found.group(1).strip().rstrip(".")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line
+             and "Weights only load failed" not in line]
+    return lines[0] if lines else type(error).__name__

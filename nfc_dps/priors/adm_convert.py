@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from ..io.files import weights_only_refusal
 from .adm import ADM_SCHEDULER_CONFIG, adm_unet_config, attention_head_dim, attention_levels, build_adm_unet, resolve_adm_preset
 
 # (ADM sub-key, diffusers sub-key) of the plain (no reshaping) module parts.
@@ -221,7 +222,7 @@ def load_adm_state_dict(ckpt_path: str | Path, trust_pickle: bool = False) -> di
             if trust_pickle:
                 raise ValueError(f"{path}: could not read the checkpoint: {e}") from e
             raise ValueError(
-                f"{path}: torch.load(weights_only=True) failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+                f"{path}: refused: a weights-only load of it failed ({weights_only_refusal(e)}). "
                 "The file is corrupt or pickles objects besides tensors. If you trust it, pass "
                 "trust_pickle=True (nfc-dps convert-adm --trust-pickle), or re-save it elsewhere as a plain state dict: "
                 "torch.save(model.state_dict(), 'adm.pt')"

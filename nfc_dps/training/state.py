@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .. import io as nio
+from ..io.files import weights_only_refusal
 from ..overrides import flatten
 from ..priors.archs import DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
 from .data import BUILTIN, BUILTIN_DEAD_LEAVES, DEFAULT_SCALES, TrainingError
@@ -90,7 +91,7 @@ def read_state(path: Path, device: torch.device | str = "cpu") -> dict:
             st = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
         raise TrainingError(f"{path}: refused: reading it needs Python objects beyond tensors, numbers and "
-                            f"strings ({str(e).splitlines()[0] if str(e) else 'weights-only load failed'}); "
+                            f"strings ({weights_only_refusal(e)}); "
                             f"nfc-dps never unpickles more than weights. Delete it to start over") from e
     except Exception as e:  # noqa: BLE001 - a torn or foreign file fails in many ways; re-raised naming it
         raise TrainingError(f"{path}: cannot read the training state ({type(e).__name__}: {e}); "
