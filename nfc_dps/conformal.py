@@ -376,9 +376,14 @@ class Calibration:
                                    f"outputs on a fixed probe); calibrate again with this prior")
         recorded = self.prior.get("precision")
         if precision is not None and isinstance(recorded, str) and precision != recorded:
+            from .priors.diffusers_prior import PRECISIONS
+
+            how = (f"pass --precision {recorded} (load_prior(..., precision={recorded!r}) in Python), or calibrate "
+                   f"again" if recorded in PRECISIONS and recorded != "auto" else
+                   f"no --precision runs a prior in {recorded} (it takes "
+                   f"{', '.join(p for p in PRECISIONS if p != 'auto')}): calibrate again with this run's prior")
             raise CalibrationError(f"calibration {self.source} was fitted with the prior in {recorded}, this run's "
-                                   f"prior runs in {precision} (other samples, another spread): pass --precision "
-                                   f"{recorded}, or calibrate again")
+                                   f"prior runs in {precision} (other samples, another spread): {how}")
         if not isinstance(self.task, dict) or not isinstance(self.task.get("task"), str):
             raise CalibrationError(f"calibration {self.source} records no task (task {self.task!r}): it holds for the "
                                    f"task it was fitted on only; calibrate again")

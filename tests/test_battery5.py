@@ -582,3 +582,30 @@ def test_a_pickle_refusal_names_the_object_not_torchs_advice(tmp_path) -> None:
     for message in (str(e.value), str(f.value)):
         assert "it pickles the Python object test_battery5._Payload" in message
         assert "weights_only" not in message and "can still be loaded" not in message and "\x1b" not in message
+
+
+# -- P24: a calibration of a precision no --precision gives is not told to pass it
+
+
+def test_a_float64_calibration_is_not_told_to_pass_precision_float64(tmp_path, prior_dir) -> None:
+    import json
+
+    from test_folder_safety import _calibration_file
+
+    from nfc_dps.conformal import CalibrationError, load_calibration
+    from nfc_dps.priors.default import load_prior
+    from nfc_dps.samplers import get_config
+
+    path = _calibration_file(tmp_path, prior_dir)
+    d = json.loads(path.read_text())
+    d["prior"]["precision"] = "float64"
+    path.write_text(json.dumps(d))
+    prior = load_prior(prior_dir)
+    cal = load_calibration(path)
+    with pytest.raises(CalibrationError, match="fitted with the prior in float64") as e:
+        cal.check_run("nfc", get_config("nfc", "fast", num_levels=2), 2, prior, task=cal.task)
+    assert "--precision float64" not in str(e.value) and "no --precision runs a prior in float64" in str(e.value)
+    d["prior"]["precision"] = other = {"float32": "bfloat16", "bfloat16": "float32"}[prior.precision]
+    path.write_text(json.dumps(d))
+    with pytest.raises(CalibrationError, match=f"pass --precision {other}"):
+        load_calibration(path).check_run("nfc", get_config("nfc", "fast", num_levels=2), 2, prior, task=cal.task)
