@@ -609,3 +609,19 @@ def test_a_float64_calibration_is_not_told_to_pass_precision_float64(tmp_path, p
     path.write_text(json.dumps(d))
     with pytest.raises(CalibrationError, match=f"pass --precision {other}"):
         load_calibration(path).check_run("nfc", get_config("nfc", "fast", num_levels=2), 2, prior, task=cal.task)
+
+
+# -- P16: simulation.json's units say how a float-TIFF simulation is stored
+
+
+@pytest.mark.parametrize("flags, says", [(["--task", "denoise", "--noise", "poisson:10"], "Poisson counts / peak"),
+                                         (["--task", "phase_retrieval"], "phase_retrieval operator's values")])
+def test_a_float_tiff_simulation_states_its_units(tmp_path, flags, says) -> None:
+    import json
+
+    a, _ = _one_input(tmp_path)
+    assert run("simulate", "-i", a.parent, "-o", tmp_path / "sim", *flags) == 0
+    sim = json.loads((tmp_path / "sim" / "simulation.json").read_text())
+    assert sim["images"][0]["measurement"].endswith(".tif")
+    assert "float32 TIFF" in sim["units"] and says in sim["units"]
+    assert "clipped to [0, 1]" not in sim["units"] and "PNG" not in sim["units"]

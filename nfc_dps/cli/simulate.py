@@ -360,6 +360,19 @@ def simulated_measurement(x: Any, file_name: str, name: str, source: OperatorSou
     return x, crop, op, y, op_seed, nseed
 
 
+def _units(task: TaskConfig, bit_depth: int) -> str:
+    """simulation.json's ``units``: how the measurements are stored, PNG or float TIFF
+    (:func:`measurement_extension`)."""
+    noise = f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA})"
+    if measurement_extension(task) == ".png":
+        return f"{noise}; measurements are clipped to [0, 1] and stored as {bit_depth}-bit PNG"
+    values = [what for what, holds in (
+        (f"Poisson counts / peak ({task.noise}): >= 0, above 1 where the peak is low", bool(task.noise)),
+        (f"the {task.task} operator's values, of no fixed range", TASKS[task.task].unbounded)) if holds]
+    return (f"{noise}; measurements are stored exactly, not clipped, as float32 TIFF ({'; '.join(values)}); "
+            f"restore reads them as they are")
+
+
 def _simulation_record(task: TaskConfig, seed: int, bit_depth: int, inp: Path, images: list[dict[str, Any]],
                        failures: list[dict[str, Any]]) -> dict[str, Any]:
     """simulation.json: the task that restores the images exactly (from their kernel or mask files),
@@ -373,8 +386,7 @@ def _simulation_record(task: TaskConfig, seed: int, bit_depth: int, inp: Path, i
                          "path relative to the input folder, never its position",
         "noise_seed": "nfc_dps.cli.common.noise_seed(operator_seed): SeedSequence([s, 0x5EED]) -> torch.Generator seed",
         "measurements": "measurements", "ground_truth": "ground_truth",
-        "units": f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA}); measurements are "
-                 f"clipped to [0, 1] and stored as {bit_depth}-bit PNG",
+        "units": _units(task, bit_depth),
         "images": images,
         "bit_depth": bit_depth,
         "command": "simulate", "inputs": str(inp.resolve()),
