@@ -25,7 +25,8 @@ from .priors.base import Prior
 from .priors.denoiser import DenoiserPrior
 from .samplers import get_config
 
-__all__ = ["PhysicsOperator", "from_deepinv_physics", "from_deepinv_denoiser", "DeepinvSolver", "physics_noise"]
+__all__ = ["PhysicsOperator", "from_deepinv_physics", "from_deepinv_denoiser", "DeepinvSolver", "physics_noise",
+           "nonlinear_physics_problem", "is_identity_physics"]
 
 #: a decomposable physics has these (deepinv's DecomposablePhysics: A = U diag(mask) V^T)
 SVD_PARTS = ("U", "U_adjoint", "V", "V_adjoint", "mask")
@@ -103,6 +104,46 @@ def physics_noise(physics: Any) -> Any:
     return PoissonGaussianNoise(1.0 / float(gain), sigma)
 
 
+#: how a nonlinear or complex physics is restored: nfc_dps' own task, or its map as a nonlinear operator
+NONLINEAR_ROUTE = ("restore it as a nonlinear map: FunctionOperator(physics.A, image_shape, measurement_shape, "
+                   "linear=False) (nfc_dps.operators), which DeepinvSolver and nfc_dps.restore take as the physics")
+PHASE_RETRIEVAL_ROUTE = ("nfc_dps' built-in task is phase retrieval from oversampled Fourier amplitudes |F x| "
+                         "(nfc_dps.build_operator('phase_retrieval', image_size=(H, W)); a measurement |B x|^2 of a "
+                         "Fourier B is its square); ")
+
+
+def _class_names(obj: Any) -> list[str]:
+    return [c.__name__ for c in type(obj).__mro__]
+
+
+def nonlinear_physics_problem(physics: Any) -> str | None:
+    """Why a deepinv-style physics is not a linear one nfc_dps can bridge, naming the route (None
+    when it may be): deepinv's ``PhaseRetrieval`` (A(x) = |B x|^2, B complex) and any deepinv
+    ``Physics`` that is not a ``LinearPhysics`` (by class name)."""
+    names = _class_names(physics)
+    kind = type(physics).__name__
+    if any("PhaseRetrieval" in n for n in names):
+        return (f"{kind} is deepinv's phase retrieval, y = |B x|^2: nonlinear, with a complex B whose adjoint is no "
+                f"adjoint of A, so it is not a linear physics; {PHASE_RETRIEVAL_ROUTE}or {NONLINEAR_ROUTE}")
+    if "Physics" in names and "LinearPhysics" not in names:
+        return f"{kind} is a deepinv Physics that is not a LinearPhysics (a nonlinear map); {NONLINEAR_ROUTE}"
+    return None
+
+
+def is_identity_physics(physics: Any, y: Tensor) -> bool:
+    """True when ``physics`` is denoising: A and A_adjoint both return a seeded random image of
+    y's shape (B, C, H, W) unchanged (deepinv's ``Denoising``)."""
+    if y.ndim != 4 or not y.is_floating_point():
+        return False
+    x = torch.rand(y.shape, generator=torch.Generator().manual_seed(0), dtype=y.dtype).to(y.device)
+    try:
+        with torch.no_grad():
+            return all(isinstance(out, Tensor) and out.shape == x.shape and torch.equal(out, x)
+                       for out in (physics.A(x), physics.A_adjoint(x)))
+    except Exception:  # noqa: BLE001 - a physics that fails on the probe is no identity
+        return False
+
+
 class PhysicsOperator(LinearOperator):
     """A deepinv-style linear physics as an operator: ``A`` and ``A_adjoint`` call the physics';
     the shapes come from applying them to zeros (once per shape). A decomposable physics
@@ -126,6 +167,9 @@ class PhysicsOperator(LinearOperator):
 
     def __init__(self, physics: Any) -> None:
         super().__init__()
+        why = nonlinear_physics_problem(physics)
+        if why:
+            raise ValueError(why)
         for attr in ("A", "A_adjoint"):
             if not callable(getattr(physics, attr, None)):
                 raise TypeError(f"a linear physics needs a callable {attr} (deepinv's LinearPhysics), "
@@ -178,7 +222,9 @@ class PhysicsOperator(LinearOperator):
             raise TypeError(f"physics.{what} returned {type(t).__name__}, not a tensor (stacked physics are not "
                             f"supported)")
         if t.is_complex():
-            raise TypeError(f"physics.{what} returned a complex tensor: only real measurements are supported")
+            raise TypeError(f"physics.{what} returned a complex tensor: nfc_dps restores real images from real "
+                            f"linear measurements, and a complex physics (phase retrieval's B, MRI's Fourier "
+                            f"sampling) is neither; {NONLINEAR_ROUTE}")
         return t
 
     def _probe(self, kind: str, shape: Sequence[int]) -> tuple[int, ...]:
@@ -240,7 +286,9 @@ class PhysicsOperator(LinearOperator):
 
 def from_deepinv_physics(physics: Any) -> PhysicsOperator:
     """A deepinv-style linear physics as an operator (:class:`PhysicsOperator`); its noise std,
-    when the physics has a Gaussian ``noise_model.sigma``, is the operator's ``sigma_y``."""
+    when the physics has a Gaussian ``noise_model.sigma``, is the operator's ``sigma_y``. A
+    nonlinear or complex one (deepinv's ``PhaseRetrieval``, a ``Physics`` that is no
+    ``LinearPhysics``) is a ValueError naming the route (:func:`nonlinear_physics_problem`)."""
     return PhysicsOperator(physics)
 
 
@@ -283,6 +331,9 @@ class DeepinvSolver(nn.Module):
             ``noise_model`` is deepinv's ``PoissonNoise`` or ``PoissonGaussianNoise`` is restored
             under that model (:func:`physics_noise`); ``noise`` (an ``nfc_dps.noise`` model or
             spec) overrides both.
+    A physics whose ``A`` and ``A_adjoint`` return the image unchanged (deepinv's ``Denoising``,
+    :func:`is_identity_physics`) is restored as nfc_dps' own denoising task (its ``Denoising``
+    operator, family "denoise"), under the physics' noise.
     ``physics`` may also be an nfc_dps operator (a registry task's, a nonlinear one such as
     ``build_operator("phase_retrieval", ...)``): it is used as it is.
         seed: the base seed of the samplers that draw noise (image b uses seed + b).
@@ -311,11 +362,15 @@ class DeepinvSolver(nn.Module):
                            progress=False, config=self.config).image
         op = from_deepinv_physics(physics)
         y = op.as_measurement(y)
+        sigma = op.sigma_y if op.sigma_y is not None else self.sigma_y
+        if is_identity_physics(physics, y):  # deepinv's Denoising: restored as nfc_dps' own denoising task
+            from .operators import Denoising
+
+            op = Denoising()
         noise = self.noise if self.noise is not None else physics_noise(physics)
         if noise is not None:
             return restore(y, op, prior=self.prior, method=self.method, noise=noise, seed=self.seed, progress=False,
                            config=self.config).image
-        sigma = op.sigma_y if op.sigma_y is not None else self.sigma_y
         if sigma is None:
             raise ValueError(f"{type(physics).__name__} has no Gaussian noise_model.sigma: pass DeepinvSolver(..., "
                              f"sigma_y=...) in [0, 1] units")
@@ -326,6 +381,6 @@ class DeepinvSolver(nn.Module):
                               for i in range(y.shape[0])])
         return self._restore(restore, y, op, float(sigma), self.seed)
 
-    def _restore(self, restore, y: Tensor, op: PhysicsOperator, sigma: float, seed: int) -> Tensor:
+    def _restore(self, restore, y: Tensor, op: LinearOperator, sigma: float, seed: int) -> Tensor:
         return restore(y, op, prior=self.prior, method=self.method, sigma_y=sigma, seed=seed, progress=False,
                        config=self.config).image
