@@ -625,3 +625,25 @@ def test_a_float_tiff_simulation_states_its_units(tmp_path, flags, says) -> None
     assert sim["images"][0]["measurement"].endswith(".tif")
     assert "float32 TIFF" in sim["units"] and says in sim["units"]
     assert "clipped to [0, 1]" not in sim["units"] and "PNG" not in sim["units"]
+
+
+# -- P24: train-prior stopped by SIGTERM exits 143 as the other commands; a torchrun rank other
+# than 0 does not print "interrupted" again
+
+
+@pytest.mark.parametrize("signal_name, code, said", [("SIGTERM", 143, "terminated (SIGTERM)"),
+                                                     ("SIGINT", 130, "interrupted")])
+def test_train_prior_stopped_by_a_signal_exits_as_the_other_commands(tmp_path, monkeypatch, capsys, signal_name,
+                                                                     code, said) -> None:
+    from nfc_dps.cli import main, train_prior
+
+    def stopped(*a, **kw):  # the training loop re-raises the signal's name once the state is saved
+        raise KeyboardInterrupt(signal_name)
+
+    monkeypatch.setattr(train_prior, "train_prior", stopped)
+    argv = ["train-prior", "--workdir", str(tmp_path / "w"), "--steps", "5", "--quiet"]
+    assert main(argv) == code
+    assert f"nfc-dps train-prior: {said};" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")  # another rank of a torchrun group: the same exit, no second line
+    assert main(argv) == code
+    assert "train-prior" not in capsys.readouterr().err

@@ -117,12 +117,12 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"nfc-dps {args.command}: error: {where}{e.strerror or e} (check the permissions of the file and "
                   f"its folders)", file=sys.stderr)
         return EXIT_USAGE
-    except Terminated:
-        print(f"nfc-dps {args.command}: terminated (SIGTERM); {_rerun(args.command)}", file=sys.stderr)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        print(f"nfc-dps {args.command}: interrupted; {_rerun(args.command)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated; train-prior's own handler names it)
+        terminated = isinstance(e, Terminated) or (bool(e.args) and e.args[0] == "SIGTERM")
+        if reports_errors():  # under torchrun: once, on rank 0 (every rank stops alike)
+            what = "terminated (SIGTERM)" if terminated else "interrupted"
+            print(f"nfc-dps {args.command}: {what}; {_rerun(args.command)}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover
