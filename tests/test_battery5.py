@@ -647,3 +647,25 @@ def test_train_prior_stopped_by_a_signal_exits_as_the_other_commands(tmp_path, m
     monkeypatch.setenv("RANK", "1")  # another rank of a torchrun group: the same exit, no second line
     assert main(argv) == code
     assert "train-prior" not in capsys.readouterr().err
+
+
+# -- P20: two train-prior runs exporting to one folder: the second is refused before training;
+# train_info.json records the work folder that wrote it
+
+
+def test_a_second_run_exporting_to_the_same_folder_is_refused(tmp_path) -> None:
+    import json
+
+    from nfc_dps.locking import file_lock
+    from nfc_dps.training import TrainingError, train_prior
+
+    images = _train_images(tmp_path)
+    export = tmp_path / "priors" / "p"
+    export.parent.mkdir()
+    with file_lock(export):  # the first run, exporting there now
+        with pytest.raises(TrainingError, match=f"--export {export}: another nfc-dps run .* is writing to {export}"):
+            train_prior(_train_cfg(tmp_path / "w2", images, steps=2, export=export), log=lambda m: None)
+    assert not export.exists() and not (tmp_path / "w2").exists()
+    train_prior(_train_cfg(tmp_path / "w1", images, steps=2, export=export, seed=7), log=lambda m: None)
+    info = json.loads((export / "train_info.json").read_text())
+    assert info["workdir"] == str((tmp_path / "w1").resolve()) and info["seed"] == 7

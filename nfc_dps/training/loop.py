@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from .. import io as nio
 from ..distributed import Dist
-from ..locking import FolderBusy, folder_lock
+from ..locking import FolderBusy, file_lock, folder_lock
 from ..priors.archs import build_unet, size_independent
 from ..priors.base import EDMDenoiser
 from ..priors.default import load_prior
@@ -106,6 +106,15 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
                     refused = f"--workdir {workdir}: {e}"
                 except OSError as e:
                     refused = f"--workdir {workdir}: cannot create it ({e.strerror or e})"
+                if refused is None and cfg.export:  # one run exports to a folder at a time
+                    export = Path(cfg.export)
+                    try:
+                        export.parent.mkdir(parents=True, exist_ok=True)
+                        stack.enter_context(file_lock(export))
+                    except FolderBusy as e:
+                        refused = f"--export {export}: {e}"
+                    except OSError as e:
+                        refused = f"--export {export}: cannot create its folder ({e.strerror or e})"
             refused = dist.broadcast(refused)  # every rank of a group refuses alike
             if refused is not None:
                 raise TrainingError(refused)
@@ -338,7 +347,8 @@ class _Run:
         if not self.power_law:
             self.power_law.extend(images_power_law([im for _, im in data.train]))
         info = {"step": step, "data": data.source, "train_images": len(data.train),
-                "heldout_images": [n for n, _ in data.heldout], "config": self.fp, "settings": self.settings}
+                "heldout_images": [n for n, _ in data.heldout], "config": self.fp, "settings": self.settings,
+                "workdir": str(self.workdir.resolve()), "seed": cfg.seed}
         export_prior(self.ema, cfg.export, cfg.arch, cfg.crop, tuple(self.power_law), info)
         self.exported = step
         if not data.heldout:
