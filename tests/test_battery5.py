@@ -669,3 +669,27 @@ def test_a_second_run_exporting_to_the_same_folder_is_refused(tmp_path) -> None:
     train_prior(_train_cfg(tmp_path / "w1", images, steps=2, export=export, seed=7), log=lambda m: None)
     info = json.loads((export / "train_info.json").read_text())
     assert info["workdir"] == str((tmp_path / "w1").resolve()) and info["seed"] == 7
+
+
+# -- P19: a run killed between its state's save and its held-out row: the resumed run writes the row
+
+
+def test_a_held_out_row_lost_after_the_state_save_is_written_on_resume(tmp_path) -> None:
+    import csv
+
+    from nfc_dps.training import train_prior
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(12):  # enough for a held-out image at --holdout 0.3
+        write_image(images / f"im{i}.png", smooth(48, phase=i))
+    cfg = _train_cfg(tmp_path / "w", images, steps=2, export=tmp_path / "p", holdout=0.3)
+    train_prior(cfg, log=lambda m: None)
+    path = tmp_path / "w" / "heldout.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[-1][0] == "2"
+    path.write_text("".join(",".join(r) + "\n" for r in rows[:-1]))  # killed before the row of step 2
+    train_prior(cfg, log=lambda m: None)  # resumed: nothing to train
+    with open(path, newline="") as f:
+        assert [r[0] for r in csv.reader(f)][1:] == [r[0] for r in rows[1:]]

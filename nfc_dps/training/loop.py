@@ -26,6 +26,7 @@ denoising PSNR at every export) and ``train_config.json``.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import os
@@ -362,6 +363,23 @@ class _Run:
         self.log(f"step {step}: exported {cfg.export}; held-out PSNR ({res['images']} image(s), crop {cfg.eval_crop}): "
                  + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
 
+    def export_missing(self) -> bool:
+        """Whether the saved step's export, or its held-out row (when there are held-out images), is
+        missing: a run killed after its state's save and before them (resumed, the state's EMA
+        weights are exported and evaluated again)."""
+        if self.exported == self.step:
+            return False
+        if not self.export_is_current():
+            return True
+        if not self.data.heldout:
+            return False
+        path = self.workdir / HELDOUT_CSV
+        try:
+            with open(path, newline="") as f:
+                return str(self.step) not in [row.get("step") for row in csv.DictReader(f)]
+        except OSError:
+            return True
+
     def export_is_current(self) -> bool:
         """Whether cfg.export already holds this work folder's weights of this step."""
         try:
@@ -447,6 +465,8 @@ class _Run:
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     old_handlers[sig] = signal.signal(sig, self.on_signal)
+            if self.writer and cfg.export and self.step > 0 and self.step == self.saved and self.export_missing():
+                self.export()  # a run killed between its state's save and its export or held-out row: both again
             if cfg.steps is not None and self.step >= cfg.steps:
                 self.log(f"the work folder is at step {self.step} >= --steps {cfg.steps}: nothing to train")
             go = self.budget_left()
