@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .baselines import biharmonic_inpaint, tv_restore
 from .operators import Inpainting, LinearOperator
-from .operators.nonlinear import CameraBlur, HighDynamicRange, PhaseRetrieval, linear_to_srgb, srgb_to_linear
+from .operators.nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval, linear_to_srgb, srgb_to_linear
 
 __all__ = ["richardson_lucy", "anscombe_tv", "hio_er", "hdr_inverse_inpaint", "camera_tv", "tune_poisson",
            "RL_ITERATIONS", "ANSCOMBE_TV_WEIGHT"]
@@ -104,16 +104,18 @@ def hio_er(operator: PhaseRetrieval, y: Tensor, hio_iterations: int = 300, er_it
     return best.float()
 
 
-def hdr_inverse_inpaint(operator: HighDynamicRange, y: Tensor, margin: float = 0.02) -> Tensor:
-    """The unclipped inverse where y is not clipped (within ``margin`` of 0 or 1); the clipped pixels
-    filled by scikit-image's biharmonic inpainting, then held on their side of the clip (a pixel
-    clipped at 0 is at most the inverse of 0, one clipped at 1 at least that of 1)."""
+def hdr_inverse_inpaint(operator: HighDynamicRange | Exposure, y: Tensor, margin: float = 0.02) -> Tensor:
+    """The unclipped inverse where y is not clipped (within ``margin`` of 1, or of 0 for an operator
+    that ``clips_shadows``); the clipped pixels filled by scikit-image's biharmonic inpainting, then
+    held on their side of the clip (a pixel clipped at 0 is at most the inverse of 0, one clipped at
+    1 at least that of 1)."""
     inverse = operator.inverse(y)
-    observed = (y > margin) & (y < 1 - margin)
+    observed = ((y > margin) if operator.clips_shadows else torch.ones_like(y, dtype=torch.bool)) & (y < 1 - margin)
     filled = torch.stack([torch.cat([biharmonic_inpaint(Inpainting(observed[i, c].float()), inverse[i:i + 1, c:c + 1])
                                      for c in range(y.shape[1])], 1)[0] for i in range(y.shape[0])])
     low, high = operator.inverse(torch.zeros(())), operator.inverse(torch.ones(()))
-    filled = torch.where(y <= margin, torch.minimum(filled, low), filled)
+    if operator.clips_shadows:
+        filled = torch.where(y <= margin, torch.minimum(filled, low), filled)
     filled = torch.where(y >= 1 - margin, torch.maximum(filled, high), filled)
     return filled.clamp(0, 1).float()
 

@@ -211,3 +211,49 @@ def test_hdr_starts_saturated_pixels_at_the_saturated_value():
     y = torch.tensor([-0.03, 0.0, 0.2, 0.5, 0.9, 1.0, 1.04]).view(1, 1, 1, 7)
     torch.testing.assert_close(op.inverse(y), (y - 0.5) / 2 + 0.5)
     torch.testing.assert_close(op.start(y), torch.tensor([0.0, 0.0, 0.35, 0.5, 0.7, 1.0, 1.0]).view(1, 1, 1, 7))
+
+
+# -- a camera's over-exposure
+
+
+def test_exposure_is_a_gain_in_linear_light_clipped_at_white():
+    from nfc_dps.operators.nonlinear import Exposure, linear_to_srgb, srgb_to_linear
+
+    op = build_operator("exposure", 16, ev=2.0)
+    assert isinstance(op, Exposure) and op.gain == 4.0 and op.describe()["ev"] == 2.0
+    x = torch.linspace(0, 1, 3 * 16 * 16).reshape(1, 3, 16, 16)
+    y = op.A(x)
+    expected = linear_to_srgb((4.0 * srgb_to_linear(x)).clamp(0, 1))
+    assert torch.allclose(y, expected)
+    knee = float(linear_to_srgb(torch.tensor(0.25)))  # above srgb(1/4) the sensor saturates
+    assert torch.all(y[x >= knee + 1e-4] == 1) and torch.all(y[x < knee - 1e-3] < 1)
+    assert torch.all(y[x == 0] == 0)  # shadows never clip
+    unclipped = x < knee - 1e-3
+    assert torch.allclose(op.inverse(y)[unclipped], x[unclipped], atol=1e-5)
+    start = op.start(y)
+    assert torch.all(start[y >= 1] == 1) and torch.allclose(start[unclipped], x[unclipped], atol=1e-5)
+
+
+def test_exposure_refuses_a_non_number_of_stops():
+    from nfc_dps.operators.nonlinear import Exposure
+
+    for bad in (float("nan"), float("inf"), True, "2", 17.0):
+        with pytest.raises(ValueError, match="ev must be a finite number of stops"):
+            Exposure(bad)
+    assert Exposure(-1.0).gain == 0.5  # an under-exposure: nothing clips
+
+
+def test_exposure_classical_answer_keeps_the_shadows():
+    """The classical answer inpaints only the highlights: dark pixels (which never clip) keep the
+    unclipped inverse, unlike HDR's, which holds pixels near 0 below the inverse of 0."""
+    from nfc_dps.baselines_nonlinear import hdr_inverse_inpaint
+
+    op = build_operator("exposure", 32, ev=1.0)
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, 32), torch.linspace(0, 1, 32), indexing="ij")
+    x = (0.6 * xx + 0.4 * yy).expand(1, 3, 32, 32).contiguous()
+    y = op.A(x)
+    out = hdr_inverse_inpaint(op, y)
+    dark = y < 0.02
+    assert dark.any() and torch.allclose(out[dark], op.inverse(y)[dark], atol=1e-6)
+    bright = y >= 0.98
+    assert bright.any() and torch.all(out[bright] >= op.inverse(torch.ones(())) - 1e-6)

@@ -1,8 +1,8 @@
 """The tier beyond linear operators and Gaussian noise (``--protocol nonlinear``): DAPS's HDR and
-phase retrieval, blur in linear light as a camera records it, and Poisson deblurring and denoising
-at two photon levels, on the held-out photos (the local protocol's crops), against DAPS and DPS at
-NFC's NFE and at their presets, DPIR and each problem's classical answer
-(:mod:`nfc_dps.baselines_nonlinear`).
+phase retrieval, a camera's over-exposure by 1 and 2 stops, blur in linear light as a camera
+records it, and Poisson deblurring and denoising at two photon levels, on the held-out photos (the
+local protocol's crops), against DAPS and DPS at NFC's NFE and at their presets, DPIR and each
+problem's classical answer (:mod:`nfc_dps.baselines_nonlinear`).
 
 Rows (results.csv): setting, method, nfe, image, psnr, ssim, seconds, note. The methods:
 

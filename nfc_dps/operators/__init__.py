@@ -20,6 +20,7 @@ from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernels import gaussian_kernel, load_kernel, motion_kernel, normalize_kernel
 from .nonlinear import (
                    CameraBlur,
+                   Exposure,
                    HighDynamicRange,
                    LinearizedOperator,
                    NonlinearFunctionOperator,
@@ -40,6 +41,6 @@ __all__ = [
     "gaussian_kernel", "motion_kernel", "load_kernel", "normalize_kernel",
     "SuperResolution", "bicubic_matrix", "keys_cubic", "TASKS", "Task", "build_operator", "check_task_params", "task_reading",
     "CroppedOperator", "padded_size", "FunctionOperator", "WeightedOperator",
-    "NonlinearOperator", "LinearizedOperator", "NonlinearFunctionOperator", "HighDynamicRange", "PhaseRetrieval", "CameraBlur",
+    "NonlinearOperator", "LinearizedOperator", "NonlinearFunctionOperator", "HighDynamicRange", "Exposure", "PhaseRetrieval", "CameraBlur",
     "is_linear",
 ]

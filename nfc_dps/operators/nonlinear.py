@@ -22,7 +22,8 @@ from .base import LinearOperator, check_image
 from .blur import BlurOperator
 
 __all__ = ["NonlinearOperator", "LinearizedOperator", "NonlinearWrapper", "WeightedNonlinearOperator", "ModelUnitsOperator",
-           "HighDynamicRange", "PhaseRetrieval", "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear", "linear_to_srgb", "is_linear"]
+           "HighDynamicRange", "Exposure", "PhaseRetrieval", "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear",
+           "linear_to_srgb", "is_linear"]
 
 
 def is_linear(operator: Any) -> bool:
@@ -186,9 +187,12 @@ class ModelUnitsOperator(NonlinearWrapper):
 
 class HighDynamicRange(NonlinearOperator):
     """DAPS's high dynamic range task: y = clip(scale (x - 1/2) + 1/2, 0, 1) in [0, 1] units (scale 2:
-    DAPS's clip(2x, -1, 1) in [-1, 1] units); the clipped pixels carry no information."""
+    DAPS's clip(2x, -1, 1) in [-1, 1] units), a contrast stretch about mid-grey that clips shadows
+    and highlights alike; the clipped pixels carry no information. A camera's over-exposure is
+    :class:`Exposure`."""
 
     name = "hdr"
+    clips_shadows = True
 
     def __init__(self, scale: float = 2.0) -> None:
         super().__init__()
@@ -220,6 +224,46 @@ class HighDynamicRange(NonlinearOperator):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "scale": self.scale}
+
+
+class Exposure(NonlinearOperator):
+    """A camera's over-exposure by ``ev`` stops: the scene's light times the gain g = 2^ev, clipped
+    at the sensor's white and encoded, y = srgb(clip(g srgb^-1(x), 0, 1)), x and y sRGB in [0, 1].
+    The highlights (x above srgb(1 / g)) saturate at 1 and carry no information; shadows never
+    clip. ``ev`` < 0 is an under-exposure (nothing clips)."""
+
+    name = "exposure"
+    clips_shadows = False
+
+    def __init__(self, ev: float = 1.0) -> None:
+        super().__init__()
+        if isinstance(ev, bool) or not isinstance(ev, (int, float)) or not math.isfinite(ev) or abs(ev) > 16:
+            raise ValueError(f"ev must be a finite number of stops in [-16, 16], got {ev!r}")
+        self.ev = float(ev)
+        self.gain = 2.0 ** self.ev
+
+    def A(self, x: Tensor) -> Tensor:
+        light = self.gain * srgb_to_linear(x)
+        # exactly 1 where saturated (the encoding of 1 rounds below it in float32)
+        return torch.where(light >= 1, torch.ones_like(light), linear_to_srgb(light.clamp(0, 1)))
+
+    def inverse(self, y: Tensor) -> Tensor:
+        """The unclipped inverse: srgb(srgb^-1(y) / g)."""
+        return linear_to_srgb(srgb_to_linear(y) / self.gain)
+
+    def start(self, y: Tensor) -> Tensor:
+        """The unclipped inverse, and 1 where the sensor saturated (y >= 1), as :class:`HighDynamicRange`'s
+        start takes the saturated value."""
+        return torch.where(y >= 1, torch.ones_like(y), self.inverse(y))
+
+    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(image_shape)
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(measurement_shape)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "ev": self.ev}
 
 
 class PhaseRetrieval(NonlinearOperator):

@@ -23,7 +23,7 @@ from .colorize import Colorization
 from .denoising import Denoising
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
-from .nonlinear import CameraBlur, HighDynamicRange, PhaseRetrieval
+from .nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval
 from .superres import SuperResolution
 
 __all__ = ["Task", "TASKS", "build_operator", "check_task_params", "task_reading"]
@@ -137,6 +137,7 @@ TASKS: dict[str, Task] = _register(
     Task("colorize", "other", {}, lambda h, w, seed, p: Colorization()),
     # nonlinear forward models (nfc_dps.operators.nonlinear)
     Task("hdr", "nonlinear", {"scale": 2.0}, lambda h, w, seed, p: HighDynamicRange(p["scale"])),
+    Task("exposure", "nonlinear", {"ev": 1.0}, lambda h, w, seed, p: Exposure(p["ev"])),
     Task("phase_retrieval", "nonlinear", {"oversample": 2.0}, lambda h, w, seed, p: PhaseRetrieval(p["oversample"]),
          unbounded=True, rotation_twin=True),
     Task("deblur_camera", "nonlinear", {"kernel_size": 61, "kernel_std": 3.0, "boundary": PHOTO_BOUNDARY},
