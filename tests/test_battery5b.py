@@ -133,3 +133,22 @@ def test_a_blur_is_not_taken_for_denoising() -> None:
 
     y = torch.rand(1, 3, 8, 8)
     assert not is_identity_physics(FakeBlurPhysics(), y) and is_identity_physics(Denoising(GaussianNoise(0.1)), y)
+
+
+def test_a_torchvision_that_breaks_diffusers_is_named_with_the_fix(monkeypatch):
+    """F4: a torchvision built for another torch makes diffusers' import fail with 'operator
+    torchvision::nms does not exist'; loading a prior names torchvision and the fix."""
+    import builtins
+
+    from nfc_dps.priors.default import load_prior
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "diffusers" or name.startswith("diffusers."):
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(ImportError, match=r"torchvision .* does not match torch .*pip uninstall torchvision"):
+        load_prior()

@@ -25,6 +25,8 @@ from typing import Any, Mapping
 
 import torch
 
+from .archs import unet2d_model_class
+
 # Hyper-parameters of the public ADM checkpoints (Dhariwal & Nichol 2021, guided-diffusion model cards). attention_resolutions are
 # feature-map resolutions (ADM's "16" = attention where the map is 16x16); the middle block always
 # has attention.
@@ -216,7 +218,5 @@ def adm_unet_config(preset: str | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_adm_unet(config: Mapping[str, Any], device: str | torch.device = "meta") -> torch.nn.Module:
-    from diffusers import UNet2DModel
-
     with torch.device(device):
-        return UNet2DModel(**config)
+        return unet2d_model_class()(**config)

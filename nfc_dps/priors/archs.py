@@ -108,13 +108,33 @@ def adapt_loaded_unet(unet: nn.Module, arch: str, where: str = "network") -> nn.
     return unet
 
 
+def unet2d_model_class() -> type:
+    """diffusers' ``UNet2DModel``, imported on first use. A torchvision built for another torch breaks
+    diffusers' import (``operator torchvision::nms does not exist``, e.g. after installing what
+    deepinv asks for): an ImportError then names the cause and the fix."""
+    try:
+        from diffusers import UNet2DModel
+    except (RuntimeError, ImportError) as e:
+        if "torchvision" not in str(e):
+            raise
+        import importlib.metadata as md
+
+        try:
+            vision = md.version("torchvision")
+        except md.PackageNotFoundError:
+            vision = "?"
+        raise ImportError(
+            f"diffusers could not be imported because the installed torchvision {vision} does not match torch "
+            f"{torch.__version__} ({e}). nfc_dps does not need torchvision: uninstall it (pip uninstall "
+            f"torchvision), or install the torchvision built for this torch") from e
+    return UNet2DModel
+
+
 def build_unet(arch: str = DEFAULT_ARCH, channels: int = 3, widths: Sequence[int] = DEFAULT_WIDTHS,
                layers: int = DEFAULT_LAYERS, sample_size: int = 48) -> nn.Module:
     """A freshly initialised network of design ``arch`` (see the module docstring)."""
-    from diffusers import UNet2DModel
-
     cfg = unet_config(arch, channels, widths, layers, sample_size)
-    return adapt_loaded_unet(UNet2DModel(**cfg), arch)
+    return adapt_loaded_unet(unet2d_model_class()(**cfg), arch)
 
 
 def size_independent(arch: str) -> bool:

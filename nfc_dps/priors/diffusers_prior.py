@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .archs import ARCHS, DEFAULT_ARCH, adapt_loaded_unet, size_independent
+from .archs import ARCHS, DEFAULT_ARCH, adapt_loaded_unet, size_independent, unet2d_model_class
 from .base import PREDICTION_TYPES, EDMDenoiser, EpsilonDenoiser, Prior, TiledPrior
 
 PRIOR_CONFIG_NAME = "nfc_dps_prior.json"
@@ -278,8 +278,7 @@ def _checked_folder(folder: Path) -> tuple[Path, dict]:
 def _load_unet(unet_dir: Path, dtype: torch.dtype):
     """The UNet2DModel of ``unet_dir`` in ``dtype``; OSError naming the folder when its weights do
     not load or do not match its config (diffusers only warns and initialises them at random)."""
-    from diffusers import UNet2DModel
-
+    UNet2DModel = unet2d_model_class()
     try:
         unet, info = UNet2DModel.from_pretrained(
             unet_dir, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=dtype, output_loading_info=True
