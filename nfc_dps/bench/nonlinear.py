@@ -75,6 +75,8 @@ _BLUR64 = (("kernel_size", 25), ("kernel_std", 2.0), ("boundary", "circular"))
 _BLUR256 = (("kernel_size", 61), ("kernel_std", 3.0), ("boundary", "circular"))
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("hdr", "hdr", GaussianNoise(0.025), "HDR"),
+    Setting("exposure_ev1", "exposure", GaussianNoise(0.01), "exposure +1 EV", (("ev", 1.0),), (("ev", 1.0),)),
+    Setting("exposure_ev2", "exposure", GaussianNoise(0.01), "exposure +2 EV", (("ev", 2.0),), (("ev", 2.0),)),
     Setting("phase_retrieval", "phase_retrieval", GaussianNoise(0.05), "phase retrieval"),
     Setting("deblur_camera", "deblur_camera", GaussianNoise(0.025), "camera deblur", _BLUR64, _BLUR256),
     Setting("poisson_deblur_10", "deblur_gaussian", PoissonNoise(10), "Poisson deblur, peak 10", _BLUR64, _BLUR256),
@@ -84,7 +86,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 )}
 #: the rows' methods, in table order
 METHOD_ROWS = ("nfc", "nfc-gaussian", "daps@16", "dps@16", "daps", "dps", "dpir", "classical")
-CLASSICAL_LABELS = {"hdr": "unclipped inverse + biharmonic inpainting", "phase_retrieval": "HIO + ER (4 starts)",
+CLASSICAL_LABELS = {"hdr": "unclipped inverse + biharmonic inpainting",
+                    "exposure": "unclipped inverse + biharmonic inpainting", "phase_retrieval": "HIO + ER (4 starts)",
                     "deblur_camera": "TV in linear light", "deblur_gaussian": "Richardson-Lucy",
                     "denoise": "Anscombe + TV"}
 
@@ -157,7 +160,7 @@ class NonlinearTier(Protocol):
             cpu = copy.deepcopy(op).cpu()
             if s.task == "phase_retrieval":
                 return hio_er(cpu, y.cpu()), 0
-            if s.task == "hdr":
+            if s.task in ("hdr", "exposure"):
                 return hdr_inverse_inpaint(cpu, y.cpu()), 0
             if s.task == "deblur_camera":
                 return camera_tv(cpu, y.cpu(), sigma), 0
