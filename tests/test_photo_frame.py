@@ -85,3 +85,20 @@ def test_api_states_the_photo_frame_and_crops_to_it(prior_dir) -> None:
     circ = nfc_dps.build_operator("deblur_gaussian", image_size=64, kernel_size=9, kernel_std=2.0, boundary="circular")
     res = nfc_dps.restore(circ.A(x), circ, prior=prior, sigma_y=0.01, num_levels=2, progress=False)
     assert res.frame is None and res.photo() is res.image
+
+
+def test_auto_noise_level_is_printed_per_image(tmp_path, prior_dir, capsys) -> None:
+    """Issue 53, item 3: the estimate of each image is said on the console, as results.csv has it."""
+    from nfc_dps.cli import main
+
+    make_images(tmp_path / "clean", 2)
+    assert main_with("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--task", "denoise",
+                     "--noise-sigma", "0.05") == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(["restore", "-i", str(tmp_path / "sim" / "measurements"), "-o", str(out), "--task", "denoise",
+                 "--noise-sigma", "auto", "--steps", "2", "--prior", str(prior_dir)]) == 0
+    err = capsys.readouterr().err
+    for row in _rows(out):
+        assert f"{row['name']}: noise level estimated at {row['noise_sigma']} ([0, 1] units)" in err, err
+        assert 0.02 < float(row["noise_sigma"]) < 0.1

@@ -501,6 +501,8 @@ class RestoreRun:
                 entry["extent"] = job.row["extent"] = "scene" if self.args.keep_border else "photo"
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
+            if self.task.estimates_noise:  # the level it was restored with, as results.csv records it
+                self.log.info(f"{job.item.name}: noise level estimated at {job.row['noise_sigma']} ([0, 1] units)")
             add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
                                      frame)
             self._record(job.row)
