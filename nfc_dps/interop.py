@@ -113,7 +113,9 @@ PHASE_RETRIEVAL_ROUTE = ("nfc_dps' built-in task is phase retrieval from oversam
 
 
 def _class_names(obj: Any) -> list[str]:
-    return [c.__name__ for c in type(obj).__mro__]
+    """The names of ``obj``'s classes that come from deepinv (a class of the user's own named
+    ``Physics`` is not deepinv's)."""
+    return [c.__name__ for c in type(obj).__mro__ if c.__module__.split(".")[0] == "deepinv"]
 
 
 def nonlinear_physics_problem(physics: Any) -> str | None:

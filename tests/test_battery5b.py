@@ -10,19 +10,20 @@ from torch import nn
 
 from nfc_dps.interop import DeepinvSolver, from_deepinv_denoiser, from_deepinv_physics
 
-# deepinv's class tree by name (nothing imports deepinv)
+# deepinv's class tree by name and module (nothing imports deepinv)
 
 
 class Physics(nn.Module):
-    pass
+    __module__ = "deepinv.physics.forward"
 
 
 class LinearPhysics(Physics):
-    pass
+    __module__ = "deepinv.physics.forward"
 
 
 class PhaseRetrieval(Physics):
     """deepinv's PhaseRetrieval shape: A(x) = |B x|^2 with B complex; A_adjoint is B's adjoint."""
+    __module__ = "deepinv.physics"
 
     def __init__(self, shape=(1, 8, 8), m=200):
         super().__init__()
@@ -39,7 +40,7 @@ class PhaseRetrieval(Physics):
 
 
 class RandomPhaseRetrieval(PhaseRetrieval):
-    pass
+    __module__ = "deepinv.physics"
 
 
 class Squares(Physics):
@@ -64,6 +65,7 @@ class ComplexAdjoint(nn.Module):
 
 class Denoising(LinearPhysics):
     """deepinv's Denoising: A = A^T = I, a noise model."""
+    __module__ = "deepinv.physics"
 
     def __init__(self, noise_model):
         super().__init__()
