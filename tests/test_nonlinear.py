@@ -165,11 +165,21 @@ def test_phase_retrieval_starts_nfc_high_within_a_denoisers_range():
     """Its first estimate holds no image: NFC's default starts at AUTO_SIGMA_MAX_UNINFORMED (capped
     at a denoiser-only prior's range), the other operators where they did."""
     from nfc_dps.operators.nonlinear import ModelUnitsOperator
-    from nfc_dps.samplers.nfc_continuation import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_UNINFORMED, top_sigma
+    from nfc_dps.samplers.nfc_continuation import (
+        AUTO_SIGMA_MAX,
+        AUTO_SIGMA_MAX_INPAINT,
+        AUTO_SIGMA_MAX_UNINFORMED,
+        top_sigma,
+    )
 
     pr, hdr = build_operator("phase_retrieval", SIZE), build_operator("hdr", SIZE)
     assert top_sigma("auto", ModelUnitsOperator(pr), 0.1) == AUTO_SIGMA_MAX_UNINFORMED > AUTO_SIGMA_MAX
-    assert top_sigma("auto", ModelUnitsOperator(hdr), 0.1) == AUTO_SIGMA_MAX
+    camera = build_operator("deblur_camera", SIZE, kernel_size=5)
+    assert top_sigma("auto", ModelUnitsOperator(camera), 0.1) == AUTO_SIGMA_MAX
+    # a clipped sensor's measurement fills its clipped pixels: the inpainting range, never below the noise
+    for clipped in (hdr, build_operator("exposure", SIZE, ev=1.0)):
+        assert top_sigma("auto", ModelUnitsOperator(clipped), 0.1) == AUTO_SIGMA_MAX_INPAINT < AUTO_SIGMA_MAX
+        assert top_sigma("auto", ModelUnitsOperator(clipped), 0.3) == 0.3
     assert top_sigma(2.0, ModelUnitsOperator(pr), 0.1) == 2.0
     from nfc_dps.priors.denoiser import DenoiserPrior
 

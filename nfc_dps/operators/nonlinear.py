@@ -47,6 +47,10 @@ class NonlinearOperator(LinearOperator):
     gauss_newton_steps = 3
     #: False when :meth:`start` holds no image (phase retrieval): NFC's default then starts high
     start_is_informative = True
+    #: True when :meth:`start` is the image itself up to the noise wherever the sensor did not clip
+    #: (HDR, exposure): restoring it fills the clipped pixels, and NFC's default starts where it
+    #: starts an inpainting
+    fills_clipped_pixels = False
 
     def A_adjoint(self, y: Tensor) -> Tensor:
         raise TypeError(f"{type(self).__name__} is nonlinear: it has no adjoint; use vjp(x, u) at a point x "
@@ -112,6 +116,7 @@ class NonlinearWrapper(NonlinearOperator):
         self.name = inner.name
         self.gauss_newton_steps = inner.gauss_newton_steps
         self.start_is_informative = inner.start_is_informative
+        self.fills_clipped_pixels = inner.fills_clipped_pixels
 
     @property
     def image_channels(self) -> int | None:
@@ -193,6 +198,7 @@ class HighDynamicRange(NonlinearOperator):
 
     name = "hdr"
     clips_shadows = True
+    fills_clipped_pixels = True
 
     def __init__(self, scale: float = 2.0) -> None:
         super().__init__()
@@ -234,6 +240,7 @@ class Exposure(NonlinearOperator):
 
     name = "exposure"
     clips_shadows = False
+    fills_clipped_pixels = True
 
     def __init__(self, ev: float = 1.0) -> None:
         super().__init__()

@@ -57,10 +57,11 @@ from .nfc import ODE_SIGMA_MIN, RHO
 from .self_ensemble import DIHEDRAL_ORDER, SelfEnsemblePrior
 
 #: ``sigma_max="auto"``, model units: DPIR's first level (49/255 in [0, 1] units), except for
-#: inpainting (``AUTO_SIGMA_MAX_INPAINT``): the observed pixels carry only the measurement noise and
-#: the Wiener start already holds the linear-MMSE fill of the holes, which deterministic steps from
-#: higher up replace by the prior's guess (docs/notes/presets.md, "Range for inpainting"); never
-#: below the measurement noise itself
+#: inpainting and a clipped sensor's measurement (HDR, exposure: ``fills_clipped_pixels``)
+#: (``AUTO_SIGMA_MAX_INPAINT``): the observed pixels carry only the measurement noise and the start
+#: already holds them (and, for inpainting, the linear-MMSE fill of the holes), which deterministic
+#: steps from higher up replace by the prior's guess (docs/notes/presets.md, "Range for inpainting"
+#: and "Range for clipped measurements"); never below the measurement noise itself
 AUTO_SIGMA_MAX = DPIR_SIGMA_MAX
 #: ``sigma_max="auto"`` for an operator whose first estimate holds no image (``start_is_informative``
 #: False: phase retrieval starts from mid-grey): the prior has to draw the image's structure, from
@@ -76,7 +77,7 @@ class ContinuationConfig(StepConfig):
     num_levels: N levels = network calls (NFE); on a denoising measurement min(N, 8) calls with the
         self-ensemble, else 1 (see the module docstring).
     sigma_max: the first level, a number or "auto": max(``AUTO_SIGMA_MAX_INPAINT``, sigma_y) when
-        the operator's family is "inpaint", ``AUTO_SIGMA_MAX_UNINFORMED`` when its first estimate
+        the operator's family is "inpaint" or it fills clipped pixels (HDR, exposure), ``AUTO_SIGMA_MAX_UNINFORMED`` when its first estimate
         holds no image (phase retrieval), else ``AUTO_SIGMA_MAX`` (:func:`top_sigma`).
     sigma_min / noise_floor: the last level is max(sigma_min, noise_floor * sigma_y), sigma_y in
         model units (below the measurement noise a data step cannot tell detail from noise).
@@ -123,7 +124,8 @@ def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) 
         return float(sigma_max)
     if not getattr(operator, "start_is_informative", True):
         return AUTO_SIGMA_MAX_UNINFORMED  # capped at a denoiser-only prior's range by the sampler
-    return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if operator.family == "inpaint" else AUTO_SIGMA_MAX
+    fills_holes = operator.family == "inpaint" or getattr(operator, "fills_clipped_pixels", False)
+    return max(AUTO_SIGMA_MAX_INPAINT, sigma_y) if fills_holes else AUTO_SIGMA_MAX
 
 
 def continuation_sigmas(cfg: ContinuationConfig, top: float, sigma_y: float) -> list[float]:
