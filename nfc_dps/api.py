@@ -63,8 +63,9 @@ class Restoration:
         None under a non-Gaussian noise model.
     frame: for a photograph's blur (boundary "valid") the restoration is the whole scene, larger
         than the photo by the kernel less one; ``frame`` = (top, left, height, width) of the photo's
-        own frame in it (:meth:`photo`); None where the restoration is not larger than the
-        region the measurement lies over.
+        own frame in it (:meth:`photo` crops ``image``; crop ``std``, ``samples``, ``lower`` and
+        ``upper`` alike); None where the restoration is not larger than the region the
+        measurement lies over.
     """
 
     image: Any

@@ -6,8 +6,8 @@ The measurement is a photograph's blur: the valid part of a true convolution, ``
 an (H - s + 1, W - s + 1) photo for an (s, s) kernel. :func:`kernel_step` solves least squares on
 the image gradients, ``min_k sum_d ||valid(k * d x) - d y||^2 + gamma ||k||^2``, by conjugate
 gradients on the exact valid model (FFTs on the scene's grid), then projects: positive, entries
-below ``threshold`` of the peak and the components detached from the kernel's main stroke dropped,
-sum 1, centred. With ``salient`` < 1 only the strongest image gradients enter the fit (Cho and Lee
+below ``threshold`` of the peak and the connected components with less than a tenth of the largest
+one's mass dropped, sum 1, centred. With ``salient`` < 1 only the strongest image gradients enter the fit (Cho and Lee
 2009): errors of the estimate in flat regions would otherwise flatten the kernel.
 
 Images here are gray (the channels' mean), float64 torch tensors (H, W); kernels (s, s), sum 1,
@@ -28,8 +28,8 @@ __all__ = ["centred_kernel", "kernel_error", "kernel_step"]
 
 
 def _gray(y: Tensor) -> Tensor:
-    """(H, W) float64 gray of a (C, H, W) or (H, W) tensor."""
-    y = y.detach().double()
+    """(H, W) float64 gray, on the CPU, of a (C, H, W) or (H, W) tensor."""
+    y = y.detach().cpu().double()
     return y.mean(0) if y.ndim == 3 else y
 
 
@@ -98,8 +98,8 @@ def centred_kernel(k: Tensor) -> Tensor:
 
 
 def _project(k: Tensor, threshold: float) -> Tensor:
-    """Positive, entries below ``threshold`` x the peak dropped, only the connected components that
-    hold a fair share of the mass kept (the path of a shake is one stroke), sum 1, centred."""
+    """Positive, entries below ``threshold`` x the peak dropped, only the connected components with at
+    least a tenth of the largest one's mass kept (the path of a shake is one stroke), sum 1, centred."""
     k = k.clamp(min=0)
     peak = float(k.max())
     if not peak > 0:
@@ -128,10 +128,10 @@ def kernel_step(x: Tensor, y: Tensor, size: int, k0: Tensor | None = None, gamma
     if tuple(y.shape) != (x.shape[0] - size + 1, x.shape[1] - size + 1):
         raise ValueError(f"kernel_step: an image of {tuple(x.shape)} and a kernel of {size} px give a photo of "
                          f"{(x.shape[0] - size + 1, x.shape[1] - size + 1)}, got {tuple(y.shape)}")
+    if not 0.0 < salient <= 1.0:
+        raise ValueError(f"kernel_step: salient must be in (0, 1], got {salient!r}")
     grads = _gradients(x)
     if salient < 1.0:  # only the strongest edges (Cho and Lee 2009): errors in flat regions would flatten k
-        if not 0.0 < salient <= 1.0:
-            raise ValueError(f"kernel_step: salient must be in (0, 1], got {salient!r}")
         magnitude = torch.cat([g.abs().flatten() for g in grads])
         cut = magnitude.kthvalue(max(1, int(round((1.0 - salient) * magnitude.numel())))).values
         grads = tuple(torch.where(g.abs() >= cut, g, torch.zeros_like(g)) for g in grads)

@@ -75,3 +75,10 @@ def test_centred_kernel_moves_the_centre_of_mass_to_the_middle():
     assert float(c.sum()) == pytest.approx(1.0)
     empty = centred_kernel(torch.zeros(5, 5, dtype=torch.float64))
     assert float(empty[2, 2]) == 1.0
+
+
+def test_salient_out_of_range_is_refused_whatever_its_value(photo):
+    y = photo[0, :, 7:-7, 7:-7]
+    for bad in (1.5, float("nan"), -0.1):
+        with pytest.raises(ValueError, match="salient"):
+            kernel_step(photo[0], y, 15, salient=bad)

@@ -267,3 +267,13 @@ def test_exposure_classical_answer_keeps_the_shadows():
     assert dark.any() and torch.allclose(out[dark], op.inverse(y)[dark], atol=1e-6)
     bright = y >= 0.98
     assert bright.any() and torch.all(out[bright] >= op.inverse(torch.ones(())) - 1e-6)
+
+
+def test_only_a_measurement_that_clips_starts_at_the_inpainting_range():
+    from nfc_dps.operators.nonlinear import ModelUnitsOperator
+    from nfc_dps.samplers.nfc_continuation import AUTO_SIGMA_MAX, AUTO_SIGMA_MAX_INPAINT, top_sigma
+
+    for op, clips in ((build_operator("exposure", SIZE, ev=-1.0), False), (build_operator("exposure", SIZE, ev=0.5), True),
+                      (build_operator("hdr", SIZE, scale=0.5), False), (build_operator("hdr", SIZE, scale=2.0), True)):
+        assert op.fills_clipped_pixels is clips
+        assert top_sigma("auto", ModelUnitsOperator(op), 0.05) == (AUTO_SIGMA_MAX_INPAINT if clips else AUTO_SIGMA_MAX)

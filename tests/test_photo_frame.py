@@ -102,3 +102,16 @@ def test_auto_noise_level_is_printed_per_image(tmp_path, prior_dir, capsys) -> N
     for row in _rows(out):
         assert f"{row['name']}: noise level estimated at {row['noise_sigma']} ([0, 1] units)" in err, err
         assert 0.02 < float(row["noise_sigma"]) < 0.1
+
+
+def test_keep_border_leaves_the_run_key_of_other_tasks_alone(tmp_path, prior_dir) -> None:
+    """The photo-frame default enters the run key of a valid blur only: a denoising folder is the
+    same run with or without --keep-border (an earlier run's images are skipped, not redone)."""
+    make_images(tmp_path / "clean", 1)
+    assert main_with("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--task", "denoise") == 0
+    out = tmp_path / "out"
+    args = ("restore", "--config", tmp_path / "sim" / "simulation.json", "-o", out, "--steps", "2", "--prior", prior_dir)
+    assert main_with(*args) == 0
+    assert main_with(*args, "--keep-border") == 0
+    (row,) = _rows(out)
+    assert row["status"] == "skipped"

@@ -303,7 +303,9 @@ class RestoreRun:
             "prior": prior_key(args.prior), "precision": prior.precision,  # bfloat16 and float32 differ slightly
             "bit_depth": args.bit_depth, "save_samples": args.save_samples,
             **({"restarts": args.restarts} if args.restarts > 1 else {}),  # earlier runs' keys unchanged
-            **({"frame": "photo"} if not args.keep_border else {}),
+            # a photograph's blur written at the photo's frame (other tasks: earlier runs' keys unchanged)
+            **({"frame": "photo"} if not args.keep_border
+               and {**TASKS[task.task].params, **task.params}.get("boundary") == "valid" else {}),
         })
         about = {"input": str(inp.resolve()), "output": str(out),
                  "task": task.as_dict(), "method": sampler.method, "preset": sampler.preset,

@@ -198,13 +198,17 @@ class HighDynamicRange(NonlinearOperator):
 
     name = "hdr"
     clips_shadows = True
-    fills_clipped_pixels = True
 
     def __init__(self, scale: float = 2.0) -> None:
         super().__init__()
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
         self.scale = float(scale)
+
+    @property
+    def fills_clipped_pixels(self) -> bool:
+        """A stretch (scale > 1) clips; a compression leaves every pixel inside (0, 1)."""
+        return self.scale > 1
 
     def A(self, x: Tensor) -> Tensor:
         return (self.scale * (x - 0.5) + 0.5).clamp(0, 1)
@@ -240,7 +244,6 @@ class Exposure(NonlinearOperator):
 
     name = "exposure"
     clips_shadows = False
-    fills_clipped_pixels = True
 
     def __init__(self, ev: float = 1.0) -> None:
         super().__init__()
@@ -248,6 +251,11 @@ class Exposure(NonlinearOperator):
             raise ValueError(f"ev must be a finite number of stops in [-16, 16], got {ev!r}")
         self.ev = float(ev)
         self.gain = 2.0 ** self.ev
+
+    @property
+    def fills_clipped_pixels(self) -> bool:
+        """An over-exposure (ev > 0) clips the highlights; an under-exposure clips nothing."""
+        return self.ev > 0
 
     def A(self, x: Tensor) -> Tensor:
         light = self.gain * srgb_to_linear(x)

@@ -18,7 +18,7 @@ class WeightedOperator(LinearOperator):
     std everywhere when w = s / sqrt(v) (:meth:`nfc_dps.noise.NoiseModel.weights`).
 
     Declared structure: the inner operator's family, channels, pixel mask (the weights change
-    no pixel's being observed) and downsampling factor; no blur kernel, transfer function or
+    no pixel's being observed), measured frame and downsampling factor; no blur kernel, transfer function or
     decomposition (a weighted convolution is none of these). The pseudo-inverse is the inner
     operator's of y / w, the least-squares answer whatever the weights wherever A maps onto its
     measurement space (a blur, a downsampling, a mask on its observed pixels); the prox is
@@ -48,6 +48,9 @@ class WeightedOperator(LinearOperator):
 
     def pixel_mask(self) -> Tensor | None:
         return self.inner.pixel_mask()
+
+    def measured_frame(self, image_shape: Sequence[int]) -> tuple[int, int, int, int] | None:
+        return self.inner.measured_frame(image_shape)
 
     def approximate_gram_eigenvalues(self, h: int, w: int) -> Tensor | None:
         """The inner operator's: the whitening weights are about 1 on average by construction (and

@@ -321,7 +321,7 @@ def schedule_top(prior: Prior, top: float) -> float:
         f"{top / 2:.4g} in [0, 1] units), but the prior is a denoiser only, for sigma in [{low:.4g}, {limit:.4g}] "
         f"model units ([{low / 2:.4g}, {limit / 2:.4g}] in [0, 1] units), with no diffusion noise levels. "
         f"Methods that stay in a denoiser's range: 'nfc' with its default preset 'deterministic' (first level "
-        f"{DPIR_SIGMA_MAX:.3g}, {AUTO_SIGMA_MAX_INPAINT:g} for inpainting) and 'dpir' (first level "
+        f"{DPIR_SIGMA_MAX:.3g}, {AUTO_SIGMA_MAX_INPAINT:g} for inpainting, HDR and exposure) and 'dpir' (first level "
         f"{DPIR_SIGMA_MAX:.3g}){lower}; daps, dps, diffpir, ddnm, ddrm and nfc's fast, fast_psnr and paper presets "
         f"start from noise and need a diffusion prior (docs/bring_your_own.md)")
 
