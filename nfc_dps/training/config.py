@@ -5,6 +5,7 @@ compute precision ``auto`` stands for, the learning-rate schedule and what a run
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..locking import FolderBusy, file_lock, folder_lock
 from ..priors.archs import ARCHS, DEFAULT_ARCH, DEFAULT_LAYERS, DEFAULT_WIDTHS
 from ..priors.diffusers_prior import native_bfloat16
 from .data import DEFAULT_SCALES, TrainingError
@@ -206,3 +208,19 @@ def check_folders(cfg: TrainConfig) -> None:
         if folder in real.parents:
             raise TrainingError(f"--images {images} lies inside {flag} {given}, which the image scan leaves out; "
                                 f"choose a {flag} folder outside it")
+
+
+def lock_run_folders(workdir: Path, export: str | None, stack: contextlib.ExitStack) -> str | None:
+    """Create ``workdir`` and lock it, and lock ``export`` (one run exports to a folder at a time),
+    the locks held by ``stack``; the refusal in words, or None."""
+    for flag, folder, lock in (("--workdir", workdir, folder_lock), ("--export", export and Path(export), file_lock)):
+        if not folder:
+            continue
+        try:
+            (folder if flag == "--workdir" else folder.parent).mkdir(parents=True, exist_ok=True)
+            stack.enter_context(lock(folder))
+        except FolderBusy as e:
+            return f"{flag} {folder}: {e}"
+        except OSError as e:
+            return f"{flag} {folder}: cannot create {'it' if flag == '--workdir' else 'its folder'} ({e.strerror or e})"
+    return None

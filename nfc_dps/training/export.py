@@ -14,6 +14,7 @@ so a reader never sees a torn file.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -69,6 +70,17 @@ def export_prior(net: torch.nn.Module, out: str | Path, arch: str, crop: int, po
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def export_holds(folder: str | Path, step: int, fingerprint: object, workdir: str) -> bool:
+    """Whether the prior folder holds the weights of ``step`` of the work folder ``workdir`` (its
+    train_info.json's step, config fingerprint and work folder)."""
+    try:
+        info = json.loads((Path(folder) / INFO_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(info, dict) and info.get("step") == step and info.get("config") == fingerprint
+            and info.get("settings", {}).get("workdir") == workdir)
 
 
 def evaluate_heldout(prior: Prior, images: Sequence[tuple[str, np.ndarray]], sigmas: Sequence[float] = EVAL_SIGMAS,

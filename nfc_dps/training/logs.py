@@ -29,3 +29,12 @@ def append_row(path: Path, header: list[str], row: list) -> None:
         if new:
             w.writerow(header)
         w.writerow(row)
+
+
+def logged(path: Path, step: int) -> bool:
+    """Whether the log at ``path`` holds a row of ``step`` (False where it cannot be read)."""
+    try:
+        with open(path, newline="") as f:
+            return str(step) in [row.get("step") for row in csv.DictReader(f)]
+    except OSError:
+        return False

@@ -26,8 +26,6 @@ denoising PSNR at every export) and ``train_config.json``.
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import math
 import os
 import signal
@@ -38,26 +36,42 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from .. import io as nio
 from ..distributed import Dist
-from ..locking import FolderBusy, file_lock, folder_lock
 from ..priors.archs import build_unet, size_independent
 from ..priors.base import EDMDenoiser
 from ..priors.default import load_prior
 from ..priors.diffusers_prior import _UNetCall
 from ..priors.training_data import images_power_law
-from .config import TrainConfig, TrainResult, check_config, check_folders, learning_rate, resolve_network, resolve_precision
+from .config import (
+    TrainConfig,
+    TrainResult,
+    check_config,
+    check_folders,
+    learning_rate,
+    lock_run_folders,
+    resolve_network,
+    resolve_precision,
+)
 from .data import BUILTIN_DEAD_LEAVES, CropSampler, DeadLeaves, TrainingError, load_builtin, load_folder, multiscale
-from .export import INFO_NAME, evaluate_heldout, export_prior, init_network_keys, load_init_weights
+from .export import INFO_NAME, evaluate_heldout, export_holds, export_prior, init_network_keys, load_init_weights
 from .leaves import DEFAULT_SYNTHETIC
-from .logs import append_row, keep_rows
+from .logs import append_row, keep_rows, logged
 from .plot import read_loss_csv, render_loss_png
-from .state import STATE_NAME, check_fingerprint, fingerprint, read_state, resume_seed, write_state
+from .state import (
+    STATE_NAME,
+    check_fingerprint,
+    fingerprint,
+    read_state,
+    resume_seed,
+    resume_stream,
+    stream_seed,
+    write_state,
+)
 
 LOSS_CSV, LOSS_PNG, HELDOUT_CSV, CONFIG_JSON = "loss.csv", "loss.png", "heldout.csv", "train_config.json"
 LOSS_FIELDS = ["step", "loss", "seconds", "crops_per_s"]
@@ -69,11 +83,6 @@ GROUP_CHECK_EVERY = 10
 
 def _default_log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
-
-
-def _stream_seed(seed: int, step: int, rank: int) -> int:
-    """The seed of rank ``rank``'s crop stream from ``step`` on, in a group of several processes."""
-    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
@@ -100,22 +109,7 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
             refused = None
             if dist.rank == 0:  # rank 0 alone creates and writes the folder, one run at a time in it
                 created = not workdir.exists()
-                try:
-                    workdir.mkdir(parents=True, exist_ok=True)
-                    stack.enter_context(folder_lock(workdir))
-                except FolderBusy as e:
-                    refused = f"--workdir {workdir}: {e}"
-                except OSError as e:
-                    refused = f"--workdir {workdir}: cannot create it ({e.strerror or e})"
-                if refused is None and cfg.export:  # one run exports to a folder at a time
-                    export = Path(cfg.export)
-                    try:
-                        export.parent.mkdir(parents=True, exist_ok=True)
-                        stack.enter_context(file_lock(export))
-                    except FolderBusy as e:
-                        refused = f"--export {export}: {e}"
-                    except OSError as e:
-                        refused = f"--export {export}: cannot create its folder ({e.strerror or e})"
+                refused = lock_run_folders(workdir, cfg.export, stack)
             refused = dist.broadcast(refused)  # every rank of a group refuses alike
             if refused is not None:
                 raise TrainingError(refused)
@@ -220,13 +214,13 @@ class _Run:
             ema.load_state_dict(state["ema"])
             opt.load_state_dict(state["opt"])
             step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
-            self._resume_stream(gen, state, step)
+            resume_stream(gen, state, step, cfg.seed, self.device.type, self.dist, self.warn)
             if isinstance(state.get("torch_rng"), torch.Tensor):
                 torch.set_rng_state(state["torch_rng"].cpu())
             self.log(f"resumed from {self.state_path} at step {step}"
                      + (" (a state of the earlier train_prior.py)" if state.get("legacy") else ""))
         else:
-            gen.manual_seed(cfg.seed if self.dist.world == 1 else _stream_seed(cfg.seed, 0, self.dist.rank))
+            gen.manual_seed(cfg.seed if self.dist.world == 1 else stream_seed(cfg.seed, 0, self.dist.rank))
             if cfg.init_from:
                 load_init_weights(net, cfg.init_from, cfg.arch)
                 self.log(f"warm start from {cfg.init_from}")
@@ -264,26 +258,6 @@ class _Run:
             trained = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
         self.denoiser = EDMDenoiser(_UNetCall(trained, self.precision, self.channels_last), channels=cfg.channels,
                                     sigma_data=SIGMA_DATA)
-
-    def _resume_stream(self, gen: torch.Generator, state: dict, step: int) -> None:
-        """This rank's crop stream from a saved state: its own saved stream when the state was
-        written by as many processes on the same device type, else reseeded from (seed, step, rank)."""
-        cfg, device, world, rank = self.cfg, self.device, self.dist.world, self.dist.rank
-        saved_world = int(state.get("world", 1))
-        streams = state.get("rng_ranks") if saved_world > 1 else [state["rng"]]
-        same_device = state.get("rng_device", device.type) == device.type
-        if saved_world == world and same_device and isinstance(streams, list) and len(streams) == world \
-                and all(isinstance(t, torch.Tensor) for t in streams):
-            gen.set_state(streams[rank].cpu())
-            return
-        if not same_device and state["rng"] is not None:
-            self.warn(f"the work folder was trained on {state['rng_device']}, this run is on {device.type}: "
-                      f"the crop streams are reseeded from (seed, step{', rank' if world > 1 else ''}), so the run "
-                      f"will not equal one on a single device")
-        elif saved_world != world:
-            self.warn(f"the work folder was trained by {saved_world} process(es), this run has {world}: the crop "
-                      f"streams are reseeded from (seed, step, rank), so the run will not equal one of {saved_world}")
-        gen.manual_seed(cfg.seed * 1_000_003 + step if world == 1 else _stream_seed(cfg.seed, step, rank))
 
     def _pool(self) -> None:
         """The crop sampler over the training images and the procedural ones."""
@@ -364,30 +338,14 @@ class _Run:
                  + ", ".join(f"sigma {s:g} {res['mean'][s]:.2f} dB" for s in cfg.eval_sigmas))
 
     def export_missing(self) -> bool:
-        """Whether the saved step's export, or its held-out row (when there are held-out images), is
-        missing: a run killed after its state's save and before them (resumed, the state's EMA
-        weights are exported and evaluated again)."""
-        if self.exported == self.step:
-            return False
-        if not self.export_is_current():
-            return True
-        if not self.data.heldout:
-            return False
-        path = self.workdir / HELDOUT_CSV
-        try:
-            with open(path, newline="") as f:
-                return str(self.step) not in [row.get("step") for row in csv.DictReader(f)]
-        except OSError:
-            return True
+        """Whether the saved step's export, or its held-out row, is missing (a run killed between
+        its state's save and them: resumed, the state's EMA weights are exported and evaluated again)."""
+        return self.exported != self.step and not (
+            self.export_is_current() and (not self.data.heldout or logged(self.workdir / HELDOUT_CSV, self.step)))
 
     def export_is_current(self) -> bool:
         """Whether cfg.export already holds this work folder's weights of this step."""
-        try:
-            info = json.loads((Path(self.cfg.export) / INFO_NAME).read_text())
-        except (OSError, ValueError):
-            return False
-        return (isinstance(info, dict) and info.get("step") == self.step and info.get("config") == self.fp
-                and info.get("settings", {}).get("workdir") == self.settings["workdir"])
+        return export_holds(self.cfg.export, self.step, self.fp, self.settings["workdir"])
 
     # -- the loop
 

@@ -23,6 +23,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import torch
 
 from .. import io as nio
@@ -131,3 +132,30 @@ def resume_seed(cfg: TrainConfig, state: dict, workdir: Path, warn: Callable[[st
     if cfg.init_from:
         warn(f"--init-from {cfg.init_from} is ignored: {workdir} resumes its own weights at step {int(state['step'])}")
     return saved
+
+
+def stream_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank ``rank``'s crop stream from ``step`` on, in a group of several processes."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def resume_stream(gen: torch.Generator, state: dict, step: int, seed: int, device_type: str, dist: Any,
+                  warn: Callable[[str], None]) -> None:
+    """This rank's crop stream from a saved state: its own saved stream when the state was written by
+    as many processes on the same device type, else reseeded from (seed, step, rank)."""
+    world, rank = dist.world, dist.rank
+    saved_world = int(state.get("world", 1))
+    streams = state.get("rng_ranks") if saved_world > 1 else [state["rng"]]
+    same_device = state.get("rng_device", device_type) == device_type
+    if saved_world == world and same_device and isinstance(streams, list) and len(streams) == world \
+            and all(isinstance(t, torch.Tensor) for t in streams):
+        gen.set_state(streams[rank].cpu())
+        return
+    if not same_device and state["rng"] is not None:
+        warn(f"the work folder was trained on {state['rng_device']}, this run is on {device_type}: "
+             f"the crop streams are reseeded from (seed, step{', rank' if world > 1 else ''}), so the run "
+             f"will not equal one on a single device")
+    elif saved_world != world:
+        warn(f"the work folder was trained by {saved_world} process(es), this run has {world}: the crop "
+             f"streams are reseeded from (seed, step, rank), so the run will not equal one of {saved_world}")
+    gen.manual_seed(seed * 1_000_003 + step if world == 1 else stream_seed(seed, step, rank))
