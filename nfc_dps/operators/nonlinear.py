@@ -190,7 +190,17 @@ class ModelUnitsOperator(NonlinearWrapper):
         return 2 * self.inner.start((y + 1) / 2) - 1
 
 
-class HighDynamicRange(NonlinearOperator):
+class PixelwiseOperator(NonlinearOperator):
+    """A nonlinear map applied pixel by pixel (a sensor's response): the measurement has the image's shape."""
+
+    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(image_shape)
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(measurement_shape)
+
+
+class HighDynamicRange(PixelwiseOperator):
     """DAPS's high dynamic range task: y = clip(scale (x - 1/2) + 1/2, 0, 1) in [0, 1] units (scale 2:
     DAPS's clip(2x, -1, 1) in [-1, 1] units), a contrast stretch about mid-grey that clips shadows
     and highlights alike; the clipped pixels carry no information. A camera's over-exposure is
@@ -226,17 +236,11 @@ class HighDynamicRange(NonlinearOperator):
         pulled back inside but lost)."""
         return torch.where((y <= 0) | (y >= 1), y.clamp(0, 1), self.inverse(y))
 
-    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(image_shape)
-
-    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(measurement_shape)
-
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "scale": self.scale}
 
 
-class Exposure(NonlinearOperator):
+class Exposure(PixelwiseOperator):
     """A camera's over-exposure by ``ev`` stops: the scene's light times the gain g = 2^ev, clipped
     at the sensor's white and encoded, y = srgb(clip(g srgb^-1(x), 0, 1)), x and y sRGB in [0, 1].
     The highlights (x above srgb(1 / g)) saturate at 1 and carry no information; shadows never
@@ -270,12 +274,6 @@ class Exposure(NonlinearOperator):
         """The unclipped inverse, and 1 where the sensor saturated (y >= 1), as :class:`HighDynamicRange`'s
         start takes the saturated value."""
         return torch.where(y >= 1, torch.ones_like(y), self.inverse(y))
-
-    def measurement_shape(self, image_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(image_shape)
-
-    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(measurement_shape)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "ev": self.ev}
