@@ -169,10 +169,42 @@ def numbers(rows: list[dict[str, str]], col: str) -> list[float]:
     return [float(r[col]) for r in rows if r.get(col, "") not in ("", None)]
 
 
-def _label(method: str, est: str, budget: str) -> str:
-    """A table row's name: "nfc", "nfc (mean of 4)", with " @budget" for diffusion methods."""
+def chain_calls(rows: list[dict[str, str]]) -> list[int]:
+    """The network calls one chain of ``rows`` spent, each count once, most first: a row's NFE, over K
+    for a ``mean of K`` row (its NFE counts all K chains); failed rows and rows without an NFE left out."""
+    out = set()
+    for r in rows:
+        if is_failed(r) or r.get("nfe", "") in ("", None):
+            continue
+        est = r.get("estimator", "")
+        k = int(est[4:]) if est.startswith("mean") and est[4:].isdigit() else 1
+        out.add(round(float(r["nfe"]) / k))
+    return sorted(out, reverse=True)
+
+
+def _calls(counts: Sequence[int]) -> str:
+    return "/".join(map(str, counts))
+
+
+def _spent(groups: dict, tasks: Sequence[str], method: str, est: str, budget: str) -> str:
+    """" (8 on denoise)": the tasks whose chains spent other than ``budget`` calls, and what they spent
+    ("" when every task spent the budget, and for a classical row)."""
+    if budget in ("0", ""):
+        return ""
+    other: dict[str, list[str]] = {}
+    for t in tasks:
+        calls = chain_calls(groups.get((t, method, est, budget), []))
+        if calls and calls != [int(budget)]:
+            other.setdefault(_calls(calls), []).append(t)
+    parts = [f"{calls} on {', '.join(ts)}" for calls, ts in other.items()]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _label(method: str, est: str, budget: str, spent: str = "") -> str:
+    """A table row's name: "nfc", "nfc (mean of 4)", with " @budget" for diffusion methods and what
+    the tasks that spent other calls spent (``spent``, :func:`_spent`: "nfc:deterministic @16 (8 on denoise)")."""
     lab = method if est in ("sample", "deterministic") else f"{method} ({est.replace('mean', 'mean of ')})"
-    return lab if budget in ("0", "") else f"{lab} @{budget}"
+    return lab if budget in ("0", "") else f"{lab} @{budget}{spent}"
 
 
 def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[str, Any], notes: Sequence[str],
@@ -192,7 +224,8 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
           "error is twice the posterior mean's, so compare single samples with `mean of K` rows and with the "
           "classical (deterministic) baselines accordingly. `@N` = NFE budget of one chain (a `mean of K` row "
           "costs K times that: its NFE and seconds count all K chains, a single sample's one chain's share); "
-          "classical rows use no network. "
+          "a task whose chains spent other calls is named with them: `@16 (8 on denoise)` spent 8 calls per chain "
+          "on denoise (a `PSNR vs NFE` cell: `(8 calls)`); classical rows use no network. "
           "Peak memory: on CPU the growth of the process's resident memory during the call (memory already held "
           "from earlier calls is not counted, so small runs often show ~0); on CUDA the allocator's peak above "
           "its level at entry.", ""]
@@ -205,13 +238,13 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
             for t in tasks:
                 vals = numbers(groups.get((t, m, e, b), []), metric)
                 cells.append(f"{mean_std(vals)[0]:{fmt}} ± {mean_std(vals)[1]:{fmt}}" if vals else "–")
-            L.append(f"| {_label(m, e, b)} | " + " | ".join(cells) + " |")
+            L.append(f"| {_label(m, e, b, _spent(groups, tasks, m, e, b))} | " + " | ".join(cells) + " |")
         L.append("")
     if any(r.get("lpips") for r in rows):
         L += ["## LPIPS (mean)", "", "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
         for m, e, b in cols:
             cells = [f"{np.mean(v):.3f}" if (v := numbers(groups.get((t, m, e, b), []), "lpips")) else "–" for t in tasks]
-            L.append(f"| {_label(m, e, b)} | " + " | ".join(cells) + " |")
+            L.append(f"| {_label(m, e, b, _spent(groups, tasks, m, e, b))} | " + " | ".join(cells) + " |")
         L.append("")
 
     budgets = sorted({int(b) for (_, _, _, b) in groups if b not in ("0", "")})
@@ -221,8 +254,12 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
             L += [f"**{t}**", "", "| method | " + " | ".join(str(b) for b in budgets) + " |",
                   "|---|" + "---|" * len(budgets)]
             for m, e in dict.fromkeys((m, e) for (m, e, b) in cols if b != "0"):
-                cells = [f"{np.mean(v):.2f}" if (v := numbers(groups.get((t, m, e, str(b)), []), "psnr")) else "–"
-                         for b in budgets]
+                cells = []
+                for b in budgets:  # a cell whose chains spent other than its column's calls says what they spent
+                    rs = groups.get((t, m, e, str(b)), [])
+                    v, calls = numbers(rs, "psnr"), chain_calls(rs)
+                    other = f" ({_calls(calls)} calls)" if calls and calls != [b] else ""
+                    cells.append(f"{np.mean(v):.2f}{other}" if v else "–")
                 if any(c != "–" for c in cells):
                     L.append(f"| {_label(m, e, '0')} | " + " | ".join(cells) + " |")
             classical = [(m, e) for (m, e, b) in cols if b == "0"]
@@ -241,7 +278,8 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
             continue
         n = np.mean(nfe) if nfe else 0
         per = f"{np.mean(secs) / n:.3f}" if n else "–"
-        L.append(f"| {_label(m, e, b)} | {n:.0f} | {np.mean(secs):.2f} | {per} | "
+        counts = _calls(sorted({round(v) for v in nfe}, reverse=True)) if nfe else "0"  # each, not their mean
+        L.append(f"| {_label(m, e, b, _spent(groups, tasks, m, e, b))} | {counts} | {np.mean(secs):.2f} | {per} | "
                  f"{f'{np.mean(mem):.0f}' if mem else '–'} |")
     L.append("")
     failed = [r for r in rows if r.get("note")]
