@@ -1,5 +1,6 @@
 """The fifth reliability battery (issue 51), its deepinv user's items: F5, a nonlinear or complex
-physics at the bridge; F6, deepinv's Denoising restored as denoising. Each failed before its fix."""
+physics at the bridge; F6, deepinv's Denoising restored as denoising; F10, the docs' deepinv
+snippet in deepinv's current spelling. Each failed before its fix."""
 
 from __future__ import annotations
 
@@ -154,3 +155,18 @@ def test_a_torchvision_that_breaks_diffusers_is_named_with_the_fix(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", broken)
     with pytest.raises(ImportError, match=r"torchvision .* does not match torch .*pip uninstall torchvision"):
         load_prior()
+
+
+def test_the_deepinv_snippet_builds_its_kernel_as_deepinv_now_does():
+    """F10: docs/bring_your_own.md's deepinv example took its kernel from
+    ``dinv.physics.blur.gaussian_blur``, which deepinv replaced by
+    ``dinv.physics.functional.gaussian_blur`` (its docs and examples); that one makes a 1-D kernel
+    of a float sigma, so the snippet passes a pair."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "bring_your_own.md").read_text()
+    snippets = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "import deepinv" in b]
+    assert snippets and "physics.blur.gaussian_blur" not in text
+    calls = re.findall(r"dinv\.physics\.functional\.gaussian_blur\(sigma=([^)]*\))", "".join(snippets))
+    assert calls and all(c.startswith("(") for c in calls), calls
