@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from nfc_dps.kernel_estimation import centred_kernel, kernel_error, kernel_step
 from nfc_dps.operators.blur import BlurOperator
+from nfc_dps.operators.kernel_estimation import centred_kernel, kernel_error, kernel_step
 from nfc_dps.operators.kernels import gaussian_kernel, motion_kernel
 from nfc_dps.priors.training_data import load_skimage_image
 
