@@ -54,7 +54,8 @@ class Restoration:
     samples: the K individual samples, each clipped, stacked on a new first axis (None for one
         sample, or with ``keep_samples=False``): numpy (K, h, w[, C]), tensors (K, C, h, w) or
         (K, B, C, h, w).
-    nfe: network evaluations per sample trajectory. seconds: wall time. config: the sampler config.
+    nfe: network evaluations per sample trajectory (a blind blur's: those of all its restorations).
+        seconds: wall time (a blind blur's with the kernel's estimation). config: the sampler config.
     lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + c·edge(image) + eps), clipped to
         [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
     noise_sigma: the Gaussian noise std the restoration assumed, [0, 1] units: ``sigma_y``, or with
@@ -66,6 +67,8 @@ class Restoration:
         own frame in it (:meth:`photo` crops ``image``; crop ``std``, ``samples``, ``lower`` and
         ``upper`` alike); None where the restoration is not larger than the region the
         measurement lies over.
+    kernel: for a blind blur (task ``deblur_blind``) the kernel estimated from the photo, (s, s)
+        float32, sum 1, centred ((B, s, s) for a batch tensor), numpy for a numpy input; else None.
     """
 
     image: Any
@@ -78,6 +81,7 @@ class Restoration:
     upper: Any | None = None
     noise_sigma: float | list[float] | None = None
     frame: tuple[int, int, int, int] | None = None
+    kernel: Any | None = None
 
     def photo(self) -> Any:
         """``image`` cropped to the photo's own frame (``frame``; ``image`` itself where it is None),
@@ -200,6 +204,11 @@ def restore(
             restarts=restarts, **overrides))
     batch, back, noise, seeds, num_samples = checked_measurement(y, operator, sigma_y, noise, seed, num_samples,
                                                                   max_batch)
+    if operator.fitted_per_image:
+        return _restore_fitted(y, operator, batch, back, noise, seeds, dict(
+            prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
+            config=config, max_batch=max_batch, calibration=calibration, keep_samples=keep_samples,
+            restarts=restarts, **overrides))
     restarts = _checked_restarts(restarts, num_samples)
     prior, batch, input_device = checked_prior(prior, batch)
     cfg = _resolved_config(method, preset, config, overrides, num_samples)
@@ -258,7 +267,13 @@ def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noi
     kwargs["prior"] = checked_prior(kwargs["prior"], batch)[0]  # a folder is loaded once for every image
     parts = [restore(batch[b:b + 1], operator.select_images(torch.tensor([b])), sigma_y=sigmas[b], seed=[seeds[b]],
                      **kwargs) for b in range(batch.shape[0])]
+    out = _joined(parts, back)
+    out.noise_sigma = sigmas
+    return out
 
+
+def _joined(parts: list[Restoration], back: Callable[[Tensor], Any]) -> Restoration:
+    """One image's restorations (tensors, (1, C, h, w) each) as the batch's, in the input's container."""
     def joined(field: str) -> Any:
         values = [getattr(r, field) for r in parts]
         return None if values[0] is None else back(torch.cat(values))
@@ -267,8 +282,43 @@ def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noi
     if parts[0].samples is not None:  # (K, 1, C, h, w) each: image-major per sample
         per_sample = [back(torch.cat([r.samples[j] for r in parts])) for j in range(parts[0].samples.shape[0])]
         samples = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
+    kernel = None
+    if parts[0].kernel is not None:
+        kernel = torch.stack([torch.as_tensor(r.kernel) for r in parts])
+        kernel = kernel.numpy() if isinstance(back(parts[0].image), np.ndarray) else kernel
     return Restoration(joined("image"), joined("std"), samples, parts[0].nfe, sum(r.seconds for r in parts),
-                       parts[0].config, joined("lower"), joined("upper"), sigmas, parts[0].frame)
+                       parts[0].config, joined("lower"), joined("upper"), None, parts[0].frame, kernel)
+
+
+def _restore_fitted(y: Any, operator: LinearOperator, batch: Tensor, back: Callable[[Tensor], Any], noise: NoiseModel,
+                    seeds: list[int], kwargs: dict[str, Any]) -> Restoration:
+    """:func:`restore` with an operator that estimates something of each measurement (a blind blur's
+    kernel: :meth:`~nfc_dps.operators.base.LinearOperator.fitted`): each image fitted, then restored."""
+    one_image = not (isinstance(y, Tensor) and y.ndim == 4)
+    if batch.shape[0] > 1:  # a folder is loaded once for every image
+        kwargs["prior"] = checked_prior(kwargs["prior"], batch)[0]
+    parts = []
+    for b in range(batch.shape[0]):
+        t0 = time.perf_counter()
+        with tqdm(total=None, desc="kernel", unit="scale", disable=not kwargs["progress"], leave=False) as bar:
+            def advance(step: int, steps: int) -> None:
+                bar.total = steps
+                bar.update(step - bar.n)
+            fitted = operator.fitted(batch[b:b + 1], advance)
+        part = restore(batch[b:b + 1], fitted, noise=noise, seed=[seeds[b]], **kwargs)
+        nfe = part.nfe
+        for _ in range(fitted.refinements):  # the kernel again from the restoration, and the restoration again
+            fitted = fitted.refined(batch[b:b + 1], part.image)
+            part = restore(batch[b:b + 1], fitted, noise=noise, seed=[seeds[b]], **kwargs)
+            nfe += part.nfe
+        part.nfe, part.seconds = nfe, time.perf_counter() - t0
+        part.kernel = fitted.blur_kernel().detach().cpu()
+        parts.append(part)
+    out = _joined(parts, back)
+    if one_image:
+        out.kernel = out.kernel[0]
+    out.noise_sigma = noise.sigma if isinstance(noise, GaussianNoise) else None
+    return out
 
 
 def _checked_restarts(restarts: Any, num_samples: int) -> int:

@@ -39,7 +39,7 @@ UNFINISHED = "unfinished"
 #: the files of a run's records (a restore output folder's own, beside the images)
 RECORD_FILES = (MANIFEST, RESULTS_CSV, SUMMARY_JSON, RESOLVED_JSON)
 #: the subfolders that hold outputs named after an image's stem
-STEM_FOLDERS = ("std", "samples")
+STEM_FOLDERS = ("std", "samples", "kernels")
 RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "scored", "nfe", "seconds",
                  "size", "extent", "alpha", "noise_sigma", "error"]
 

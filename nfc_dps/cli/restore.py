@@ -76,7 +76,7 @@ from .restore_setup import input_folders, load_run_calibration, run_configs, run
 from .tasks import OperatorSource, resolve_task
 
 #: the subfolders of the output folder that restore writes (std maps, samples, torchrun's progress)
-OUTPUT_SUBFOLDERS = ("std", "samples", SHARD_DIR)
+OUTPUT_SUBFOLDERS = ("std", "samples", "kernels", SHARD_DIR)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,6 +93,7 @@ def cmd_restore(args) -> int:
     task = task_with_operator_files(args, task)
     sampler, seed, samples = run_sampler(args, bundle)
     args.calibration_loaded = load_run_calibration(args, task, sampler, samples, bundle)
+    args.estimates_kernel = TASKS[task.task].estimates == "kernel"  # its outputs include the kernel
     device = parse_device(args.device)
     set_threads(args.threads)
     operator_folders = {flag: Path(task.params[k]) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
@@ -181,7 +182,8 @@ def _names(args, inp: Path, images: list[Path], others: list[Path], out: Path, a
 def _check_outputs(args, out: Path, names: list[str], stems: list[str], samples: int) -> None:
     """The run's output names against each other and what the folder records (see :func:`_names`)."""
     earlier = earlier_runs(out)
-    plan = {name: planned_outputs(stem, samples, args.save_samples, args.calibration_loaded is not None)
+    kernel = getattr(args, "estimates_kernel", False)
+    plan = {name: planned_outputs(stem, samples, args.save_samples, args.calibration_loaded is not None, kernel)
             for name, stem in zip(names, stems)}
     check_output_names(plan, earlier, Path(args.output) / MANIFEST)
     if args.overwrite:

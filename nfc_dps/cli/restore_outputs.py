@@ -48,9 +48,10 @@ class Job:
 
 
 
-def planned_outputs(stem: str, samples: int, save_samples: bool, calibrated: bool) -> list[tuple[str, str]]:
+def planned_outputs(stem: str, samples: int, save_samples: bool, calibrated: bool,
+                    kernel: bool = False) -> list[tuple[str, str]]:
     """(path relative to the output folder, what it is) of each file :func:`write_outputs` writes for
-    the input of output stem ``stem``, the restoration first."""
+    the input of output stem ``stem``, the restoration first (``kernel``: a blind blur's estimate)."""
     files = [(f"{stem}.png", "restoration")]
     if samples > 1:
         files += [(f"std/{stem}.png", "std map"), (f"std/{stem}.npy", "std map")]
@@ -58,6 +59,8 @@ def planned_outputs(stem: str, samples: int, save_samples: bool, calibrated: boo
             files += [(f"samples/{stem}_{j}.png", "sample") for j in range(samples)]
     if calibrated:
         files += [(f"{stem}_{end}.png", f"{end} interval bound") for end in ("lower", "upper")]
+    if kernel:
+        files += [(f"kernels/{stem}.npy", "estimated kernel"), (f"kernels/{stem}.png", "estimated kernel")]
     return files
 
 
@@ -136,6 +139,10 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
         for end, bound in (("lower", res.lower), ("upper", res.upper)):
             extra.append((f"{item.out_stem}_{end}.png",
                           lambda p, a=to_numpy(bound[i:i + 1]): nio.write_image(p, np.clip(a, 0, 1), 16)))
+    if getattr(res, "kernel", None) is not None:  # a blind blur's estimate: reusable with --kernel
+        k = np.asarray(res.kernel[i] if res.kernel.ndim == 3 else res.kernel, dtype=np.float32)
+        extra.append((f"kernels/{item.out_stem}.npy", lambda p, k=k: nio.atomic_write_bytes(p, npy_bytes(k))))
+        extra.append((f"kernels/{item.out_stem}.png", lambda p, k=k: nio.write_image(p, k / k.max(), 16)))
     # write the extras first: the main image appearing last marks a complete set
     for rel, write in extra:
         write(out / rel)

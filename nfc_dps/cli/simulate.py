@@ -193,6 +193,11 @@ def cmd_simulate(args) -> int:
     log = Log(args.quiet)
     bundle = load_config(args.config or [])
     task = resolve_task(args, bundle, "simulate")
+    if TASKS[task.task].estimates == "kernel":  # its operator is a guess until fitted to a photo
+        size = task.params.get("kernel_size") or "N"
+        raise UsageError(f"--task {task.task} restores a photo whose kernel is unknown; to simulate a shaken photo "
+                         f"draw its kernel: simulate --task deblur_motion --param kernel_size={size} (the true kernel "
+                         f"lands in kernels/), then restore the measurements with --task {task.task}")
     seed = resolve_seed(args, bundle)
     inp = Path(args.input)
     check_input("--input", inp)

@@ -198,6 +198,23 @@ class LinearOperator(torch.nn.Module):
         the scene beyond the frame that the blur mixed in), else None."""
         return None
 
+    def fitted(self, y: Tensor, callback: Any = None) -> "LinearOperator":
+        """This operator with what it leaves unknown estimated from the measurement ``y`` (1, C, h, w)
+        in [0, 1] (a blind blur's kernel: :class:`~nfc_dps.operators.blind.BlindBlur`), the
+        restoration then runs on it; ``callback(step, steps)`` reports progress. Itself when nothing
+        is unknown."""
+        return self
+
+    #: :meth:`fitted` estimates something of each measurement: a batch is fitted image by image
+    fitted_per_image: bool = False
+    #: how many times :func:`nfc_dps.restore` re-estimates it with :meth:`refined` and restores again
+    refinements: int = 0
+
+    def refined(self, y: Tensor, x: Tensor) -> "LinearOperator":
+        """This operator with what :meth:`fitted` estimated re-estimated from the measurement ``y``
+        and a restoration ``x`` of it; itself when nothing is unknown."""
+        return self
+
     def norm_bound(self) -> float | Tensor:
         """A bound on ||A||^2 for gradient step sizes: 1 (the built-in operators are normalised, and an
         operator of your own is taken to be); a (B,) tensor where it holds per-image parameters."""

@@ -18,10 +18,12 @@ import numpy as np
 import torch
 
 from .base import LinearOperator
+from .blind import BlindBlur
 from .blur import BlurOperator
 from .colorize import Colorization
 from .denoising import Denoising
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
+from .kernel_estimation import default_kernel_size
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
 from .nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval
 from .superres import SuperResolution
@@ -48,6 +50,8 @@ class Task:
         of it are float TIFFs.
     rotation_twin: the image rotated by 180 degrees measures the same (phase retrieval): a score
         against the truth counts the better of the two.
+    estimates: "kernel" when the operator's kernel is estimated from each measurement (blind
+        deblurring): the restoration carries it (``Restoration.kernel``), the CLI writes it.
     """
 
     name: str
@@ -61,6 +65,7 @@ class Task:
     check_size: Callable[[dict[str, Any]], tuple[int, int]] = field(default=lambda p: (8, 8))
     unbounded: bool = False
     rotation_twin: bool = False
+    estimates: str | None = None
 
     @property
     def file_param(self) -> str | None:
@@ -133,6 +138,10 @@ TASKS: dict[str, Task] = _register(
     Task("deblur_kernel", "blur", {"kernel_path": None, "boundary": PHOTO_BOUNDARY},
          lambda h, w, seed, p: BlurOperator(load_kernel(p["kernel_path"]), p["boundary"]), reads="kernel",
          check_size=lambda p: (8, 8)),
+    # kernel_size 0: scaled with the photo (the image_size the CLI builds with), 31 px at 256 px
+    Task("deblur_blind", "blur", {"kernel_size": 0, "boundary": PHOTO_BOUNDARY},
+         lambda h, w, seed, p: BlindBlur(p["kernel_size"] or default_kernel_size(h, w), p["boundary"]),
+         estimates="kernel"),
     Task("denoise", "denoise", {}, lambda h, w, seed, p: Denoising()),
     Task("colorize", "other", {}, lambda h, w, seed, p: Colorization()),
     # nonlinear forward models (nfc_dps.operators.nonlinear)
