@@ -204,11 +204,6 @@ def restore(
             restarts=restarts, **overrides))
     batch, back, noise, seeds, num_samples = checked_measurement(y, operator, sigma_y, noise, seed, num_samples,
                                                                   max_batch)
-    if operator.fitted_per_image:
-        return _restore_fitted(y, operator, batch, back, noise, seeds, dict(
-            prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
-            config=config, max_batch=max_batch, calibration=calibration, keep_samples=keep_samples,
-            restarts=restarts, **overrides))
     restarts = _checked_restarts(restarts, num_samples)
     prior, batch, input_device = checked_prior(prior, batch)
     cfg = _resolved_config(method, preset, config, overrides, num_samples)
@@ -224,6 +219,11 @@ def restore(
     why = get_method(method).problem(method, operator, noise, cfg)
     if why:
         raise ValueError(why)
+    if operator.fitted_per_image:  # checked above as the blur it will be; fitted per image before restoring
+        return _restore_fitted(y, operator, batch.to(input_device), back, noise, seeds, dict(
+            prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
+            config=config, max_batch=max_batch, calibration=calibration, keep_samples=keep_samples,
+            restarts=restarts, **overrides))
     problem = _Problem.set_up(operator, batch, noise, prior)
     t0 = time.perf_counter()
     if restarts > 1:
@@ -295,8 +295,8 @@ def _restore_fitted(y: Any, operator: LinearOperator, batch: Tensor, back: Calla
     """:func:`restore` with an operator that estimates something of each measurement (a blind blur's
     kernel: :meth:`~nfc_dps.operators.base.LinearOperator.fitted`): each image fitted, then restored."""
     one_image = not (isinstance(y, Tensor) and y.ndim == 4)
-    if batch.shape[0] > 1:  # a folder is loaded once for every image
-        kwargs["prior"] = checked_prior(kwargs["prior"], batch)[0]
+    # the fitted operator's own error restored as noise (an estimated kernel is never exact)
+    restored_noise = noise.with_model_error(operator.model_error * noise.reference_std()) if operator.model_error else noise
     parts = []
     for b in range(batch.shape[0]):
         t0 = time.perf_counter()
@@ -305,11 +305,11 @@ def _restore_fitted(y: Any, operator: LinearOperator, batch: Tensor, back: Calla
                 bar.total = steps
                 bar.update(step - bar.n)
             fitted = operator.fitted(batch[b:b + 1], advance)
-        part = restore(batch[b:b + 1], fitted, noise=noise, seed=[seeds[b]], **kwargs)
+        part = restore(batch[b:b + 1], fitted, noise=restored_noise, seed=[seeds[b]], **kwargs)
         nfe = part.nfe
         for _ in range(fitted.refinements):  # the kernel again from the restoration, and the restoration again
             fitted = fitted.refined(batch[b:b + 1], part.image)
-            part = restore(batch[b:b + 1], fitted, noise=noise, seed=[seeds[b]], **kwargs)
+            part = restore(batch[b:b + 1], fitted, noise=restored_noise, seed=[seeds[b]], **kwargs)
             nfe += part.nfe
         part.nfe, part.seconds = nfe, time.perf_counter() - t0
         part.kernel = fitted.blur_kernel().detach().cpu()

@@ -97,6 +97,11 @@ class NoiseModel:
         """What run records and calibration files store of the model."""
         raise NotImplementedError
 
+    def with_model_error(self, std: float) -> "NoiseModel":
+        """This noise plus an independent Gaussian error of ``std`` ([0, 1] units): a forward model's
+        own error (an estimated blur kernel's) restored as noise."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class GaussianNoise(NoiseModel):
@@ -111,6 +116,9 @@ class GaussianNoise(NoiseModel):
         if value < 0:
             raise ValueError(f"GaussianNoise: sigma must be >= 0, got {value:g}")
         object.__setattr__(self, "sigma", value)
+
+    def with_model_error(self, std: float) -> "GaussianNoise":
+        return GaussianNoise(math.hypot(self.sigma, std))
 
     def sample(self, clean: Tensor, generators: Generators = None) -> Tensor:
         if self.sigma == 0:
@@ -158,6 +166,9 @@ class PoissonNoise(NoiseModel):
                              f"1 expects): give one in [{MIN_PEAK:g}, {MAX_PEAK:g}] (a sensor pixel holds up to "
                              f"about 1e6)")
         object.__setattr__(self, "peak", value)
+
+    def with_model_error(self, std: float) -> "PoissonGaussianNoise":
+        return PoissonGaussianNoise(self.peak, std)
 
     def _counts(self, clean: Tensor, generators: Generators) -> Tensor:
         rate = clean.clamp_min(0) * self.peak
@@ -213,6 +224,9 @@ class PoissonGaussianNoise(PoissonNoise):
         if value < 0:
             raise ValueError(f"PoissonGaussianNoise: sigma must be >= 0, got {value:g}")
         object.__setattr__(self, "sigma", value)
+
+    def with_model_error(self, std: float) -> "PoissonGaussianNoise":
+        return PoissonGaussianNoise(self.peak, math.hypot(self.sigma, std))
 
     def sample(self, clean: Tensor, generators: Generators = None) -> Tensor:
         counts = self._counts(clean, generators) / self.peak

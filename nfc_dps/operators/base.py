@@ -209,6 +209,9 @@ class LinearOperator(torch.nn.Module):
     fitted_per_image: bool = False
     #: how many times :func:`nfc_dps.restore` re-estimates it with :meth:`refined` and restores again
     refinements: int = 0
+    #: the operator's own error (an estimated kernel's), in units of the measurement noise's std:
+    #: :func:`nfc_dps.restore` restores as if that much independent Gaussian noise were added
+    model_error: float = 0.0
 
     def refined(self, y: Tensor, x: Tensor) -> "LinearOperator":
         """This operator with what :meth:`fitted` estimated re-estimated from the measurement ``y``

@@ -7,7 +7,8 @@ estimates the photograph's own kernel from the photo alone
 re-estimates it from a restoration (:func:`~nfc_dps.operators.kernel_estimation.kernel_step` on
 its strongest edges). :func:`nfc_dps.restore` fits the operator to each photo, restores, and
 refines ``refinements`` times (each a restoration more), so every method restores with the
-estimated kernel; the restoration carries it (``Restoration.kernel``).
+estimated kernel, taking the kernel's error as added noise (``model_error``); the restoration
+carries the kernel (``Restoration.kernel``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ __all__ = ["BlindBlur"]
 
 #: the fraction of a restoration's strongest gradients a refinement fits the kernel to
 REFINE_SALIENT = 0.1
+#: the estimated kernel's error, restored as Gaussian noise of this many times the measurement noise's
+#: std (under Gaussian noise σ the restoration assumes 2σ): chosen on validation crops (docs/notes/blind.md)
+KERNEL_ERROR_NOISE = 3 ** 0.5
 
 
 class BlindBlur(BlurOperator):
@@ -42,6 +46,7 @@ class BlindBlur(BlurOperator):
     """
 
     name = "blind_blur"
+    model_error = KERNEL_ERROR_NOISE
 
     def __init__(self, size: int, boundary: str = "valid", estimator: KernelEstimator = KernelEstimator(),
                  refinements: int = 2, kernel: Tensor | None = None) -> None:
