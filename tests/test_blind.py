@@ -152,3 +152,87 @@ def test_simulate_with_the_blind_task_names_how_to_draw_a_shaken_photo(tmp_path,
     code = main_with("simulate", "-i", tmp_path / "clean", "-o", tmp_path / "sim", "--task", "deblur_blind")
     assert code == 2
     assert "--task deblur_motion" in capsys.readouterr().err
+
+
+def test_shift_scores_find_the_shift_a_kernel_leaves_unknown():
+    from nfc_dps.bench.blind import shift_scores
+    from nfc_dps.metrics import psnr
+
+    truth = _shapes(64)
+    noisy = (truth + 0.02 * torch.randn(truth.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    frame = (8, 8, 48, 48)
+    moved = torch.roll(noisy, (1, -2), (-2, -1))  # the restoration one row down, two columns left
+    score, similarity = shift_scores(moved, truth, frame)
+    expected = float(psnr(noisy[..., 8:56, 8:56].double(), truth[..., 8:56, 8:56].double()))
+    assert score == pytest.approx(expected, abs=1e-6) and 0 < similarity < 1
+    assert float(psnr(moved[..., 8:56, 8:56].double(), truth[..., 8:56, 8:56].double())) < expected - 3
+
+
+def test_blind_table_reports_the_error_ratio_against_the_true_kernel_and_counts_failures():
+    from nfc_dps.bench.blind import blind_table
+
+    rows = [{"family": "shake31", "image": im, "method": m, "psnr": p, "ssim": "0.8", "kernel_error": e, "nfe": n,
+             "seconds": "1", "note": note}
+            for im, m, p, e, n, note in (("a", "nfc-true", "30", "", "16", ""), ("b", "nfc-true", "20", "", "16", ""),
+                                         ("a", "nfc-blind", "29", "0.3", "48", ""),
+                                         ("b", "nfc-blind", "", "", "", "ValueError: too small"))]
+    table = blind_table(rows)
+    blind = next(line for line in table.splitlines() if "nfc-blind" in line)
+    assert "(failed on 1 of 2)" in blind and "| 29.00 |" in blind
+    assert f"{10 ** 0.1:.2f} / {10 ** 0.1:.2f}" in blind and "| 0.30 | 48 |" in blind
+
+
+def test_the_blind_protocol_writes_its_rows_and_resumes(tmp_path, prior_dir):
+    from nfc_dps.bench.blind import blind_doc_table
+    from nfc_dps.bench.cli import main
+    from nfc_dps.bench.tables import load_results
+
+    out = tmp_path / "blind"
+    argv = ["--protocol", "blind", "--size", "96", "--tasks", "shake31", "--methods", "photo,nfc-true,classical",
+            "--image-names", "camera", "--prior", prior_dir, "--threads", "1", "--out", str(out), "--no-plots"]
+    assert main(argv) == 0
+    rows = load_results(out / "results.csv")
+    assert [r["method"] for r in rows] == ["photo", "nfc-true", "classical"]
+    assert all(r["psnr"] and not r["note"] for r in rows) and rows[2]["kernel_error"] and rows[0]["kernel_error"] == ""
+    assert "| shake31 | classical |" in blind_doc_table(out, "bench/")
+    before = (out / "results.csv").read_text()
+    assert main(argv) == 0 and (out / "results.csv").read_text() == before
+    assert main([*argv[:4], "--tasks", "motion7", "--out", str(tmp_path / "other")]) == 2  # not a family
+
+
+def test_a_method_that_cannot_take_the_blur_is_refused_before_the_estimation(monkeypatch, prior_dir):
+    def no_estimation(*a, **k):
+        raise AssertionError("estimated before refusing")
+
+    monkeypatch.setattr(BlindBlur, "fitted", no_estimation)
+    with pytest.raises(ValueError, match="DDRM needs a diagonalisable operator"):  # a valid blur has none
+        nfc_dps.restore(torch.rand(3, 48, 48), BlindBlur(7), prior=prior_dir, method="ddrm", sigma_y=0.01,
+                        progress=False)
+
+
+def test_a_large_photo_is_estimated_on_its_centre_crop():
+    from nfc_dps.operators.kernel_estimation import ESTIMATION_SIDE
+
+    x = _shapes(420, seed=2)[..., :410]
+    y = BlurOperator(motion_kernel(7, 0.5, 1), "valid").A(x)[0]
+    h, w = y.shape[-2:]
+    top, left = (h - ESTIMATION_SIDE) // 2, (w - ESTIMATION_SIDE) // 2
+    crop = y[:, top:top + ESTIMATION_SIDE, left:left + ESTIMATION_SIDE]
+    assert torch.equal(estimate_kernel(y, 7), estimate_kernel(crop, 7))
+
+
+def test_the_noise_models_take_a_model_error_as_added_gaussian_noise():
+    from nfc_dps.noise import GaussianNoise, PoissonGaussianNoise, PoissonNoise
+
+    assert GaussianNoise(0.01).with_model_error(3 ** 0.5 * 0.01).sigma == pytest.approx(0.02)
+    assert PoissonNoise(30.0).with_model_error(0.01) == PoissonGaussianNoise(30.0, 0.01)
+    assert PoissonGaussianNoise(30.0, 0.03).with_model_error(0.04).sigma == pytest.approx(0.05)
+
+
+def test_the_estimated_kernels_error_is_restored_as_noise(shaken, prior_dir):
+    """Under Gaussian noise σ the blind restoration is the restoration with its kernel at 2σ."""
+    y = shaken["y"][0, :, :48, :48]
+    blind = nfc_dps.restore(y, BlindBlur(13, refinements=0), prior=prior_dir, sigma_y=0.01, num_levels=2,
+                            progress=False)
+    known = nfc_dps.restore(y, BlindBlur(13).fitted(y), prior=prior_dir, sigma_y=0.02, num_levels=2, progress=False)
+    assert torch.equal(blind.image, known.image) and blind.noise_sigma == 0.01  # the level the photo has

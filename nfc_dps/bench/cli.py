@@ -24,6 +24,7 @@ from ..config import DEFAULT_NOISE_SIGMA, parse_scalar
 from ..noise import GaussianNoise, parse_noise
 from ..operators import noise_sigma_problem
 from ..priors.diffusers_prior import PRECISIONS
+from .blind import BlindTier
 from .calibration import DEFAULT_SETTINGS, Calibration
 from .grid import Grid
 from .mixture import Mixture
@@ -38,7 +39,9 @@ from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec, noise_pr
 #: the protocol class of each --protocol
 PROTOCOL_RUNS: dict[str, type[Protocol]] = {"local": Grid, "paper": Grid, "oracle": Oracle, "mixture": Mixture,
                                            "calibration": Calibration, "nonlinear": NonlinearTier,
-                                           "noise_level": NoiseLevelTier}
+                                           "noise_level": NoiseLevelTier, "blind": BlindTier}
+#: the protocols whose --tasks and --methods pick among their own settings and rows (empty: all)
+OWN_SETTINGS = ("mixture", "calibration", "nonlinear", "noise_level", "blind")
 
 
 def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
@@ -76,7 +79,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "(nfc_dps.bench.calibration; --tasks picks its settings); nonlinear: HDR, phase retrieval, "
                         "camera blur and Poisson noise on the held-out photos (nfc_dps.bench.nonlinear; --tasks "
                         "picks its settings, --methods its rows); noise_level: sigma_y=auto's estimate and its cost "
-                        "in PSNR (nfc_dps.bench.noise_level; --methods estimate skips the restorations)")
+                        "in PSNR (nfc_dps.bench.noise_level; --methods estimate skips the restorations); blind: the kernel "
+                        "unknown, estimated from each photo (nfc_dps.bench.blind; --tasks picks the kernel families, "
+                        "--methods the rows)")
     p.add_argument("--profile", action="store_true", help="time per NFE vs the bare network forward, with a breakdown")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
     p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
@@ -204,7 +209,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         if fixed:
             raise ValueError(f"{', '.join(fixed)}: the oracle protocol runs its fixed configurations "
                              f"(nfc_dps.bench.oracle.oracle_configs), which these flags would not change")
-    default_size = (256 if (protocol == "paper" or args.profile) else 32 if protocol == "mixture"
+    default_size = (256 if (protocol in ("paper", "blind") or args.profile) else 32 if protocol == "mixture"
                     else 128 if protocol == "noise_level" else 64)
     if args.profile and not (args.out):
         args.out = Path("runs/bench/profile")
@@ -216,14 +221,14 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         unknown = [m for m in methods if m not in allowed]
         if unknown:
             raise ValueError(f"--methods {','.join(unknown)}: the oracle protocol runs {','.join(allowed)}")
-    elif protocol not in ("mixture", "calibration", "nonlinear", "noise_level") or args.profile:
+    elif protocol not in OWN_SETTINGS or args.profile:
         known = task_specs("paper" if protocol == "paper" else "local", 64, "circular")
         unknown = [t for t in tasks if t not in known]
         if unknown:
             raise ValueError(f"--tasks {','.join(unknown)}: unknown; choose from {', '.join(known)}")
     if noise:
         methods = _methods_taking(noise, methods, given=bool(_str_list(args.methods)))
-    if protocol in ("mixture", "calibration", "nonlinear", "noise_level"):  # empty: the protocol's settings and samplers
+    if protocol in OWN_SETTINGS:  # empty: the protocol's settings and samplers
         tasks, methods = _str_list(args.tasks), _str_list(args.methods)
     return BenchSpec(
         protocol=protocol, out=Path(args.out or f"runs/bench/{protocol}"), prior=args.prior, images=args.images,

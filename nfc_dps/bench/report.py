@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..io import atomic_write_text
+from .blind import blind_doc_table
 from .calibration_report import conformal_table
 from .noise_level import noise_level_doc_table
 from .nonlinear import nonlinear_doc_table
@@ -69,6 +70,7 @@ PAGE_TABLES: dict[str, tuple[str, ...]] = {
     "docs/scale.md": ("scale_cpu", "restore_throughput"),
     "docs/nonlinear.md": ("nonlinear64",),
     "docs/noise_level.md": ("noise_level256", "noise_level128"),
+    "docs/blind.md": ("blind256",),
     "README.md": ("which",),
 }
 PAGES = tuple(PAGE_TABLES)
@@ -98,7 +100,8 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "local_k4_25": lambda: grid_table([src("local_k4_25")], blink),
         "local100": lambda: grid_table([src("local")], blink),
         "local_default": lambda: grid_table([src("local_default")], blink, std=False),
-        "which": lambda: which_table(src("local256_det"), src("local256_50nfe"), blink),
+        "which": lambda: which_table(src("local256_det"), src("local256_50nfe"), blink,
+                                     bench / "blind256" / "results.csv"),
         "calibration": lambda: calibration_table([bench / "calibration" / "calibration.csv",
                                                   bench / "calibration_nfc100" / "calibration.csv"], blink),
         "conformal_oracles": lambda: conformal_table([_conformal_csv(bench / "conformal_oracles" / "conformal.csv")],
@@ -116,6 +119,7 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "nonlinear64": lambda: nonlinear_doc_table(bench / "nonlinear64", blink),
         "noise_level256": lambda: noise_level_doc_table(bench / "noise_level256", blink),
         "noise_level128": lambda: noise_level_doc_table(bench / "noise_level128", blink),
+        "blind256": lambda: blind_doc_table(bench / "blind256", blink),
         "scale_cpu": lambda: scale_table(bench / "scale_cpu.json", blink),
         "restore_throughput": lambda: throughput_table(bench / "restore_throughput.json", blink),
     }

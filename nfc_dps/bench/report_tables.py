@@ -273,9 +273,17 @@ def glance_table(sized: Sequence[tuple[str, Source]], link: str) -> str:
     return "\n".join(L)
 
 
-def which_table(det: Source, stoch: Source, link: str) -> str:
-    """README's "which method when": what to call, its network calls, and its 256-px PSNR per task."""
+def which_table(det: Source, stoch: Source, link: str, blind: Path | None = None) -> str:
+    """README's "which method when": what to call, its network calls, and its 256-px PSNR per task;
+    with ``blind`` (a blind protocol's results.csv) a column for the kernel unknown."""
     g_det, g_st = group_rows(det.rows), group_rows(stoch.rows)
+    blind_rows = load_results(blind) if blind is not None else []
+
+    def blind_cell(method: str) -> str:
+        if not blind_rows:
+            return ""
+        psnrs = [float(r["psnr"]) for r in blind_rows if r["method"] == method and r["psnr"] not in ("", "nan")]
+        return f" | {np.mean(psnrs):.2f}" if psnrs else " | –"
 
     def means(groups, method):
         return {t: mean_std(v)[0] for (t, m, _, _), rs in groups.items() if m == method
@@ -289,18 +297,27 @@ def which_table(det: Source, stoch: Source, link: str) -> str:
             ("DPIR, a published plug-and-play method", "`method=\"dpir\"`", "dpir", g_det),
             ("DPIR at its published 24 iterations", "`method=\"dpir\", preset=\"paper\"`", "dpir:paper", g_det),
             ("DDNM+, a null-space diffusion sampler", "`method=\"ddnm\", num_steps=50`", "ddnm", g_st)]
-    L = ["| you want | call | network calls | " + " | ".join(TASK_LABELS[t] for t in TASKS) + " |",
-         "|---|---|---|" + "---|" * len(TASKS)]
+    blind_of = {"nfc:deterministic": "nfc-blind", "dpir": "dpir-blind"}
+    L = ["| you want | call | network calls | " + " | ".join(TASK_LABELS[t] for t in TASKS)
+         + (" | blind deblur |" if blind_rows else " |"),
+         "|---|---|---|" + "---|" * (len(TASKS) + bool(blind_rows))]
     for want, call, method, groups in rows:
         m = means(groups, method)
         rs = [r for (_, mm, e, _), g in groups.items() if mm == method for r in g]
         nfe = _fmt_nfe(rs) + ("" if all(r["estimator"] == "deterministic" for r in rs) else " per sample")
-        L.append(f"| {want} | {call} | {nfe} | " + " | ".join(f"{m[t]:.2f}" if t in m else "–" for t in TASKS) + " |")
+        L.append(f"| {want} | {call} | {nfe} | " + " | ".join(f"{m[t]:.2f}" if t in m else "–" for t in TASKS)
+                 + blind_cell(blind_of.get(method, "")) + " |")
     best = _best(det, CLASSICAL)
     L.append("| no network at all | `nfc_dps.baselines.restore_classical` | 0 | "
-             + " | ".join(f"{best[t][0]:.2f} ({best[t][1]})" if t in best else "–" for t in TASKS) + " |")
+             + " | ".join(f"{best[t][0]:.2f} ({best[t][1]})" if t in best else "–" for t in TASKS)
+             + (blind_cell("classical") + " (L0 kernel + TV)" if blind_rows else "") + " |")
     L += ["", "PSNR in dB, mean over the 3 held-out photos of the 256-px tier (one draw for the sampling rows). "
           "Source: " + _caption(det, link) + " " + _caption(stoch, link)]
+    if blind_rows:
+        L[-1] += (f" Blind deblur: the kernel unknown, `build_operator(\"deblur_blind\", kernel_size=...)` (the "
+                  f"estimation, then three restorations: NFC's calls are three times the default's), mean over "
+                  f"the 4 held-out photos and both kernel families of [docs/blind.md](docs/blind.md); source: "
+                  f"[`{blind.parent.name}/{blind.name}`]({link}{blind.parent.name}/{blind.name}).")
     return "\n".join(L)
 
 

@@ -16,7 +16,7 @@ from ..samplers import METHODS, get_config, get_method
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
 DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
-PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration", "nonlinear", "noise_level")
+PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration", "nonlinear", "noise_level", "blind")
 
 FORMAT_VERSION = 1
 

@@ -1,0 +1,220 @@
+"""Blind deblurring on the held-out photos (``--protocol blind``): the kernel unknown to the method.
+
+Each held-out photo (the centre 256 px: ``--size``) is the scene; a kernel per (family, image) blurs it with the
+scene going on past the frame (boundary "valid": the photo is 256 - s + 1 px), noise σ 0.01. Kernel
+families: ``motion61``, the paper protocol's 61-px camera-shake kernels (:func:`motion_kernel`,
+intensity 0.5), and ``shake31``, 31-px hand-shake trajectories of a second generator
+(:func:`shake_kernel`, after Boracchi and Foi). Methods:
+
+- ``nfc-blind``: NFC's default on :class:`~nfc_dps.operators.blind.BlindBlur` (the kernel estimated
+  from the photo, re-estimated from the restoration twice);
+- ``nfc-true``: NFC's default with the true kernel (the bound the error ratio is taken against);
+- ``nfc-gaussian``: NFC's default with a Gaussian guess of the kernel's size (std size / 10);
+- ``classical``: the classical blind method, the kernel from the photo alone (L0 coarse to fine,
+  :func:`~nfc_dps.operators.kernel_estimation.estimate_kernel`), then TV with it;
+- ``dpir-blind``: DPIR on the same blind operator (its restorations refine the kernel);
+- ``photo``: the blurred photo as it came (no restoration), scored the same way.
+
+Scores are on the photo's own frame and, as Levin et al. compare blind results, up to an integer
+shift of at most ``MAX_SHIFT`` px (a kernel is estimated up to a shift, which moves the image).
+
+Rows (results.csv): family, image, method, psnr, ssim, kernel_error (up to a shift, relative L2),
+nfe, seconds, note.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Hashable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..api import restore
+from ..baselines import restore_classical
+from ..io import atomic_write_text
+from ..metrics import psnr, ssim
+from ..operators import BlindBlur, BlurOperator, gaussian_kernel, motion_kernel, shake_kernel
+from ..operators.kernel_estimation import estimate_kernel, kernel_error
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..restore_inputs import stable_seed
+from .measurements import _center_crop_zoom
+from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
+from .tables import fmt, load_results
+
+RESULTS = Table("results.csv", ("family", "image", "method", "psnr", "ssim", "kernel_error", "nfe", "seconds", "note"),
+                ("family", "image", "method"), ("family",))
+#: kernel family -> (size, its generator (size, seed) -> kernel, what the page calls it)
+FAMILIES: dict[str, tuple[int, Callable[[int, int], torch.Tensor], str]] = {
+    "motion61": (61, lambda size, seed: motion_kernel(size, 0.5, seed), "61-px camera shake (paper protocol)"),
+    "shake31": (31, shake_kernel, "31-px hand-shake trajectories (second generator)"),
+}
+METHODS = ("nfc-blind", "nfc-true", "nfc-gaussian", "classical", "dpir-blind", "photo")
+SIGMA = 0.01
+#: the largest integer shift the scores are taken up to, px
+MAX_SHIFT = 3
+
+
+def shift_scores(image: torch.Tensor, truth: torch.Tensor, frame: tuple[int, int, int, int]) -> tuple[float, float]:
+    """(PSNR, SSIM) of ``image`` against ``truth`` ((1, C, H, W), the scene) on the photo's ``frame``
+    (top, left, h, w), at the integer shift of at most MAX_SHIFT px that gives the best PSNR."""
+    top, left, h, w = frame
+    ref = truth[..., top:top + h, left:left + w].double()
+    best = (-np.inf, 0, 0)
+    for dy in range(-MAX_SHIFT, MAX_SHIFT + 1):
+        for dx in range(-MAX_SHIFT, MAX_SHIFT + 1):
+            t, l = top + dy, left + dx
+            if t < 0 or l < 0 or t + h > image.shape[-2] or l + w > image.shape[-1]:
+                continue
+            score = float(psnr(image[..., t:t + h, l:l + w].double().clamp(0, 1), ref))
+            best = max(best, (score, dy, dx))
+    score, dy, dx = best
+    part = image[..., top + dy:top + dy + h, left + dx:left + dx + w].double().clamp(0, 1)
+    return score, float(ssim(part, ref))
+
+
+class BlindTier(Protocol):
+    """Per kernel family a group of photos; per photo every method's restoration."""
+
+    tables = (RESULTS,)
+
+    def prepare(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device
+        unknown = [t for t in spec.tasks if t not in FAMILIES]
+        if unknown:
+            raise ValueError(f"--tasks {','.join(unknown)}: the blind protocol's kernel families are {', '.join(FAMILIES)}")
+        bad = [m for m in spec.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"--methods {','.join(bad)}: the blind protocol's are {', '.join(METHODS)}")
+        self.families = list(spec.tasks or FAMILIES)
+        self.methods = list(spec.methods or METHODS)
+        names = spec.image_names or HELDOUT_IMAGES
+        self.names = list(names[: spec.num_images] if spec.num_images else names)
+        self.prior = load_bench_prior(spec, device)
+        self.prior_info = prior_record(spec.prior)
+
+    def record(self) -> dict[str, Any]:
+        return folder_record(self.spec, {}, self.prior_info, self.prior.precision)
+
+    def cases(self) -> list[Case]:
+        return [Case((f,), f, tuple((f, n, m) for n in self.names for m in self.methods)) for f in self.families]
+
+    def row_labels(self, rows: Sequence[Row]) -> set[str]:
+        return {r["method"] for r in rows}
+
+    def setup(self, group: Hashable, log: Callable[[str], None] = print) -> SimpleNamespace:
+        """The family's truths x (N, 3, size, size), kernels and seeded photos y (valid blur)."""
+        family = group
+        size, draw, _ = FAMILIES[family]
+        x = torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), self.spec.size, 1)).permute(2, 0, 1)
+                         for n in self.names]).float()
+        kernels = [draw(size, stable_seed(self.spec.seed, "blind-kernel", family, n)) for n in self.names]
+        ys = [BlurOperator(k, "valid").measure(x[i:i + 1], SIGMA, torch.Generator().manual_seed(
+            stable_seed(self.spec.seed, "blind-noise", family, n))) for i, (k, n) in enumerate(zip(kernels, self.names))]
+        return SimpleNamespace(family=family, size=size, x=x, kernels=kernels, y=ys)
+
+    def _restored(self, c: SimpleNamespace, i: int, name: str, method: str) -> tuple[torch.Tensor, Any, int]:
+        """(the scene restored (1, C, H, W), the kernel the method estimated or None, network calls)."""
+        y, size, seed = c.y[i].to(self.device), c.size, stable_seed(self.spec.seed, "blind-restore", c.family, name)
+        if method == "photo":  # on the scene's grid, at the frame it lies over
+            frame = BlurOperator(c.kernels[i], "valid").measured_frame((1, 3, *c.x.shape[-2:]))
+            canvas = torch.zeros_like(c.x[i:i + 1])
+            canvas[..., frame[0]:frame[0] + frame[2], frame[1]:frame[1] + frame[3]] = c.y[i].clamp(0, 1)
+            return canvas, None, 0
+        if method == "classical":
+            kernel = estimate_kernel(y[0].cpu(), size)
+            return restore_classical("tv", BlurOperator(kernel.float(), "valid").to(self.device), y, SIGMA).cpu(), kernel, 0
+        kernels = {"nfc-true": c.kernels[i], "nfc-gaussian": gaussian_kernel(size, size / 10)}
+        operator = BlurOperator(kernels[method], "valid") if method in kernels else BlindBlur(size)
+        out = restore(y, operator.to(self.device), prior=self.prior, method="dpir" if method == "dpir-blind" else "nfc",
+                      sigma_y=SIGMA, seed=seed, progress=False)
+        return out.image.cpu(), out.kernel, out.nfe
+
+    def measure(self, c: SimpleNamespace, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
+        for i, name in enumerate(self.names):
+            for method in self.methods:
+                key = (c.family, name, method)
+                if key in done:
+                    continue
+                t0 = time.perf_counter()
+                row: Row = {"family": c.family, "image": name, "method": method, "psnr": "", "ssim": "",
+                            "kernel_error": "", "nfe": "", "note": ""}
+                try:
+                    image, kernel, nfe = self._restored(c, i, name, method)
+                    frame = BlurOperator(c.kernels[i], "valid").measured_frame(tuple(image.shape))
+                    score, similarity = shift_scores(image, c.x[i:i + 1], frame)
+                    row.update(psnr=round(score, 4), ssim=round(similarity, 4), nfe=nfe,
+                               kernel_error="" if kernel is None else round(kernel_error(kernel, c.kernels[i]), 4))
+                except Exception as e:  # noqa: BLE001 - a failing method is a noted row
+                    row["note"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+                row["seconds"] = round(time.perf_counter() - t0, 2)
+                log(f"{c.family} {name} {method}: {row['psnr'] or row['note']}")
+                yield RESULTS.file, row
+
+    def header(self) -> dict[str, Any]:
+        return {"images": f"{', '.join(self.names)} ({self.spec.size} px scenes, valid blur, noise σ {SIGMA})",
+                "prior": self.prior_info, "families": "; ".join(f"{f}: {FAMILIES[f][2]}" for f in self.families),
+                "scores": f"on the photo's frame, up to an integer shift of at most {MAX_SHIFT} px"}
+
+    def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+        lines = [f"- {k}: {v}" for k, v in header.items()]
+        atomic_write_text(self.spec.out / "summary.md", "# Blind deblurring\n\n" + "\n".join(lines)
+                          + "\n\n" + blind_table(tables[RESULTS.file]) + "\n")
+        return {}
+
+
+def _number(row: Row, column: str) -> float | None:
+    value = str(row.get(column, ""))
+    return None if value in ("", "nan") else float(value)
+
+
+def blind_table(rows: list[Row]) -> str:
+    """Per kernel family and method: mean PSNR and SSIM, the error ratio against NFC with the true
+    kernel (MSE ratio, mean and worst over the images), the kernel's error, network calls and
+    seconds per image; failed images are counted in the row, never left out silently."""
+    families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
+    L = ["| kernels | method | PSNR | SSIM | error ratio (mean / worst) | kernel error | NFE | s / image |",
+         "|---|---|---|---|---|---|---|---|"]
+    for f in families:
+        mine = [r for r in rows if r["family"] == f]
+        bound = {r["image"]: _number(r, "psnr") for r in mine if r["method"] == "nfc-true"}
+        for m in [m for m in METHODS if any(r["method"] == m for r in mine)]:
+            rs = [r for r in mine if r["method"] == m]
+            ok = [r for r in rs if _number(r, "psnr") is not None]
+            failed = len(rs) - len(ok)
+            if not ok:
+                L.append(f"| {f} | {m} | failed on {failed} of {len(rs)} | | | | | |")
+                continue
+            ratios = [10 ** ((bound[r["image"]] - _number(r, "psnr")) / 10) for r in ok if bound.get(r["image"]) is not None]
+            errors = [e for e in (_number(r, "kernel_error") for r in ok) if e is not None]
+            cells = [fmt(float(np.mean([_number(r, "psnr") for r in ok])), ".2f"),
+                     fmt(float(np.mean([_number(r, "ssim") for r in ok])), ".3f"),
+                     f"{fmt(float(np.mean(ratios)), '.2f')} / {fmt(max(ratios), '.2f')}" if ratios else "–",
+                     fmt(float(np.mean(errors)), ".2f") if errors else "–",
+                     str(int(np.mean([float(r["nfe"] or 0) for r in ok]))),
+                     fmt(float(np.mean([float(r["seconds"]) for r in ok])), ".1f")]
+            label = m + (f" (failed on {failed} of {len(rs)})" if failed else "")
+            L.append(f"| {f} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(L)
+
+
+def blind_doc_table(folder: Path, link: str) -> str:
+    """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
+    from .report import read_header
+
+    path = folder / RESULTS.file
+    if not path.is_file():
+        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
+    rows = load_results(path)
+    for i, r in enumerate(rows, start=2):
+        try:
+            [float(r[c]) for c in ("psnr", "ssim", "kernel_error", "nfe") if r[c] != ""]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
+    h = read_header(folder / "summary.md")
+    rel = f"{link}{folder.name}/{RESULTS.file}"
+    return (blind_table(rows) + f"\n\nSource: [`{folder.name}/{RESULTS.file}`]({rel}); {h.get('images', '?')}; "
+            f"scores {h.get('scores', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
