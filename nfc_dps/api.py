@@ -58,10 +58,10 @@ class Restoration:
         seconds: wall time (a blind blur's with the kernel's estimation). config: the sampler config.
     lower, upper: with ``calibration``, the calibrated interval image ∓ q (std + c·edge(image) + eps), clipped to
         [0, 1] (:mod:`nfc_dps.conformal`); None otherwise.
-    noise_sigma: the Gaussian noise std the restoration assumed, [0, 1] units: ``sigma_y``, or with
+    noise_sigma: the measurement's Gaussian noise std, [0, 1] units: ``sigma_y``, or with
         ``sigma_y="auto"`` the estimate (a float for one image, a list of one per image for a batch
-        (B, C, h, w));
-        None under a non-Gaussian noise model.
+        (B, C, h, w)); None under a non-Gaussian noise model. A blind blur restores assuming more
+        (its kernel's error: ``LinearOperator.model_error``).
     frame: for a photograph's blur (boundary "valid") the restoration is the whole scene, larger
         than the photo by the kernel less one; ``frame`` = (top, left, height, width) of the photo's
         own frame in it (:meth:`photo` crops ``image``; crop ``std``, ``samples``, ``lower`` and
@@ -211,6 +211,9 @@ def restore(
         raise ValueError(f"restarts={restarts}: this {method} config is deterministic (every restart would be the "
                          f"same); restart a stochastic one, e.g. method='daps' or preset='fast'")
     if calibration is not None:
+        if operator.fitted_per_image:
+            raise ValueError(f"calibrated intervals hold for the operator they were fitted with; {operator.name}'s is "
+                             f"estimated from each measurement, whose error no calibration holds")
         if not isinstance(noise, GaussianNoise):
             raise ValueError(f"calibrated intervals are fitted under Gaussian noise; this measurement's noise is {noise}")
         calibration = load_calibration(calibration)
@@ -284,7 +287,7 @@ def _joined(parts: list[Restoration], back: Callable[[Tensor], Any]) -> Restorat
         samples = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
     kernel = None
     if parts[0].kernel is not None:
-        kernel = torch.stack([torch.as_tensor(r.kernel) for r in parts])
+        kernel = torch.cat([torch.as_tensor(r.kernel).reshape(-1, *r.kernel.shape[-2:]) for r in parts])
         kernel = kernel.numpy() if isinstance(back(parts[0].image), np.ndarray) else kernel
     return Restoration(joined("image"), joined("std"), samples, parts[0].nfe, sum(r.seconds for r in parts),
                        parts[0].config, joined("lower"), joined("upper"), None, parts[0].frame, kernel)

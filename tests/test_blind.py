@@ -135,7 +135,7 @@ def test_cli_writes_the_kernel_beside_the_restoration_and_it_can_be_reused(tmp_p
                      "--kernel", kernel, *common) == 0
 
 
-def test_cli_refuses_to_replace_a_users_kernel_file(tmp_path, prior_dir):
+def test_cli_refuses_to_replace_a_users_kernel_file(tmp_path, prior_dir, capsys):
     make_images(tmp_path / "photos", 1, h=48, w=48)
     out = tmp_path / "out"
     (out / "kernels").mkdir(parents=True)
@@ -145,6 +145,7 @@ def test_cli_refuses_to_replace_a_users_kernel_file(tmp_path, prior_dir):
     code = main_with("restore", "-i", tmp_path / "photos", "-o", out, "--task", "deblur_blind", "--param",
                      "kernel_size=7", "--steps", "2", "--prior", prior_dir)
     assert code == 2 and mine.read_bytes() == b"the user's own file"
+    assert "kernels/" in capsys.readouterr().err
 
 
 def test_simulate_with_the_blind_task_names_how_to_draw_a_shaken_photo(tmp_path, capsys):
@@ -236,3 +237,50 @@ def test_the_estimated_kernels_error_is_restored_as_noise(shaken, prior_dir):
                             progress=False)
     known = nfc_dps.restore(y, BlindBlur(13).fitted(y), prior=prior_dir, sigma_y=0.02, num_levels=2, progress=False)
     assert torch.equal(blind.image, known.image) and blind.noise_sigma == 0.01  # the level the photo has
+
+
+def test_auto_noise_level_on_a_batch_gives_one_kernel_per_image(shaken, prior_dir, tmp_path):
+    y = shaken["y"][:, :, :48, :48]
+    batch = torch.cat([y, y.flip(-1)])
+    out = nfc_dps.restore(batch, BlindBlur(13, refinements=0), prior=prior_dir, sigma_y="auto", num_levels=2,
+                          progress=False)
+    assert out.kernel.shape == (2, 13, 13) and len(out.noise_sigma) == 2
+    # and through the command line, two photos in one sampler call
+    make_images(tmp_path / "photos", 2, h=48, w=48)
+    out_dir = tmp_path / "out"
+    assert main_with("restore", "-i", tmp_path / "photos", "-o", out_dir, "--task", "deblur_blind", "--param",
+                     "kernel_size=7", "--noise-sigma", "auto", "--batch-size", "2", "--steps", "2",
+                     "--prior", prior_dir) == 0
+    assert all(np.load(f).shape == (7, 7) for f in (out_dir / "kernels").glob("*.npy"))
+
+
+def test_a_kernel_reused_from_the_output_folder_is_refused_before_any_work(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "photos", 1, h=48, w=48)
+    out = tmp_path / "out"
+    common = ("--steps", "2", "--prior", prior_dir, "--noise-sigma", "0.01")
+    assert main_with("restore", "-i", tmp_path / "photos", "-o", out, "--task", "deblur_blind", "--param",
+                     "kernel_size=7", *common) == 0
+    kernel = next((out / "kernels").glob("*.npy"))
+    before = kernel.read_bytes()
+    capsys.readouterr()
+    assert main_with("restore", "-i", tmp_path / "photos", "-o", out, "--task", "deblur_kernel", "--kernel", kernel,
+                     *common) == 2
+    assert "kernels/ of the output folder" in capsys.readouterr().err and kernel.read_bytes() == before
+
+
+def test_a_photo_too_small_for_the_kernel_is_refused_by_the_cli_before_any_work(tmp_path, prior_dir, capsys):
+    make_images(tmp_path / "photos", 1, h=32, w=32)
+    assert main_with("restore", "-i", tmp_path / "photos", "-o", tmp_path / "out", "--task", "deblur_blind",
+                     "--param", "kernel_size=31", "--steps", "2", "--prior", prior_dir) == 2
+    assert "too small to estimate a 31-px kernel" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_calibration_is_refused_for_the_blind_task(tmp_path, prior_dir, capsys):
+    with pytest.raises(ValueError, match="estimated from each measurement"):
+        nfc_dps.restore(torch.rand(3, 48, 48), BlindBlur(7), prior=prior_dir, sigma_y=0.01, preset="fast",
+                        num_samples=2, calibration=object(), progress=False)
+    make_images(tmp_path / "photos", 2, h=48, w=48)
+    assert main_with("calibrate", "--images", tmp_path / "photos", "--task", "deblur_blind", "--out",
+                     tmp_path / "cal.json", "--prior", prior_dir, "--samples", "2", "--preset", "fast") == 2
+    assert "calibrate the task with the kernel known" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from ..conformal import (
     prior_fingerprint,
     sampler_fields,
 )
+from ..operators import TASKS
 from ..restore_inputs import as_batch, stable_seed
 from ..samplers.common import PriorRangeError
 from .common import (
@@ -152,6 +153,10 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
     UsageError (or ConfigError) naming the flag before any work."""
     bundle = load_config(list(args.config or []))
     task = resolve_task(args, bundle, "calibrate")
+    if TASKS[task.task].estimates:  # no calibration holds an estimated operator's error
+        raise UsageError(f"--task {task.task}: its {TASKS[task.task].estimates} is estimated from each photo, and "
+                         f"calibrated intervals hold only for the operator they were fitted with; calibrate the task "
+                         f"with the kernel known (deblur_kernel, deblur_motion)")
     check_operator_file(task, None)
     if task.noise:
         raise UsageError(f"--noise {task.noise}: calibrated intervals are fitted and checked under Gaussian noise "

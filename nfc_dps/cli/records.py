@@ -91,13 +91,13 @@ def recorded_stems(out: Path) -> dict[str, str]:
 
 def stem_candidates(rel: str) -> list[str]:
     """The output stems whose image may have written ``rel`` (a path relative to the output folder):
-    <s>.png, <s>_lower.png, <s>_upper.png, std/<s>.png|.npy, samples/<s>_<j>.png."""
+    <s>.png, <s>_lower.png, <s>_upper.png, std/<s>.png|.npy, kernels/<s>.npy|.png, samples/<s>_<j>.png."""
     path = PurePosixPath(rel)
     stem, folder = path.stem, str(path.parent)
     if folder == "samples":
         m = re.fullmatch(r"(.+)_\d+", stem)
         return [m.group(1)] if m else []
-    if folder == "std":
+    if folder in ("std", "kernels"):
         return [stem]
     if folder != ".":
         return []
@@ -111,7 +111,8 @@ def output_kind(rel: str, stem: str) -> str:
     for end in ("lower", "upper"):
         if rel.casefold() == f"{stem}_{end}.png".casefold():
             return f"{end} interval bound"
-    return {"std": "std map", "samples": "sample"}.get(str(PurePosixPath(rel).parent), "output")
+    return {"std": "std map", "samples": "sample", "kernels": "estimated kernel"}.get(str(PurePosixPath(rel).parent),
+                                                                                     "output")
 
 
 @dataclass

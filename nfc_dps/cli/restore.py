@@ -98,7 +98,9 @@ def cmd_restore(args) -> int:
     set_threads(args.threads)
     operator_folders = {flag: Path(task.params[k]) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
                         if k in task.params and Path(task.params[k]).is_dir()}
-    read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items())
+    operator_files = [(flag, Path(task.params[k])) for k, flag in (("mask_path", "--mask"), ("kernel_path", "--kernel"))
+                      if k in task.params and task.params[k] and Path(task.params[k]).is_file()]
+    read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items()) + operator_files
     images, others = read_inputs("--input", inp)
     first = first_image(images, any_range=True)  # as each measurement is read: phase retrieval's too
     if first is not None and task.task == "colorize":

@@ -141,6 +141,8 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
                           lambda p, a=to_numpy(bound[i:i + 1]): nio.write_image(p, np.clip(a, 0, 1), 16)))
     if getattr(res, "kernel", None) is not None:  # a blind blur's estimate: reusable with --kernel
         k = np.asarray(res.kernel[i] if res.kernel.ndim == 3 else res.kernel, dtype=np.float32)
+        if k.ndim != 2:
+            raise ValueError(f"estimated kernel of shape {k.shape}: expected one (s, s) kernel per image")
         extra.append((f"kernels/{item.out_stem}.npy", lambda p, k=k: nio.atomic_write_bytes(p, npy_bytes(k))))
         extra.append((f"kernels/{item.out_stem}.png", lambda p, k=k: nio.write_image(p, k / k.max(), 16)))
     # write the extras first: the main image appearing last marks a complete set

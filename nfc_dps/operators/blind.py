@@ -13,13 +13,13 @@ carries the kernel (``Restoration.kernel``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from .blur import BlurOperator
-from .kernel_estimation import KernelEstimator, check_estimable, estimate_kernel, kernel_step
+from .kernel_estimation import KernelEstimator, check_estimable, check_kernel_size, estimate_kernel, kernel_step
 from .kernels import gaussian_kernel
 
 __all__ = ["BlindBlur"]
@@ -42,7 +42,9 @@ class BlindBlur(BlurOperator):
         estimator: the estimator's settings (:class:`KernelEstimator`).
         refinements: how many times :func:`nfc_dps.restore` re-estimates the kernel from its
             restoration and restores again (each costs one restoration's network calls).
-        kernel: the current estimate (None: the Gaussian guess, not yet fitted to a photo).
+        kernel: the current estimate (None: the Gaussian guess, not yet fitted to a photo). A blind
+            blur given its kernel is fitted: :func:`nfc_dps.restore` restores with that kernel as it
+            is (no estimation, no refinements).
     """
 
     name = "blind_blur"
@@ -50,9 +52,7 @@ class BlindBlur(BlurOperator):
 
     def __init__(self, size: int, boundary: str = "valid", estimator: KernelEstimator = KernelEstimator(),
                  refinements: int = 2, kernel: Tensor | None = None) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 3 or size % 2 == 0:
-            raise ValueError(f"deblur_blind: kernel_size must be an odd int >= 3 (the kernel's side in px), "
-                             f"got {size!r}")
+        size = check_kernel_size(size)
         if isinstance(refinements, bool) or not isinstance(refinements, int) or refinements < 0:
             raise ValueError(f"BlindBlur: refinements must be an int >= 0, got {refinements!r}")
         super().__init__(gaussian_kernel(size, size / 10) if kernel is None else kernel, boundary)
@@ -70,6 +70,13 @@ class BlindBlur(BlurOperator):
                 raise ValueError(f"BlindBlur estimates one photo's kernel at a time, got a batch of {y.shape[0]}")
             y = y[0]
         return y.detach().cpu()
+
+    def image_shape(self, measurement_shape: Sequence[int]) -> tuple[int, ...]:
+        """As a blur's; while the kernel is still to be estimated, ValueError naming the sizes if the
+        photo is too small for it."""
+        if self.fitted_per_image:
+            check_estimable(*measurement_shape[-2:], self.size)
+        return super().image_shape(measurement_shape)
 
     def fitted(self, y: Tensor, callback: Callable[[int, int], None] | None = None) -> "BlindBlur":
         """This blur with the kernel estimated from the photo ``y`` ((1, C, h, w) or (C, h, w), [0, 1])

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["KernelEstimator", "centred_kernel", "default_kernel_size", "estimate_kernel", "kernel_error",
-           "kernel_step", "l0_deblur"]
+__all__ = ["KernelEstimator", "centred_kernel", "check_estimable", "check_kernel_size", "default_kernel_size",
+           "estimate_kernel", "kernel_error", "kernel_step", "l0_deblur"]
 
 #: the kernel size at 256 px when none is given, scaled with the photo's shorter side
 DEFAULT_KERNEL_SIZE_256 = 31
@@ -191,11 +191,17 @@ def default_kernel_size(h: int, w: int) -> int:
     return size if size % 2 else size - 1
 
 
+def check_kernel_size(size: object, where: str = "deblur_blind") -> int:
+    """``size`` as an int; ValueError naming it unless it is an odd int >= 3."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 3 or size % 2 == 0:
+        raise ValueError(f"{where}: kernel_size must be an odd int >= 3 (the kernel's side in px), got {size!r}")
+    return int(size)
+
+
 def check_estimable(h: int, w: int, size: int, where: str = "deblur_blind") -> None:
     """ValueError naming the sizes unless a (size, size) kernel can be estimated from an (h, w)
     photo: an odd size >= 3 and a photo at least twice the kernel on its shorter side."""
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 3 or size % 2 == 0:
-        raise ValueError(f"{where}: kernel_size must be an odd int >= 3 (the kernel's side in px), got {size!r}")
+    size = check_kernel_size(size, where)
     if min(h, w) < 2 * size:
         raise ValueError(f"{where}: a {h}x{w} photo is too small to estimate a {size}-px kernel from (its shorter side "
                          f"must be at least twice the kernel, {2 * size} px); give a smaller kernel_size")
@@ -261,7 +267,7 @@ def l0_deblur(y: Tensor, k: Tensor, lam: float, x0: Tensor | None = None, beta_m
 
 @dataclass(frozen=True)
 class KernelEstimator:
-    """The settings of :func:`estimate_kernel` (chosen on validation photos, docs/blind.md).
+    """The settings of :func:`estimate_kernel` (chosen on validation photos, docs/notes/blind.md).
 
     lam: the L0 weight of the image step at each scale's start, divided by ``lam_decay`` per
     alternation down to ``lam_min``; iterations: alternations per scale; gamma, threshold: the
