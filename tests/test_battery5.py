@@ -386,12 +386,20 @@ def test_nan_from_the_users_denoiser_names_the_prior(method) -> None:
     assert "step size" in str(e.value) and "smaller step size" not in str(e.value)
 
 
+def test_a_nonlinear_map_not_finite_beyond_0_1_is_refused_up_front() -> None:
+    from nfc_dps.operators import FunctionOperator
+
+    with pytest.raises(ValueError, match=r"A gives NaN/Inf on images in \[-0.5, 1.5\].*clamp its input"):
+        FunctionOperator(torch.sqrt, (3, 16, 16), (3, 16, 16), linear=False, name="root")
+    FunctionOperator(lambda x: torch.sqrt(x.clamp(0, 1)), (3, 16, 16), (3, 16, 16), linear=False)  # clamped: kept
+
+
 def test_nan_from_the_users_operator_beyond_0_1_names_the_operator() -> None:
     import nfc_dps
-    from nfc_dps.operators import FunctionOperator
+    from nfc_dps.operators import NonlinearFunctionOperator
     from nfc_dps.priors import DenoiserPrior
 
-    op = FunctionOperator(torch.sqrt, (3, 16, 16), (3, 16, 16), linear=False, name="root")
+    op = NonlinearFunctionOperator(torch.sqrt, (3, 16, 16), (3, 16, 16), name="root")  # past the up-front check
     with pytest.raises(FloatingPointError, match=r"the operator root .*A gives NaN/Inf on images in \[-0.5, 1.5\]"):
         nfc_dps.restore(torch.full((1, 3, 16, 16), 0.5), op, DenoiserPrior(_smooth3, 40.0, denoiser_only=False),
                         method="dps", preset="fast", progress=False)

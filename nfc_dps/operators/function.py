@@ -44,7 +44,8 @@ def _shape(value: Sequence[int], name: str) -> tuple[int, ...]:
 def _check_gradient(op: Any, device: Any, dtype: torch.dtype | None) -> None:
     """ValueError when a nonlinear map's gradient is zero on a mid-grey and a seeded random image
     in [0, 1] (a seeded random direction): A detaches its input, rounds, thresholds or is
-    constant, and the samplers' data step, which follows that gradient, would ignore the measurement."""
+    constant, and the samplers' data step, which follows that gradient, would ignore the measurement;
+    or when A is not finite on seeded images in [-0.5, 1.5], where the samplers' iterates go."""
     dtype = dtype or torch.get_default_dtype()
     gen = torch.Generator().manual_seed(1)
     x = torch.rand((2, *op.image_shape_), generator=gen, dtype=dtype).to(device)
@@ -55,6 +56,13 @@ def _check_gradient(op: Any, device: Any, dtype: torch.dtype | None) -> None:
         raise ValueError(f"A's gradient is zero on images in [0, 1] of shape {tuple(x.shape)} (A detaches its input, "
                          f"rounds, thresholds or is constant): the samplers' data step follows A's gradient and would "
                          f"ignore the measurement; write A with differentiable torch operations")
+    beyond = (-0.5 + 2.0 * torch.rand((2, *op.image_shape_), generator=gen, dtype=dtype)).to(device)
+    with torch.no_grad():
+        finite = bool(torch.isfinite(op.A(beyond)).all())
+    if not finite:  # the samplers' iterates leave [0, 1] on the way: A is evaluated there
+        raise ValueError(f"A gives NaN/Inf on images in [-0.5, 1.5] of shape {tuple(beyond.shape)}: the samplers' "
+                         f"iterates leave [0, 1] on the way and are measured there; make A finite beyond [0, 1], e.g. "
+                         f"clamp its input (A(x.clamp(0, 1)))")
 
 
 class FunctionOperator(LinearOperator):
