@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .config import validate_overrides
 from .conformal import UnfamiliarImageWarning, load_calibration
-from .noise import GaussianNoise, NoiseModel
+from .noise import NoiseModel
 from .noise_level import measurement_sigma
 from .operators.base import LinearOperator
 from .operators.nonlinear import is_linear
@@ -214,7 +214,7 @@ def restore(
         if operator.fitted_per_image:
             raise ValueError(f"calibrated intervals hold for the operator they were fitted with; {operator.name}'s is "
                              f"estimated from each measurement, whose error no calibration holds")
-        if not isinstance(noise, GaussianNoise):
+        if noise.gaussian_sigma is None:
             raise ValueError(f"calibrated intervals are fitted under Gaussian noise; this measurement's noise is {noise}")
         calibration = load_calibration(calibration)
         calibration.check_run(method, cfg, num_samples, prior, family=operator.family, noise_sigma=noise.sigma,
@@ -239,7 +239,7 @@ def restore(
                                           keep_samples, input_device, callback, progress)
         seconds = time.perf_counter() - t0
         out = _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
-    out.noise_sigma = noise.sigma if isinstance(noise, GaussianNoise) else None
+    out.noise_sigma = noise.gaussian_sigma
     out.frame = operator.measured_frame(tuple(batch.shape[:2]) + tuple(operator.image_shape(batch.shape)[-2:]))
     return out
 
@@ -320,7 +320,7 @@ def _restore_fitted(y: Any, operator: LinearOperator, batch: Tensor, back: Calla
     out = _joined(parts, back)
     if one_image:
         out.kernel = out.kernel[0]
-    out.noise_sigma = noise.sigma if isinstance(noise, GaussianNoise) else None
+    out.noise_sigma = noise.gaussian_sigma
     return out
 
 

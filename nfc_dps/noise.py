@@ -97,6 +97,11 @@ class NoiseModel:
         """What run records and calibration files store of the model."""
         raise NotImplementedError
 
+    @property
+    def gaussian_sigma(self) -> float | None:
+        """The std of Gaussian noise ([0, 1] units), or None for another law."""
+        return None
+
     def with_model_error(self, std: float) -> "NoiseModel":
         """This noise plus an independent Gaussian error of ``std`` ([0, 1] units): a forward model's
         own error (an estimated blur kernel's) restored as noise."""
@@ -116,6 +121,10 @@ class GaussianNoise(NoiseModel):
         if value < 0:
             raise ValueError(f"GaussianNoise: sigma must be >= 0, got {value:g}")
         object.__setattr__(self, "sigma", value)
+
+    @property
+    def gaussian_sigma(self) -> float:
+        return self.sigma
 
     def with_model_error(self, std: float) -> "GaussianNoise":
         return GaussianNoise(math.hypot(self.sigma, std))

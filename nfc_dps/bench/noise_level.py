@@ -27,6 +27,7 @@ from ..operators import build_operator
 from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..restore_inputs import stable_seed
 from .measurements import _center_crop_zoom
+from .report_tables import read_header
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt, load_results
 
@@ -160,8 +161,6 @@ def noise_level_table(rows: list[Row]) -> str:
 
 def noise_level_doc_table(folder: Path, link: str) -> str:
     """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
-    from .report import read_header
-
     path = folder / RESULTS.file
     if not path.is_file():
         raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")

@@ -43,6 +43,7 @@ from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..restore_inputs import range_tolerance, stable_seed
 from ..samplers import get_config
 from .measurements import _center_crop_zoom
+from .report_tables import read_header
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt, load_results
 
@@ -217,8 +218,6 @@ class NonlinearTier(Protocol):
 def nonlinear_doc_table(folder: Path, link: str) -> str:
     """The tier's table from a committed run folder (results.csv, summary.md's header), with its
     source line."""
-    from .report import read_header
-
     path = folder / RESULTS.file
     if not path.is_file():
         raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
