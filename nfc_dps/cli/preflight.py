@@ -105,29 +105,6 @@ def check_prior_fits(prior: Any, name: str, image: Any) -> None:
                          f"its weights are broken or it runs out of range in its precision ({prior.precision})")
 
 
-#: the most two channels of an RGB colorize input may differ and still be one gray (JPEG rounding)
-GRAY_TOLERANCE = 2 / 255
-
-
-def colorize_measurement(image: Any, name: str) -> Any:
-    """The gray (h, w) measurement of ``--task colorize`` in ``image``: a gray image, or an RGB one
-    whose three channels are equal (a scanned black-and-white photo, a palette PNG), as its luma.
-    ValueError naming ``name`` for a colour image."""
-    import numpy as np
-
-    from ..operators import LUMA_WEIGHTS
-
-    if image.ndim == 2:
-        return image
-    spread = float(np.ptp(image, axis=-1).max()) if image.shape[-1] == 3 else None
-    if spread is None or spread > GRAY_TOLERANCE:
-        what = "a colour image (its red, green and blue differ)" if spread is not None else \
-            f"a {image.shape[-1]}-channel image"
-        raise ValueError(f"{name} is {what}: --task colorize restores the colours of a gray photo; pass gray "
-                         f"images (or RGB ones whose three channels are equal)")
-    return np.ascontiguousarray(image @ np.asarray(LUMA_WEIGHTS, image.dtype))
-
-
 #: below this many pixels a side a restoration has almost no context to work from
 SMALL_IMAGE = 16
 

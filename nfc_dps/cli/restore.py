@@ -45,7 +45,6 @@ from .preflight import (
     FirstImage,
     check_measurement_fits,
     check_method_takes_operator,
-    colorize_measurement,
     first_image,
     input_notes,
     open_checked_prior,
@@ -103,9 +102,10 @@ def cmd_restore(args) -> int:
     read = [("--input", inp)] + ([("--gt", gt_dir)] if gt_dir else []) + list(operator_folders.items()) + operator_files
     images, others = read_inputs("--input", inp)
     first = first_image(images, any_range=True)  # as each measurement is read: phase retrieval's too
-    if first is not None and task.task == "colorize":
-        try:  # a colour photo is no colorize measurement: said up front, naming it
-            first = first._replace(image=colorize_measurement(first.image, str(first.path)))
+    measurement_in = TASKS[task.task].measurement_in
+    if first is not None and measurement_in is not None:
+        try:  # a file that holds no measurement of the task (a colour photo to colorize): said up front
+            first = first._replace(image=measurement_in(first.image, str(first.path)))
         except ValueError as e:
             raise UsageError(str(e)) from e
     if first is not None:
@@ -363,8 +363,9 @@ class RestoreRun:
                 y, info, self.first = self.first.image, self.first.info, None
             else:
                 y, info = nio.read_image(item.path, any_range=True)
-                if self.task.task == "colorize":
-                    y = colorize_measurement(y, item.name)
+                measurement_in = TASKS[self.task.task].measurement_in
+                if measurement_in is not None:
+                    y = measurement_in(y, item.name)
             factor = self.source.factor()
             h, w = y.shape[:2]
             operator, _ = self.source.build(item.name, (h * factor, w * factor))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .base import LinearOperator, check_image
 from .decomposition import ChannelDecomposition
 
-__all__ = ["Colorization", "LUMA_WEIGHTS"]
+__all__ = ["Colorization", "LUMA_WEIGHTS", "gray_measurement"]
 
 #: ITU-R BT.601 luma weights of (R, G, B)
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
@@ -73,3 +74,22 @@ class Colorization(LinearOperator):
         check_image(y, "y")
         self.image_shape(y.shape)
         return y * self._w(y)
+
+
+#: the most two channels of an RGB colorize input may differ and still be one gray (JPEG rounding)
+GRAY_TOLERANCE = 2 / 255
+
+
+def gray_measurement(image: np.ndarray, name: str) -> np.ndarray:
+    """The gray (h, w) measurement of colorization in a file's ``image`` ((h, w) or (h, w, C)): a
+    gray image, or an RGB one whose three channels are equal (a scanned black-and-white photo, a
+    palette PNG), as its luma. ValueError naming ``name`` for a colour image."""
+    if image.ndim == 2:
+        return image
+    spread = float(np.ptp(image, axis=-1).max()) if image.shape[-1] == 3 else None
+    if spread is None or spread > GRAY_TOLERANCE:
+        what = "a colour image (its red, green and blue differ)" if spread is not None else \
+            f"a {image.shape[-1]}-channel image"
+        raise ValueError(f"{name} is {what}: --task colorize restores the colours of a gray photo; pass gray "
+                         f"images (or RGB ones whose three channels are equal)")
+    return np.ascontiguousarray(image @ np.asarray(LUMA_WEIGHTS, image.dtype))

@@ -20,7 +20,7 @@ import torch
 from .base import LinearOperator
 from .blind import BlindBlur
 from .blur import BlurOperator
-from .colorize import Colorization
+from .colorize import Colorization, gray_measurement
 from .denoising import Denoising
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
 from .kernel_estimation import default_kernel_size
@@ -52,6 +52,9 @@ class Task:
         against the truth counts the better of the two.
     estimates: "kernel" when the operator's kernel is estimated from each measurement (blind
         deblurring): the restoration carries it (``Restoration.kernel``), the CLI writes it.
+    measurement_in: (image read from a file (h, w[, C]), file name) -> the measurement it holds,
+        ValueError naming the file when it holds none (colorization: a gray photo's luma); None:
+        the image itself.
     """
 
     name: str
@@ -66,6 +69,7 @@ class Task:
     unbounded: bool = False
     rotation_twin: bool = False
     estimates: str | None = None
+    measurement_in: Callable[[np.ndarray, str], np.ndarray] | None = None
 
     @property
     def file_param(self) -> str | None:
@@ -143,7 +147,7 @@ TASKS: dict[str, Task] = _register(
          lambda h, w, seed, p: BlindBlur(p["kernel_size"] or default_kernel_size(h, w), p["boundary"]),
          estimates="kernel"),
     Task("denoise", "denoise", {}, lambda h, w, seed, p: Denoising()),
-    Task("colorize", "other", {}, lambda h, w, seed, p: Colorization()),
+    Task("colorize", "other", {}, lambda h, w, seed, p: Colorization(), measurement_in=gray_measurement),
     # nonlinear forward models (nfc_dps.operators.nonlinear)
     Task("hdr", "nonlinear", {"scale": 2.0}, lambda h, w, seed, p: HighDynamicRange(p["scale"])),
     Task("exposure", "nonlinear", {"ev": 1.0}, lambda h, w, seed, p: Exposure(p["ev"])),
