@@ -192,13 +192,13 @@ def measurement_sigma(y: Tensor, operator) -> list[float]:
     an operator with ``blurred_measurement`` true) at every patch.
     ValueError for a measurement that is not an image (phase retrieval's Fourier amplitudes).
     """
-    if not getattr(operator, "image_measurement", True):
+    if not operator.image_measurement:
         raise ValueError(f"sigma_y='auto': a {type(operator).__name__} measurement is not an image, so its noise "
                          f"level cannot be read from it; give the noise level")
     if y.ndim != 4:
         raise ValueError(f"sigma_y='auto' takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
     family = getattr(operator, "family", None)
-    blurred = family == "blur" or getattr(operator, "blurred_measurement", False)
+    blurred = family == "blur" or operator.blurred_measurement
     mask = getattr(operator, "mask", None) if family == "inpaint" else None
     out = []
     for b in range(y.shape[0]):

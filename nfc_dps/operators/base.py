@@ -205,6 +205,10 @@ class LinearOperator(torch.nn.Module):
         is unknown."""
         return self
 
+    #: the measurement is an image (its noise level can be read from it: ``sigma_y="auto"``)
+    image_measurement: bool = True
+    #: the measurement holds no fine texture (a blur's): ``sigma_y="auto"`` reads every patch
+    blurred_measurement: bool = False
     #: :meth:`fitted` estimates something of each measurement: a batch is fitted image by image
     fitted_per_image: bool = False
     #: how many times :func:`nfc_dps.restore` re-estimates it with :meth:`refined` and restores again
