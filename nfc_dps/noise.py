@@ -292,6 +292,13 @@ def parse_noise(spec: str) -> NoiseModel:
         raise NoiseSpecError(spec, f"unknown kind {kind!r}; choose one of {forms}")
     cls, params = NOISE_KINDS[kind]
     parts = [v.strip() for v in values.split(",")] if values.strip() else []
+    if "auto" in (v.lower() for v in parts):  # only a Gaussian level is read from the measurement
+        if kind == "gaussian":
+            raise NoiseSpecError(spec, "a Gaussian level read from each measurement is spelled --noise-sigma auto "
+                                       "(sigma_y='auto' in the API)")
+        raise NoiseSpecError(spec, f"{kind}'s {','.join(params)} cannot be read from the measurement yet (only a "
+                                   f"Gaussian level can: --noise-sigma auto); give {'them' if len(params) > 1 else 'it'}, e.g. "
+                                   f"{kind}:{','.join({'peak': '30', 'sigma': '0.01'}[q] for q in params)}")
     if len(parts) != len(params):
         raise NoiseSpecError(spec, f"{kind} takes {len(params)} value(s) ({','.join(params)}), got {len(parts)}")
     try:

@@ -106,3 +106,17 @@ def test_restore_takes_a_noise_model_and_checks_its_measurement():
         nfc_dps.restore(y, op, prior=prior, method="ddrm", noise="poisson:20", progress=False)
     with pytest.raises(ValueError, match="0-255 units"):
         nfc_dps.restore(y, op, prior=prior, noise=GaussianNoise(25), progress=False)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("poisson:auto", "poisson's peak cannot be read from the measurement yet (only a Gaussian level can: "
+                     "--noise-sigma auto); give it, e.g. poisson:30"),
+    ("poisson-gaussian:auto", "give them, e.g. poisson-gaussian:30,0.01"),
+    ("gaussian:AUTO", "spelled --noise-sigma auto"),
+])
+def test_auto_in_a_noise_spec_is_refused_saying_what_reads_a_level(spec, says):
+    from nfc_dps.noise import NoiseSpecError, parse_noise
+
+    with pytest.raises(NoiseSpecError) as e:
+        parse_noise(spec)
+    assert says in str(e.value) and "must be numbers" not in str(e.value)
