@@ -38,9 +38,7 @@ from ..io import atomic_write_text
 from ..metrics import psnr, ssim
 from ..operators import BlindBlur, BlurOperator, gaussian_kernel, motion_kernel, shake_kernel
 from ..operators.kernel_estimation import estimate_kernel, kernel_error
-from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..restore_inputs import stable_seed
-from .measurements import _center_crop_zoom
 from .report_tables import read_header
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt, load_results
@@ -84,16 +82,9 @@ class BlindTier(Protocol):
     def prepare(self, device: torch.device) -> None:
         spec = self.spec
         self.device = device
-        unknown = [t for t in spec.tasks if t not in FAMILIES]
-        if unknown:
-            raise ValueError(f"--tasks {','.join(unknown)}: the blind protocol's kernel families are {', '.join(FAMILIES)}")
-        bad = [m for m in spec.methods if m not in METHODS]
-        if bad:
-            raise ValueError(f"--methods {','.join(bad)}: the blind protocol's are {', '.join(METHODS)}")
-        self.families = list(spec.tasks or FAMILIES)
-        self.methods = list(spec.methods or METHODS)
-        names = spec.image_names or HELDOUT_IMAGES
-        self.names = list(names[: spec.num_images] if spec.num_images else names)
+        self.families = self.chosen(spec.tasks, list(FAMILIES), "--tasks", "kernel families")
+        self.methods = self.chosen(spec.methods, METHODS, "--methods", "methods")
+        self.names = self.photo_names()
         self.prior = load_bench_prior(spec, device)
         self.prior_info = prior_record(spec.prior)
 
@@ -110,8 +101,7 @@ class BlindTier(Protocol):
         """The family's truths x (N, 3, size, size), kernels and seeded photos y (valid blur)."""
         family = group
         size, draw, _ = FAMILIES[family]
-        x = torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), self.spec.size, 1)).permute(2, 0, 1)
-                         for n in self.names]).float()
+        x = self.photo_truths(self.names, 1).cpu()
         kernels = [draw(size, stable_seed(self.spec.seed, "blind-kernel", family, n)) for n in self.names]
         ys = [BlurOperator(k, "valid").measure(x[i:i + 1], SIGMA, torch.Generator().manual_seed(
             stable_seed(self.spec.seed, "blind-noise", family, n))) for i, (k, n) in enumerate(zip(kernels, self.names))]

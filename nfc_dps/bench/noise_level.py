@@ -24,9 +24,7 @@ from ..io import atomic_write_text
 from ..metrics import psnr
 from ..noise_level import measurement_sigma
 from ..operators import build_operator
-from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..restore_inputs import stable_seed
-from .measurements import _center_crop_zoom
 from .report_tables import read_header
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt, load_results
@@ -54,16 +52,9 @@ class NoiseLevelTier(Protocol):
     def prepare(self, device: torch.device) -> None:
         spec = self.spec
         self.device = device
-        unknown = [t for t in spec.tasks if t not in TASK_NAMES]
-        if unknown:
-            raise ValueError(f"--tasks {','.join(unknown)}: the noise_level protocol's tasks are {', '.join(TASK_NAMES)}")
-        bad = [m for m in spec.methods if m not in METHODS]
-        if bad:
-            raise ValueError(f"--methods {','.join(bad)}: the noise_level protocol's are {', '.join(METHODS)}")
-        self.tasks = list(spec.tasks or TASK_NAMES)
-        self.restores = not spec.methods or "nfc" in spec.methods
-        names = spec.image_names or HELDOUT_IMAGES
-        self.names = list(names[: spec.num_images] if spec.num_images else names)
+        self.tasks = self.chosen(spec.tasks, TASK_NAMES, "--tasks", "tasks")
+        self.restores = "nfc" in self.chosen(spec.methods, METHODS, "--methods", "methods")
+        self.names = self.photo_names()
         self.prior = load_bench_prior(spec, device) if self.restores else None
         self.prior_info = prior_record(spec.prior) if self.restores else None
 
@@ -84,8 +75,7 @@ class NoiseLevelTier(Protocol):
         task, sigma = group
         spec = self.spec
         zoom = spec.zoom if spec.size < 256 else 1
-        x = torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), spec.size, zoom)).permute(2, 0, 1)
-                         for n in self.names]).float().to(self.device)
+        x = self.photo_truths(self.names, zoom)
         op = build_operator(task, spec.size, seed=0, **task_params(task, spec.size)).to(self.device)
         gens = [torch.Generator(device=self.device).manual_seed(stable_seed(spec.seed, "noise-level", task, sigma, n))
                 for n in self.names]

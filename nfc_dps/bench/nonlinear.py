@@ -39,10 +39,8 @@ from ..io import atomic_write_text
 from ..metrics import psnr, rotation_twin_aligned, ssim
 from ..noise import GaussianNoise, NoiseModel, PoissonNoise
 from ..operators import TASKS, build_operator
-from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from ..restore_inputs import range_tolerance, stable_seed
 from ..samplers import get_config
-from .measurements import _center_crop_zoom
 from .report_tables import read_header
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt, load_results
@@ -122,12 +120,8 @@ class NonlinearTier(Protocol):
     def prepare(self, device: torch.device) -> None:
         spec = self.spec
         self.device = device
-        unknown = [t for t in spec.tasks if t not in SETTINGS]
-        if unknown:
-            raise ValueError(f"--tasks {','.join(unknown)}: the nonlinear protocol's settings are {', '.join(SETTINGS)}")
-        self.settings = [SETTINGS[t] for t in (spec.tasks or SETTINGS)]
-        names = spec.image_names or HELDOUT_IMAGES
-        self.names = list(names[: spec.num_images] if spec.num_images else names)
+        self.settings = [SETTINGS[t] for t in self.chosen(spec.tasks, list(SETTINGS), "--tasks", "settings")]
+        self.names = self.photo_names()
         self.methods = [m for m in METHOD_ROWS if not spec.methods or m in spec.methods or m.split("@")[0] in spec.methods]
         self.prior = load_bench_prior(spec, device)
         self.prior_info = prior_record(spec.prior)
@@ -145,8 +139,7 @@ class NonlinearTier(Protocol):
         """The setting's operator, truths x (N, 3, size, size) and seeded measurements y."""
         spec, setting = self.spec, SETTINGS[str(group)]
         zoom = spec.zoom if spec.size < 256 else 1
-        x = torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), spec.size, zoom)).permute(2, 0, 1)
-                         for n in self.names]).float().to(self.device)
+        x = self.photo_truths(self.names, zoom)
         op = build_operator(setting.task, spec.size, seed=0, **setting.params(spec.size)).to(self.device)
         gens = [torch.Generator(device=self.device).manual_seed(stable_seed(spec.seed, "nonlinear", setting.name, n))
                 for n in self.names]

@@ -23,7 +23,9 @@ import torch
 from ..distributed import Dist, init_distributed, resolve_device
 from ..io import atomic_write_text
 from ..priors.default import load_prior, prior_identity
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 from .instruments import machine_description
+from .measurements import _center_crop_zoom
 from .spec import DIFFUSION_METHODS, MIXTURE_RECORD_KEY, BenchSpec
 from .tables import PartWriter, csv_text, load_results
 
@@ -92,6 +94,27 @@ class Protocol:
         """Check the spec and load what the cases need (before config.json is written: a refused
         run leaves its folder as it was)."""
         self.device = device
+
+    def chosen(self, given: Sequence[str], allowed: Sequence[str], flag: str, what: str) -> list[str]:
+        """``given`` (the --tasks or --methods list) in ``allowed``, or all of ``allowed`` when empty;
+        ValueError naming ``flag``, the unknown ones and ``what`` the protocol has."""
+        unknown = [g for g in given if g not in allowed]
+        if unknown:
+            raise ValueError(f"{flag} {','.join(unknown)}: the {self.spec.protocol} protocol's {what} are "
+                             f"{', '.join(allowed)}")
+        return list(given or allowed)
+
+    def photo_names(self) -> list[str]:
+        """The photographs a held-out tier runs on: --image-names, else the held-out ones, the first
+        --num-images of them."""
+        names = self.spec.image_names or HELDOUT_IMAGES
+        return list(names[: self.spec.num_images] if self.spec.num_images else names)
+
+    def photo_truths(self, names: Sequence[str], zoom: int) -> torch.Tensor:
+        """The centre crops of the photographs ``names`` at the spec's size (area-averaged by
+        ``zoom``): (N, 3, size, size) float32 on the protocol's device."""
+        return torch.stack([torch.from_numpy(_center_crop_zoom(load_skimage_image(n), self.spec.size, zoom))
+                            .permute(2, 0, 1) for n in names]).float().to(self.device)
 
     def record(self) -> dict[str, Any]:
         """What config.json records of the run (:func:`folder_record`)."""
