@@ -285,11 +285,11 @@ def _joined(parts: list[Restoration], back: Callable[[Tensor], Any]) -> Restorat
     if parts[0].samples is not None:  # (K, 1, C, h, w) each: image-major per sample
         per_sample = [back(torch.cat([r.samples[j] for r in parts])) for j in range(parts[0].samples.shape[0])]
         samples = np.stack(per_sample) if isinstance(per_sample[0], np.ndarray) else torch.stack(per_sample)
-    kernel = None
+    image, kernel = joined("image"), None
     if parts[0].kernel is not None:
         kernel = torch.cat([torch.as_tensor(r.kernel).reshape(-1, *r.kernel.shape[-2:]) for r in parts])
-        kernel = kernel.numpy() if isinstance(back(parts[0].image), np.ndarray) else kernel
-    return Restoration(joined("image"), joined("std"), samples, parts[0].nfe, sum(r.seconds for r in parts),
+        kernel = kernel.numpy() if isinstance(image, np.ndarray) else kernel
+    return Restoration(image, joined("std"), samples, parts[0].nfe, sum(r.seconds for r in parts),
                        parts[0].config, joined("lower"), joined("upper"), None, parts[0].frame, kernel)
 
 

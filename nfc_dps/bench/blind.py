@@ -105,15 +105,17 @@ class BlindTier(Protocol):
         kernels = [draw(size, stable_seed(self.spec.seed, "blind-kernel", family, n)) for n in self.names]
         ys = [BlurOperator(k, "valid").measure(x[i:i + 1], SIGMA, torch.Generator().manual_seed(
             stable_seed(self.spec.seed, "blind-noise", family, n))) for i, (k, n) in enumerate(zip(kernels, self.names))]
-        return SimpleNamespace(family=family, size=size, x=x, kernels=kernels, y=ys)
+        # the photo's frame in the scene (the same for every kernel of the family's size)
+        frame = BlurOperator(kernels[0], "valid").measured_frame(tuple(x.shape))
+        return SimpleNamespace(family=family, size=size, x=x, kernels=kernels, y=ys, frame=frame)
 
     def _restored(self, c: SimpleNamespace, i: int, name: str, method: str) -> tuple[torch.Tensor, Any, int]:
         """(the scene restored (1, C, H, W), the kernel the method estimated or None, network calls)."""
         y, size, seed = c.y[i].to(self.device), c.size, stable_seed(self.spec.seed, "blind-restore", c.family, name)
         if method == "photo":  # on the scene's grid, at the frame it lies over
-            frame = BlurOperator(c.kernels[i], "valid").measured_frame((1, 3, *c.x.shape[-2:]))
+            top, left, h, w = c.frame
             canvas = torch.zeros_like(c.x[i:i + 1])
-            canvas[..., frame[0]:frame[0] + frame[2], frame[1]:frame[1] + frame[3]] = c.y[i].clamp(0, 1)
+            canvas[..., top:top + h, left:left + w] = c.y[i].clamp(0, 1)
             return canvas, None, 0
         if method == "classical":
             kernel = estimate_kernel(y[0].cpu(), size)
@@ -135,8 +137,7 @@ class BlindTier(Protocol):
                             "kernel_error": "", "nfe": "", "note": ""}
                 try:
                     image, kernel, nfe = self._restored(c, i, name, method)
-                    frame = BlurOperator(c.kernels[i], "valid").measured_frame(tuple(image.shape))
-                    score, similarity = shift_scores(image, c.x[i:i + 1], frame)
+                    score, similarity = shift_scores(image, c.x[i:i + 1], c.frame)
                     row.update(psnr=round(score, 4), ssim=round(similarity, 4), nfe=nfe,
                                kernel_error="" if kernel is None else round(kernel_error(kernel, c.kernels[i]), 4))
                 except Exception as e:  # noqa: BLE001 - a failing method is a noted row
