@@ -31,6 +31,9 @@ result is clipped to [0, 1]. A baseline that does not apply to an operator raise
   no antialiasing for upsampling).
 * ``"biharmonic"`` -- inpainting only: scikit-image's biharmonic inpainting of the missing
   pixels (observed pixels kept as measured).
+
+:func:`qcs_tv` (JPEG deblocking, for a :class:`~nfc_dps.operators.jpeg.JpegOperator` measurement)
+has the same call shape; it is not one of :data:`CLASSICAL_METHODS` until the jpeg task is.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from .priors.training_data import HELDOUT_IMAGES, load_skimage_image
 __all__ = [
     "CLASSICAL_METHODS", "NotApplicable", "applicable", "restore_classical", "wiener", "tv_restore",
     "bicubic_upsample", "biharmonic_inpaint", "fit_measurement_spectrum", "tv_lambda", "operator_family",
-    "TV_LAMBDA_PER_SIGMA", "calibrate_tv", "operator_dtype",
+    "TV_LAMBDA_PER_SIGMA", "calibrate_tv", "operator_dtype", "qcs_tv", "QCS_TV_WEIGHT_PER_SIGMA", "QCS_TV_ITERATIONS",
 ]
 
 CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
@@ -343,6 +346,36 @@ def tv_restore(operator: LinearOperator, y: Tensor, sigma_y: float, lam: float |
         z = x_new + ((t - 1) / t_new) * (x_new - x)
         x, t = x_new, t_new
     return x.to(dtype=y.dtype, device=y.device)
+
+
+# --------------------------------------------------------------------------------- JPEG
+
+#: qcs_tv's TV weight per sigma_y (weight = c * q_min / sqrt(12)) and its alternations, chosen on
+#: validation crops of motorcycle_left only (``scripts/jpeg_validation.py --tune``): more alternations
+#: or a larger weight converge towards the least-TV image of the cells, which is further from the truth
+QCS_TV_WEIGHT_PER_SIGMA = 0.25
+QCS_TV_ITERATIONS = 4
+
+
+def qcs_tv(operator: LinearOperator, y: Tensor, sigma_y: float | None = None, weight: float | None = None,
+           iters: int = QCS_TV_ITERATIONS, inner_iters: int = 40) -> Tensor:
+    """JPEG deblocking by projection onto the quantisation constraint set: from the dequantised image
+    (``A_pinv(y)``), ``iters`` times a TV denoising (scikit-image's Chambolle, channel-wise, ``weight``)
+    then the projection onto the stored integers' cells (``operator.project``). ``y`` (B, C, Hp, Wp) a
+    JPEG measurement (:func:`nfc_dps.io.jpeg.jpeg_measurement`); ``sigma_y`` its noise std (default
+    the operator's, q_min / sqrt(12)); weight = :data:`QCS_TV_WEIGHT_PER_SIGMA` * sigma_y by default.
+    Computed in float64 on the CPU; returns (B, C, H, W) in [0, 1] in y's dtype and device."""
+    if not hasattr(operator, "project") or not hasattr(operator, "stored_integers"):
+        raise NotApplicable(f"QCS deblocking needs a JPEG operator (quantisation cells), got {type(operator).__name__}")
+    check_image(y, "y")
+    sigma_y = operator.sigma_y if sigma_y is None else float(sigma_y)
+    weight = QCS_TV_WEIGHT_PER_SIGMA * sigma_y if weight is None else float(weight)
+    y64 = y.detach().double().cpu()
+    k = operator.stored_integers(y64)
+    x = operator.project(operator.A_pinv(y64), k)
+    for _ in range(int(iters)):
+        x = operator.project(_tv_prox(x, weight, inner_iters), k)
+    return x.clamp(0, 1).to(dtype=y.dtype, device=y.device)
 
 
 # --------------------------------------------------------------------------------- SR, inpainting
