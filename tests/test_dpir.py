@@ -11,7 +11,7 @@ from test_samplers import _psnr_model as psnr_model
 import nfc_dps
 from nfc_dps.operators import BlurOperator, Inpainting, SuperResolution, box_mask, gaussian_kernel
 from nfc_dps.samplers import METHODS, Measurement, get_config
-from nfc_dps.samplers.common import initial_estimate
+from nfc_dps.samplers.common import counting, initial_estimate
 from nfc_dps.samplers.dpir import DPIR_SIGMA_MAX, DPIRConfig, dpir_sigmas, sample_dpir
 from nfc_dps.samplers.nfc import NFCConfig, sample_nfc
 from nfc_dps.samplers.nfc_continuation import ContinuationConfig, sample_nfc_continuation
@@ -37,7 +37,7 @@ def test_dpir_fixed_point_is_the_closed_form_and_near_the_mmse():
     y = (y_m + 1) / 2
     s, lam = 0.08, 0.23
     cfg = DPIRConfig(num_steps=150, sigma_max=s, sigma_min=s, noise_floor=0.0, lam=lam)
-    got = sample_dpir(prior, Measurement(op, y, SIGMA_Y / 2, x.shape), cfg) * 2 - 1
+    got = sample_dpir(prior, Measurement(op, y, SIGMA_Y / 2, x.shape).in_model_units(), cfg)
     S = prior.spectrum(SIZE, SIZE).to(torch.float64)
     fy = torch.fft.fft2(y_m, norm="ortho")
     want = torch.fft.ifft2(S * H.conj() * fy / ((S + s**2) * H.abs() ** 2 + SIGMA_Y**2 * lam), norm="ortho").real
@@ -46,7 +46,7 @@ def test_dpir_fixed_point_is_the_closed_form_and_near_the_mmse():
     assert (got - lam_one).norm() > 1e-2 * want.norm()  # the test tells lam = 0.23 from lam = 1
 
     mmse_bound = 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y))
-    out = sample_dpir(prior, Measurement(op, y, SIGMA_Y / 2, x.shape), DPIRConfig()) * 2 - 1
+    out = sample_dpir(prior, Measurement(op, y, SIGMA_Y / 2, x.shape).in_model_units(), DPIRConfig())
     assert psnr_model(out, x) >= mmse_bound - 0.5
     assert psnr_model(out, x) <= mmse_bound + 0.1  # nothing beats the posterior mean on average
 
@@ -109,7 +109,7 @@ def test_dpir_starts_inpainting_from_an_interpolation_and_the_rest_from_the_adjo
         assert torch.equal(dpir_start(prior, op, y_m, SIGMA_Y, x.shape),
                            initial_estimate(op, y_m, SIGMA_Y, x.shape, want, spectrum)), type(op).__name__
     y = ((hole.A(x) + SIGMA_Y * torch.randn(x.shape, generator=g, dtype=x.dtype) + 1) / 2).float()
-    runs = {start: sample_dpir(prior, Measurement(hole, y, SIGMA_Y / 2, x.shape), DPIRConfig(start=start)) * 2 - 1
+    runs = {start: sample_dpir(prior, Measurement(hole, y, SIGMA_Y / 2, x.shape).in_model_units(), DPIRConfig(start=start))
             for start in ("auto", "adjoint")}
     assert psnr_model(runs["auto"].double(), x) > psnr_model(runs["adjoint"].double(), x) + 0.5
 
@@ -158,11 +158,13 @@ def test_deterministic_nfc_is_deterministic_and_batch_invariant():
     cfg = get_config("nfc")  # the default preset
     assert cfg == get_config("nfc", "deterministic") == ContinuationConfig() and cfg.is_deterministic and cfg.nfe == 16
     run = sample_nfc_continuation
-    full = run(prior, Measurement(op, y, 0.025, y.shape), cfg, [torch.Generator().manual_seed(i) for i in range(3)])
-    other_seeds = run(prior, Measurement(op, y, 0.025, y.shape), cfg, [torch.Generator().manual_seed(99 + i) for i in range(3)])
+    measurement = Measurement(op, y, 0.025, y.shape).in_model_units()
+    full = run(prior, measurement, cfg, [torch.Generator().manual_seed(i) for i in range(3)])
+    other_seeds = run(prior, measurement, cfg, [torch.Generator().manual_seed(99 + i) for i in range(3)])
     assert torch.equal(full, other_seeds)
-    alone = torch.cat([run(prior, Measurement(op, y[i:i + 1], 0.025, (1, *y.shape[1:])), cfg, None) for i in range(3)])
-    assert torch.allclose(full, alone, atol=1e-6, rtol=0)
+    alone = torch.cat([run(prior, Measurement(op, y[i:i + 1], 0.025, (1, *y.shape[1:])).in_model_units(), cfg, None)
+                       for i in range(3)])
+    assert torch.allclose(full, alone, atol=2e-6, rtol=0)  # model units
 
 
 def test_the_continuation_feeds_the_data_step_to_the_next_level():
@@ -172,8 +174,8 @@ def test_the_continuation_feeds_the_data_step_to_the_next_level():
     y = ((y_m + 1) / 2).float()
     cfg = get_config("nfc", "deterministic", num_levels=5)
     seen = []
-    out = sample_nfc_continuation(prior, Measurement(op, y, 0.025, y.shape), cfg, None, callback=seen.append)
-    assert torch.allclose(out, (seen[-1]["x"] + 1) / 2)
+    out = sample_nfc_continuation(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), cfg, None, callback=seen.append)
+    assert torch.allclose(out, seen[-1]["x"])
     y_model = 2 * y - 1
     for info in seen:
         want = op.prox(y_model, info["denoised"], 0.05, info["sigma"] / cfg.prior_weight**0.5)
@@ -191,11 +193,12 @@ def test_a_denoising_measurement_is_the_denoiser_at_its_noise_level():
     g = torch.Generator().manual_seed(0)
     y_m = x + 0.2 * torch.randn(x.shape, generator=g, dtype=torch.float64)  # sigma_y 0.1 in [0, 1] units
     seen = []
-    out = sample_nfc_continuation(prior, Measurement(op, ((y_m + 1) / 2).float(), 0.1, x.shape), get_config("nfc"),
-                                  None, callback=seen.append)
-    torch.testing.assert_close(out.double(), (prior.posterior_mean(y_m, None, 0.2) + 1) / 2, rtol=0, atol=1e-5)
-    assert len(seen) == 1 and seen[0]["nfe"] == 8 and seen[0]["sigma"] == pytest.approx(0.2)
-    alone = sample_nfc_continuation(prior, Measurement(op, ((y_m + 1) / 2).float(), 0.1, x.shape),
+    counted = counting(prior)
+    out = sample_nfc_continuation(counted, Measurement(op, ((y_m + 1) / 2).float(), 0.1, x.shape).in_model_units(),
+                                  get_config("nfc"), None, callback=seen.append)
+    torch.testing.assert_close(out.double(), prior.posterior_mean(y_m, None, 0.2), rtol=0, atol=2e-5)
+    assert len(seen) == 1 and counted.nfe == 8 and seen[0]["sigma"] == pytest.approx(0.2)
+    alone = sample_nfc_continuation(prior, Measurement(op, ((y_m + 1) / 2).float(), 0.1, x.shape).in_model_units(),
                                     get_config("nfc", "deterministic", self_ensemble=False), None)
     torch.testing.assert_close(alone, out, rtol=0, atol=1e-5)  # the oracle is symmetric: one call suffices
 
@@ -240,7 +243,7 @@ def test_matched_renoise_adds_only_the_noise_the_data_step_lacks():
     runs = {}
     for mode in ("fresh", "matched"):
         seen = []
-        sample_nfc(prior, Measurement(op, y, 0.025, y.shape), dataclasses.replace(cfg, renoise=mode).as_daps(),
+        sample_nfc(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), dataclasses.replace(cfg, renoise=mode).as_daps(),
                    [torch.Generator().manual_seed(0)], callback=seen.append)
         runs[mode] = seen
     s0, s1 = runs["fresh"][0]["sigma"], runs["fresh"][1]["sigma"]
@@ -276,7 +279,7 @@ def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
     prior, _, _, x, _ = oracle_problem(1, seed=1)
     y = reflect.measure(((x + 1) / 2).float(), 0.025, torch.Generator().manual_seed(0))
     cfg = get_config("nfc", "fast_psnr", num_levels=4)
-    out = sample_nfc(prior, Measurement(reflect, y, 0.025, y.shape), cfg, [torch.Generator().manual_seed(0)])
+    out = sample_nfc(prior, Measurement(reflect, y, 0.025, y.shape).in_model_units(), cfg, [torch.Generator().manual_seed(0)])
     assert torch.isfinite(out).all()
 
     class Halving(LinearOperator):
@@ -287,7 +290,7 @@ def test_matched_renoise_on_operators_that_declare_no_eigenvalues():
             return v / 2
 
     with pytest.raises(ValueError, match="renoise='matched' needs the eigenvalues of A\\^T A, which Halving"):
-        sample_nfc(prior, Measurement(Halving(), y, 0.025, y.shape), cfg, [torch.Generator().manual_seed(0)])
+        sample_nfc(prior, Measurement(Halving(), y, 0.025, y.shape).in_model_units(), cfg, [torch.Generator().manual_seed(0)])
 
 
 def test_conditional_error_variance_with_a_spectral_prior_on_a_circulant_operator():
@@ -371,7 +374,7 @@ def test_deterministic_nfc_near_the_oracle_mmse():
     """On the Gaussian oracle the deterministic preset lands within 1 dB of the MMSE bound (below it:
     its steps are isotropic where the exact covariance is spectral)."""
     prior, op, H, x, y_m = oracle_problem(30, seed=1)
-    out = sample_nfc_continuation(prior, Measurement(op, (y_m + 1) / 2, 0.025, x.shape), get_config("nfc")) * 2 - 1
+    out = sample_nfc_continuation(prior, Measurement(op, (y_m + 1) / 2, 0.025, x.shape).in_model_units(), get_config("nfc"))
     assert psnr_model(out, x) >= 10 * math.log10(4.0 / prior.mmse(H, SIGMA_Y)) - 1.0
 
 
@@ -402,17 +405,19 @@ def test_nfc_presets_of_either_regime_take_their_own_fields():
         get_config("nfc", "fast", prior_weight=0.3)
     prior, op, H, x, y_m = oracle_problem(1, seed=1)
     y = ((y_m + 1) / 2).float()
-    det = METHODS["nfc"].sample(prior, Measurement(op, y, 0.025, y.shape), get_config("nfc", num_levels=3))
-    assert torch.equal(det, sample_nfc_continuation(prior, Measurement(op, y, 0.025, y.shape), get_config("nfc", num_levels=3)))
+    det = METHODS["nfc"].sample(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), get_config("nfc", num_levels=3))
+    assert torch.equal(det, sample_nfc_continuation(prior, Measurement(op, y, 0.025, y.shape).in_model_units(),
+                                                    get_config("nfc", num_levels=3)))
     fast = get_config("nfc", "fast", num_levels=3, ode_steps=1)
-    post = METHODS["nfc"].sample(prior, Measurement(op, y, 0.025, y.shape), fast, [torch.Generator().manual_seed(0)])
-    assert torch.equal(post, sample_nfc(prior, Measurement(op, y, 0.025, y.shape), fast, [torch.Generator().manual_seed(0)]))
+    post = METHODS["nfc"].sample(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), fast, [torch.Generator().manual_seed(0)])
+    assert torch.equal(post, sample_nfc(prior, Measurement(op, y, 0.025, y.shape).in_model_units(),
+                                        fast, [torch.Generator().manual_seed(0)]))
     with pytest.raises(TypeError, match="sample_nfc_continuation"):
-        sample_nfc(prior, Measurement(op, y, 0.025, y.shape), get_config("nfc"))
+        sample_nfc(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), get_config("nfc"))
     with pytest.raises(TypeError, match="sample_nfc_continuation takes a ContinuationConfig"):
-        sample_nfc_continuation(prior, Measurement(op, y, 0.025, y.shape), fast)
+        sample_nfc_continuation(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), fast)
     with pytest.raises(TypeError, match="sample_daps takes an NFCConfig"):
-        METHODS["daps"].sample(prior, Measurement(op, y, 0.025, y.shape), get_config("nfc"))
+        METHODS["daps"].sample(prior, Measurement(op, y, 0.025, y.shape).in_model_units(), get_config("nfc"))
     with pytest.raises(ValueError, match="'renoise' is a field of preset .*preset: fast"):
         get_config("nfc", None, renoise="fresh")
 

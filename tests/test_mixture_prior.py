@@ -255,7 +255,7 @@ def test_exact_inner_samplers_recover_the_posterior_weights(sampler):
                     spectrum="prior", final_step="sample")
     gens = [torch.Generator().manual_seed(100 + i) for i in range(b * n)]
     y = ((y_m + 1) / 2).repeat_interleave(n, 0)
-    out = sampler(prior, Measurement(op, y, sigma_y / 2, (b * n, 1, 16, 16)), cfg, gens) * 2 - 1
+    out = sampler(prior, Measurement(op, y, sigma_y / 2, (b * n, 1, 16, 16)).in_model_units(), cfg, gens)
     comp = prior.assign(out).view(b, n)
     frac = torch.stack([torch.bincount(comp[i], minlength=prior.num_components) for i in range(b)]).to(F64) / n
     tv = 0.5 * (frac - post.weights).abs().sum(1)

@@ -20,7 +20,7 @@ from nfc_dps.samplers import ddnm as ddnm_mod
 from nfc_dps.samplers import ddrm as ddrm_mod
 from nfc_dps.samplers import diffpir as diffpir_mod
 from nfc_dps.samplers import dps as dps_mod
-from nfc_dps.samplers.common import CountingPrior
+from nfc_dps.samplers.common import CountingPrior, to_image_units
 from nfc_dps.samplers.ddnm import DDNMConfig, sample_ddnm
 from nfc_dps.samplers.ddrm import DDRMConfig, sample_ddrm
 from nfc_dps.samplers.diffpir import DiffPIRConfig, sample_diffpir
@@ -96,20 +96,20 @@ def test_runs_deterministic_batch_invariant(sampler, op_name):
     op, _, y = problem(op_name, shape)
     if sampler == "ddrm" and op_name not in DDRM_OPERATORS:
         with pytest.raises(ValueError, match="diagonalisable"):
-            fn(WhiteGaussianPrior(), Measurement(op, y, 0.05, shape), cfg, gens([1, 2, 3]))
+            fn(WhiteGaussianPrior(), Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([1, 2, 3]))
         return
     prior = CountingPrior(WhiteGaussianPrior())
     calls = []
-    out = fn(prior, Measurement(op, y, 0.05, shape), cfg, gens([1, 2, 3]), callback=calls.append)
+    out = fn(prior, Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([1, 2, 3]), callback=calls.append)
     assert out.shape == shape and torch.isfinite(out).all()
     assert prior.nfe == cfg.nfe == cfg.num_steps
     assert [c["i"] for c in calls] == list(range(cfg.num_steps))
-    assert calls[-1]["nfe"] == cfg.nfe and set(calls[0]) >= {"i", "sigma", "x", "denoised", "nfe"}
-    again = fn(WhiteGaussianPrior(), Measurement(op, y, 0.05, shape), cfg, gens([1, 2, 3]))
+    assert set(calls[0]) >= {"i", "sigma", "x", "denoised"}
+    again = fn(WhiteGaussianPrior(), Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([1, 2, 3]))
     assert torch.equal(out, again)
-    alone = fn(WhiteGaussianPrior(), Measurement(op, y[1:2], 0.05, (1, *shape[1:])), cfg, gens([2]))
-    torch.testing.assert_close(alone[0], out[1], atol=1e-5, rtol=1e-5)
-    other_seed = fn(WhiteGaussianPrior(), Measurement(op, y, 0.05, shape), cfg, gens([7, 8, 9]))
+    alone = fn(WhiteGaussianPrior(), Measurement(op, y[1:2], 0.05, (1, *shape[1:])).in_model_units(), cfg, gens([2]))
+    torch.testing.assert_close(alone[0], out[1], atol=2e-5, rtol=1e-5)  # model units
+    other_seed = fn(WhiteGaussianPrior(), Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([7, 8, 9]))
     assert not torch.allclose(other_seed, out)
 
 
@@ -118,7 +118,7 @@ def test_gray_non_square(sampler):
     fn, cfg = SAMPLERS[sampler]
     shape = (2, 1, 24, 32)
     op, _, y = problem("blur_circular" if sampler == "ddrm" else "sr_bicubic", shape)
-    out = fn(WhiteGaussianPrior(channels=1), Measurement(op, y, 0.05, shape), cfg, gens([0, 1]))
+    out = fn(WhiteGaussianPrior(channels=1), Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([0, 1]))
     assert out.shape == shape and torch.isfinite(out).all()
 
 
@@ -159,7 +159,8 @@ def test_gaussian_denoising_is_sane(fn, cfg, err_max, gain_tol):
     noise the posterior is close to y (gain 0.96) and y itself passes: this bounds the error only;
     the next test checks that the peers denoise."""
     x0, y, v, gain = denoising_problem(0.05)
-    out = fn(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.05, x0.shape), cfg, gens(range(4)))
+    out = to_image_units(fn(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.05, x0.shape).in_model_units(),
+                            cfg, gens(range(4))))
     om, g, _ = fit(out, y)
     err = float(((om - x0) ** 2).mean())
     assert err < err_max * 2 * v
@@ -182,7 +183,8 @@ def test_gaussian_denoising_at_high_noise_moves_away_from_y(fn, cfg):
     error 1.0. Measured gains 0.23-0.54 and errors 0.69-0.94 x 2v. (DPS at step size 1 follows the
     measurement here, gain 1.00: its step is tuned for low noise, so it is not in this test.)"""
     x0, y, v, gain = denoising_problem(0.5)
-    out = fn(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.5, x0.shape), cfg, gens(range(4)))
+    out = to_image_units(fn(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.5, x0.shape).in_model_units(),
+                            cfg, gens(range(4))))
     om, g, _ = fit(out, y)
     err = float(((om - x0) ** 2).mean())
     assert err < 1.1 * 2 * v, err / (2 * v)
@@ -193,8 +195,8 @@ def test_diffpir_matches_posterior_spread():
     """At sigma_y = 0.5 ([0, 1] units) the posterior is far from y (gain 0.2 against y's 1): DiffPIR's
     samples have its gain (measured 0.23) and its spread (residual variance 0.86 v)."""
     x0, y, v, gain = denoising_problem(0.5)
-    out = sample_diffpir(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.5, x0.shape),
-                         DiffPIRConfig(num_steps=50), gens(range(4)))
+    out = to_image_units(sample_diffpir(WhiteGaussianPrior(channels=1), Measurement(Denoising(), y, 0.5, x0.shape).in_model_units(),
+                         DiffPIRConfig(num_steps=50), gens(range(4))))
     om, g, resid = fit(out, y)
     assert abs(g - gain) < 0.05, g
     assert 0.6 * v < resid < 1.5 * v, resid / v  # the posterior spread, not a point estimate
@@ -206,9 +208,10 @@ def test_dps_unconditional_is_the_prior():
     shape = (2, 1, 32, 32)
     op, _, y = problem("denoising", shape)
     cfg = DPSConfig(num_steps=1000, step_size=0.0)
-    out = sample_dps(WhiteGaussianPrior(channels=1), Measurement(op, y, 0.05, shape), cfg, gens([0, 1]))
+    out = to_image_units(sample_dps(WhiteGaussianPrior(channels=1), Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([0, 1])))
     assert abs(float((2 * out - 1).var()) / PRIOR_STD**2 - 1) < 0.05
-    out2 = sample_dps(WhiteGaussianPrior(channels=1), Measurement(op, 1 - y, 0.05, shape), cfg, gens([0, 1]))
+    out2 = to_image_units(sample_dps(WhiteGaussianPrior(channels=1), Measurement(op, 1 - y, 0.05, shape).in_model_units(),
+                                     cfg, gens([0, 1])))
     assert torch.equal(out, out2)
 
 
@@ -237,8 +240,10 @@ def test_dps_step_is_applied_in_vp_units():
     shape = (2, 1, 8, 8)
     op, _, y = problem("sr_average", shape)
     prior = WhiteGaussianPrior(channels=1, sigma_max=3.0)
-    base = sample_dps(prior, Measurement(op, y, 0.05, shape), DPSConfig(num_steps=1, step_size=0.0), gens([4, 5]))
-    out = sample_dps(prior, Measurement(op, y, 0.05, shape), DPSConfig(num_steps=1, step_size=0.7), gens([4, 5]))
+    base = to_image_units(sample_dps(prior, Measurement(op, y, 0.05, shape).in_model_units(),
+                                     DPSConfig(num_steps=1, step_size=0.0), gens([4, 5])))
+    out = to_image_units(sample_dps(prior, Measurement(op, y, 0.05, shape).in_model_units(),
+                                    DPSConfig(num_steps=1, step_size=0.7), gens([4, 5])))
     sigma0 = 3.0
     x_init = (1 + sigma0**2) ** 0.5 * randn_per_image(shape, gens([4, 5]))
     _, g = dps_guidance(prior, op, 2 * y - 1, x_init, sigma0)
@@ -253,7 +258,7 @@ def test_diffpir_one_step_is_the_prox():
     op, _, y = problem("blur_circular", shape)
     prior = WhiteGaussianPrior(sigma_max=2.0)
     cfg = DiffPIRConfig(num_steps=1, lam=3.0, final_data_step=True)
-    out = sample_diffpir(prior, Measurement(op, y, 0.05, shape), cfg, gens([4, 5]))
+    out = to_image_units(sample_diffpir(prior, Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([4, 5])))
     x_init = 2.0 * randn_per_image(shape, gens([4, 5]))
     expected = op.prox(2 * y - 1, prior(x_init, 2.0), 0.1, 2.0 / 3.0**0.5)
     torch.testing.assert_close(2 * out - 1, expected, atol=1e-5, rtol=1e-5)
@@ -273,7 +278,8 @@ def test_dps_fgps_band_schedule():
 def test_ddnm_is_consistent_without_noise(op_name, correction):
     shape = (2, 3, 16, 16)
     op, _, y = problem(op_name, shape, sigma_y=0.0)
-    out = sample_ddnm(WhiteGaussianPrior(), Measurement(op, y, 0.0, shape), DDNMConfig(num_steps=10, correction=correction), gens([0, 1]))
+    out = to_image_units(sample_ddnm(WhiteGaussianPrior(), Measurement(op, y, 0.0, shape).in_model_units(),
+                                     DDNMConfig(num_steps=10, correction=correction), gens([0, 1])))
     rel = (op.A(out) - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
     assert float(rel.max()) < 1e-3
 
@@ -282,7 +288,8 @@ def test_ddnm_is_consistent_without_noise(op_name, correction):
 def test_ddrm_is_consistent_without_noise(op_name):
     shape = (2, 3, 16, 16)
     op, _, y = problem(op_name, shape, sigma_y=0.0)
-    out = sample_ddrm(WhiteGaussianPrior(), Measurement(op, y, 0.0, shape), DDRMConfig(num_steps=10), gens([0, 1]))
+    out = to_image_units(sample_ddrm(WhiteGaussianPrior(), Measurement(op, y, 0.0, shape).in_model_units(),
+                                     DDRMConfig(num_steps=10), gens([0, 1])))
     rel = (op.A(out) - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
     assert float(rel.max()) < 1e-4
 
@@ -292,7 +299,7 @@ def test_ddrm_blur_keeps_observed_frequencies():
     shape = (1, 1, 16, 16)
     op, _, y = problem("blur_circular", shape, sigma_y=0.0)
     cfg = DDRMConfig(num_steps=10)
-    out = sample_ddrm(WhiteGaussianPrior(channels=1), Measurement(op, y, 0.0, shape), cfg, gens([0]))
+    out = to_image_units(sample_ddrm(WhiteGaussianPrior(channels=1), Measurement(op, y, 0.0, shape).in_model_units(), cfg, gens([0])))
     H = op.transfer_function(16, 16)
     keep = H.abs() > cfg.singular_cutoff
     Fy, FAx = torch.fft.fft2(2 * y - 1), torch.fft.fft2(op.A(2 * out - 1))
@@ -321,7 +328,7 @@ def test_prior_sigma_max_is_respected():
     for fn, cfg in [(sample_dps, DPSConfig(num_steps=4)), (sample_diffpir, DiffPIRConfig(num_steps=4)),
                     (sample_ddnm, DDNMConfig(num_steps=4)), (sample_ddrm, DDRMConfig(num_steps=4))]:
         calls.clear()
-        fn(WhiteGaussianPrior(sigma_max=20.0), Measurement(op, y, 0.05, shape), cfg, gens([0]), callback=calls.append)
+        fn(WhiteGaussianPrior(sigma_max=20.0), Measurement(op, y, 0.05, shape).in_model_units(), cfg, gens([0]), callback=calls.append)
         assert calls[0]["sigma"] == pytest.approx(20.0, rel=1e-6)
 
 
@@ -391,7 +398,8 @@ def test_ddnm_scaled_rule_on_blur_is_per_frequency():
     mmse = float((prior.posterior_mean(2 * y - 1, H, 0.05) - x).square().mean()) / 4  # [0, 1] units
     for cutoff in (3e-2, 0.0):
         cfg = DDNMConfig(num_steps=30, correction="scaled", singular_cutoff=cutoff)
-        out = sample_ddnm(prior, Measurement(op, y, 0.025, tuple(x.shape)), cfg, [torch.Generator().manual_seed(2 + i) for i in range(2)])
+        out = to_image_units(sample_ddnm(prior, Measurement(op, y, 0.025, tuple(x.shape)).in_model_units(),
+                                         cfg, [torch.Generator().manual_seed(2 + i) for i in range(2)]))
         assert float((out - truth).square().mean()) < 2.5 * mmse  # near an exact posterior sample's 2 x MMSE
     with pytest.raises(ValueError, match="singular_cutoff"):
         DDNMConfig(singular_cutoff=-1.0)
@@ -425,7 +433,8 @@ def test_ddnm_scaled_rule_counts_the_row_space_noise_of_average_sr() -> None:
     y = op.measure(truth.expand(b, -1, -1, -1), 0.05, image_generators(range(b), 1))
     seen = []
     cfg = DDNMConfig(num_steps=50, eta=1.0, correction="scaled")
-    sample_ddnm(_TruthPrior(2 * truth - 1), Measurement(op, y, 0.05, (b, 1, 16, 16)), cfg, image_generators(range(100, 100 + b), 1),
+    sample_ddnm(_TruthPrior(2 * truth - 1), Measurement(op, y, 0.05, (b, 1, 16, 16)).in_model_units(),
+                cfg, image_generators(range(100, 100 + b), 1),
                 callback=lambda d: seen.append((d["i"], d["x"] - (2 * truth - 1))))
     sigmas, _ = sigma_grid(50, cfg.sigma_max, cfg.schedule)
     checked = 0

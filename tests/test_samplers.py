@@ -45,7 +45,7 @@ def test_exact_sampler_matches_posterior_mean_and_band_variance():
     prior, op, H, x, y_m = oracle_problem(1)
     k = 512
     y = to01(y_m).expand(k, -1, -1, -1)
-    out = sample_nfc(prior, Measurement(op, y, SIGMA_Y / 2, (k, 1, SIZE, SIZE)), NFCConfig(**EXACT).as_daps(), gens(k)) * 2 - 1
+    out = sample_nfc(prior, Measurement(op, y, SIGMA_Y / 2, (k, 1, SIZE, SIZE)).in_model_units(), NFCConfig(**EXACT).as_daps(), gens(k))
     post_mean = prior.posterior_mean(y_m, H, SIGMA_Y)
     post_var = prior.posterior_variance(H, SIGMA_Y)
     rel = ((out.mean(0, keepdim=True) - post_mean).norm() / post_mean.norm()).item()
@@ -67,14 +67,14 @@ def test_nfc_within_bound_of_exact_posterior_sampler():
     prior, op, H, x, y_m = oracle_problem(30, seed=1)
     bound = 10 * math.log10(4.0 / (2 * prior.mmse(H, SIGMA_Y)))  # expected PSNR of an exact posterior sample
     cfg = NFCConfig(**EXACT, band=BandSchedule(cutoff="spectral", cutoff_start=0.1), detail=DetailSchedule(levels=1))
-    out = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape), cfg, gens(30)) * 2 - 1
+    out = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(), cfg, gens(30))
     got = _psnr_model(out, x)
     # within 0.3 dB of an exact posterior sample, on either side: the posterior mean would score
     # 3 dB above it (the MMSE bound) and the measurement itself 1.6 dB above
     assert abs(got - bound) <= 0.3, (got, bound)
     # and it is a sample: two independent chains differ by 2x the posterior variance per pixel
     # (measured 0.98x it; a mean or the identity has no spread)
-    other = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape), cfg, gens(30, offset=100)) * 2 - 1
+    other = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(), cfg, gens(30, offset=100))
     spread = ((out - other) ** 2).mean().item() / 2
     assert 0.85 <= spread / prior.mmse(H, SIGMA_Y) <= 1.15, spread / prior.mmse(H, SIGMA_Y)
 
@@ -83,16 +83,17 @@ def test_daps_parity_modules_off_and_all_pass():
     prior, op, H, x, y_m = oracle_problem(2)
     base = dict(num_levels=6, ode_steps=2, inner="exact")
     # DAPS is NFC with the band's blend at 0 and no Haar levels (sample_daps runs exactly that)
-    daps = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape),
+    daps = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(),
                       NFCConfig(**base, band=BandSchedule(blend_start=0.0), detail=DetailSchedule(levels=0)), gens(2))
-    assert torch.equal(daps, sample_daps(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape), NFCConfig(**base), gens(2)))
+    assert torch.equal(daps, sample_daps(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(),
+                                         NFCConfig(**base), gens(2)))
     # modules on, but the band all-pass (cutoff 1) and every Haar weight 1: the same numbers
     all_pass = NFCConfig(**base, band=BandSchedule(cutoff_start=1.0, blend_start=0.35),
                          detail=DetailSchedule(levels=2, detail_weight=1.0))
-    same = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape), all_pass, gens(2))
+    same = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(), all_pass, gens(2))
     assert torch.allclose(daps, same, atol=1e-9)
     # and the modules do change the result when they are on
-    nfc = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape), NFCConfig(**base), gens(2))
+    nfc = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(), NFCConfig(**base), gens(2))
     assert not torch.allclose(daps, nfc, atol=1e-4)
 
 
@@ -123,7 +124,7 @@ def test_langevin_inner_step_samples_the_conditional():
 def test_nfc_with_the_langevin_inner_step_runs():
     prior, op, H, x, y_m = oracle_problem(2)
     cfg = NFCConfig(num_levels=4, ode_steps=1, inner="langevin", langevin_steps=5)
-    out = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape), cfg, gens(2))
+    out = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, x.shape).in_model_units(), cfg, gens(2))
     assert out.shape == x.shape and torch.isfinite(out).all()
 
 
@@ -291,8 +292,9 @@ def test_final_mean_step_is_the_conditional_mean_of_the_last_level():
     for final in ("sample", "mean"):
         levels = []
         cfg = NFCConfig(**{**EXACT, "final_step": final}).as_daps()
-        out = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, (k, 1, SIZE, SIZE)), cfg, gens(k), callback=levels.append)
-        runs[final] = (out * 2 - 1, levels[-1])
+        out = sample_nfc(prior, Measurement(op, to01(y_m), SIGMA_Y / 2, (k, 1, SIZE, SIZE)).in_model_units(),
+                         cfg, gens(k), callback=levels.append)
+        runs[final] = (out, levels[-1])
     (samples, last_s), (means, last) = runs["sample"], runs["mean"]
     assert torch.equal(last_s["denoised"], last["denoised"])
     var = spectral_prior_variance(prior.spectrum(SIZE, SIZE).view(1, 1, SIZE, SIZE), last["sigma"])

@@ -1,6 +1,9 @@
 """Posterior samplers. Each is ``sample(prior, measurement, config, generators, callback) -> x``
-with the :class:`~nfc_dps.samplers.chains.Measurement` in [0, 1] units and x (B, C, H, W) in
-[0, 1] units (unclipped). Callers run them through :func:`~nfc_dps.samplers.chains.sample_chains`.
+with a :class:`~nfc_dps.samplers.common.ModelMeasurement` (the operator, y and its Gaussian noise
+in the prior's [-1, 1] units) and x (B, C, H, W) in model units; ``config.noise_levels(prior,
+measurement)`` is its noise schedule. Callers run them through
+:func:`~nfc_dps.samplers.chains.sample_chains`, which counts the network calls, whitens, converts
+to model units and back ([0, 1] images, unclipped) and adds ``"nfe"`` to the callback's dict.
 
 One module per method (nfc: NFC's posterior sampler and DAPS, nfc_continuation: NFC's default
 deterministic continuation, dps, diffpir, ddnm, ddrm, dpir); ``common`` holds the

@@ -2,8 +2,10 @@
 
 Every caller that samples (``restore``, the benchmark protocols) goes through
 :func:`sample_chains` / :func:`iter_chains`, which own counting network calls, one seeded
-generator per chain, chunking by ``max_batch``, the checks before a run, the NaN/Inf check and the
-callback. Samplers are ``sample(prior, measurement, config, generators, callback) -> x``.
+generator per chain, chunking by ``max_batch``, the checks before a run, whitening a non-Gaussian
+noise model, the conversion to the prior's units and back, the NaN/Inf check and the callback.
+Samplers are ``sample(prior, measurement, config, generators, callback) -> x`` with a
+:class:`~nfc_dps.samplers.common.ModelMeasurement` and x in model units.
 
 Chain order is image-major: chain ``i`` restores image ``i // num_samples`` and is its sample
 ``i % num_samples``; its generator is seeded by ``(seeds[i // num_samples], i % num_samples)``,
@@ -23,7 +25,7 @@ from ..noise import GaussianNoise, NoiseModel, as_noise
 from ..operators.base import LinearOperator, noise_sigma_problem
 from ..operators.nonlinear import WeightedNonlinearOperator, is_linear
 from ..operators.weighted import WeightedOperator
-from .common import counting
+from .common import ModelMeasurement, counting, to_image_units, to_model_units
 
 #: called after every sampler step with ``{"i", "sigma", "x", "denoised", "nfe", "chains"}``
 #: (model units; ``chains`` is the (start, stop) range of the chunk); NFC adds ``x0``, its
@@ -97,6 +99,11 @@ class Measurement:
         if not isinstance(self.noise, GaussianNoise):
             raise ValueError(f"this sampler needs Gaussian noise, got {self.noise}")
         return self.noise.sigma
+
+    def in_model_units(self) -> ModelMeasurement:
+        """This measurement (its noise Gaussian: :meth:`gaussian`) in the prior's [-1, 1] units, what a
+        sampler takes (:func:`~nfc_dps.samplers.common.to_model_units`)."""
+        return to_model_units(self.operator, self.y, self.sigma_y, self.image_shape)
 
     def chains(self, index: Tensor) -> "Measurement":
         """The measurement of the chains whose images are ``index`` (a (n,) long tensor): y indexed,
@@ -181,15 +188,15 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
         hi = min(lo + chunk, chains)
 
         def step(info: dict[str, Any], span: tuple[int, int] = (lo, hi)) -> None:
-            callback({**info, "chains": span})
+            callback({**info, "nfe": counted.nfe, "chains": span})
 
         before = counted.nfe
         counted.nonfinite = None
-        part = measurement.chains(torch.arange(lo, hi, device=device) // num_samples).gaussian()
+        part = measurement.chains(torch.arange(lo, hi, device=device) // num_samples).gaussian().in_model_units()
         try:
             with torch.no_grad():  # a method that differentiates (DPS) turns gradients on for its own step
-                x = sample(counted, part, config, chain_generators(seeds, num_samples, lo, hi, device=device),
-                           None if callback is None else step)
+                x = to_image_units(sample(counted, part, config, chain_generators(seeds, num_samples, lo, hi, device=device),
+                                          None if callback is None else step))
         except ValueError as e:  # a step's check of a non-finite image: name the prior or operator that made it
             reason = nonfinite_reason(method, counted, measurement) if "NaN" in str(e) else None
             if reason is None or reason.endswith(STEP_ADVICE):

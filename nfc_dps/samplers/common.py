@@ -6,7 +6,8 @@ Units. The public API takes images and measurements in [0, 1] and sigma_y in [0,
 Priors work on [-1, 1]: x_m = 2 x - 1. For a linear operator A this maps the measurement to
 y_m = 2 y - A(1) (A(1) is 1 for blur and SR, the mask for inpainting) and its noise to
 sigma_m = 2 sigma_y. :func:`to_model_units` and :func:`to_image_units` are the only places
-where this happens.
+where this happens; the chain driver calls both, so a sampler sees a :class:`ModelMeasurement`
+and returns model units.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor
 from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
 from ..operators.nonlinear import ModelUnitsOperator, is_linear
 from ..priors.base import Prior, PriorWrapper
-from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas
+from ..schedules import AUTO_SIGMA_MAX_INPAINT, DDPM_SIGMA_MAX, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas, sigma_grid
 from .gaussian_step import blur_wiener_estimate, fit_spectrum_from_measurement, gaussian_conditional, is_nonwrapping_blur, pixel_coverage
 
 Callback = Callable[[dict[str, Any]], None] | None
@@ -57,6 +58,23 @@ class StepConfig:
     def with_nfe(self, budget: int):
         """This config with NFE = ``budget`` (>= 1) steps."""
         return replace(self, **{self.steps_field: check_budget(budget)})
+
+    def noise_levels(self, prior: Prior, measurement: "ModelMeasurement") -> list[float]:
+        """The noise levels (model units) the sampler steps through for ``prior`` (its top resolved by
+        :func:`schedule_top`, which refuses a denoiser-only prior it would leave) and ``measurement``."""
+        raise NotImplementedError
+
+
+class DDPMStepConfig(StepConfig):
+    """A config whose steps are timesteps of the DDPM grid (:func:`~nfc_dps.schedules.sigma_grid`):
+    its fields ``num_steps``, ``sigma_max`` and ``schedule`` say which."""
+
+    def ddpm_grid(self, prior: Prior) -> tuple[list[float], list[float]]:
+        """(sigmas, timesteps) of :func:`~nfc_dps.schedules.sigma_grid` from the top ``prior`` allows."""
+        return sigma_grid(self.num_steps, schedule_top(prior, min(self.sigma_max, DDPM_SIGMA_MAX)), self.schedule)
+
+    def noise_levels(self, prior: Prior, measurement: "ModelMeasurement") -> list[float]:
+        return self.ddpm_grid(prior)[0]
 
 
 def check_budget(budget: int) -> int:
@@ -97,29 +115,39 @@ def counting(prior: Prior) -> CountingPrior:
     return prior if isinstance(prior, CountingPrior) else CountingPrior(prior)
 
 
-@dataclass
-class ModelProblem:
-    """A measurement in the prior's [-1, 1] units: y_m = A x_m + n, n ~ N(0, sigma^2)."""
+@dataclass(frozen=True)
+class ModelMeasurement:
+    """What a sampler restores, in the prior's [-1, 1] units: y = A(x) + n, n ~ N(0, sigma^2 I).
 
+    operator: A on [-1, 1] images (a linear operator as it is, a nonlinear one wrapped by
+    :func:`model_operator`); y: (B, C, h, w); sigma: the likelihood's noise std in model units
+    (the stated one, at least ``MIN_LIKELIHOOD_SIGMA``); image_shape: (B, C, H, W) of the unknown
+    images; noise: the stated noise std in model units (0 for a noiseless measurement, which the
+    null-space projections of DDNM and DDRM treat exactly).
+    """
+
+    operator: LinearOperator
     y: Tensor
     sigma: float
     image_shape: tuple[int, ...]
+    noise: float = 0.0
 
 
-def to_model_units(operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: Sequence[int]) -> ModelProblem:
-    """[0, 1] measurement and sigma_y -> [-1, 1] model units (see module docstring); for a
-    nonlinear operator (of :func:`model_operator`) y_m = 2 y - 1."""
+def to_model_units(operator: LinearOperator, y: Tensor, sigma_y: float, image_shape: Sequence[int]) -> ModelMeasurement:
+    """A [0, 1] measurement with Gaussian noise std sigma_y -> the same in [-1, 1] model units (see the
+    module docstring); a nonlinear operator is wrapped (:func:`model_operator`) and y_m = 2 y - 1."""
+    operator, noise = model_operator(operator), 2.0 * float(sigma_y)
+    sigma = max(noise, MIN_LIKELIHOOD_SIGMA)
     if not is_linear(operator):
-        return ModelProblem(2 * y - 1, max(2.0 * float(sigma_y), MIN_LIKELIHOOD_SIGMA), tuple(image_shape))
+        return ModelMeasurement(operator, 2 * y - 1, sigma, tuple(image_shape), noise)
     ones = torch.ones((1, *image_shape[1:]), dtype=y.dtype, device=y.device)
-    y_m = 2 * y - operator.A(ones)
-    return ModelProblem(y_m, max(2.0 * float(sigma_y), MIN_LIKELIHOOD_SIGMA), tuple(image_shape))
+    return ModelMeasurement(operator, 2 * y - operator.A(ones), sigma, tuple(image_shape), noise)
 
 
 def model_operator(operator: LinearOperator) -> LinearOperator:
     """The operator samplers apply to [-1, 1] images: a linear one itself (its model-unit
-    measurement is 2 y - A(1)); a nonlinear one wrapped, A_m(x_m) = 2 A((x_m + 1) / 2) - 1."""
-    return operator if is_linear(operator) else ModelUnitsOperator(operator)
+    measurement is 2 y - A(1)); a nonlinear one wrapped (once), A_m(x_m) = 2 A((x_m + 1) / 2) - 1."""
+    return operator if is_linear(operator) or isinstance(operator, ModelUnitsOperator) else ModelUnitsOperator(operator)
 
 
 def adjoint_at(operator: LinearOperator, x: Tensor, u: Tensor) -> Tensor:

@@ -44,26 +44,14 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
-from ..schedules import DDPM_SIGMA_MAX, sigma_grid
-from .chains import Measurement
-from .common import (
-    Callback,
-    Generators,
-    StepConfig,
-    check_step_settings,
-    counting,
-    ddim_step,
-    schedule_top,
-    sigma_vector,
-    to_image_units,
-    to_model_units,
-)
+from ..schedules import DDPM_SIGMA_MAX
+from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, check_step_settings, ddim_step, sigma_vector
 
 CORRECTIONS = ("prox", "scaled")
 
 
 @dataclass(frozen=True)
-class DDNMConfig(StepConfig):
+class DDNMConfig(DDPMStepConfig):
     """DDNM+ settings; every field is a YAML key.
 
     num_steps: denoiser calls = NFE (DDNM: 100).
@@ -152,19 +140,16 @@ def scaled_rule(decomposition: Decomposition, residual: Tensor, sigma_next: floa
 
 def sample_ddnm(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: DDNMConfig = DDNMConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
-    """One DDNM+ sample per image of the measurement (:class:`~nfc_dps.samplers.chains.Measurement`,
-    Gaussian noise). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
-    prior = counting(prior)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    cfg = config
-    noise = 2.0 * float(sigma_y)  # the true noise std in model units (prob.sigma is floored)
-    sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
+    """One DDNM+ sample per image of the measurement (Gaussian noise). Returns (B, C, H, W) in model
+    units."""
+    operator, y, image_shape, cfg = measurement.operator, measurement.y, measurement.image_shape, config
+    noise = measurement.noise  # the stated noise std (measurement.sigma is floored)
+    sigmas = cfg.noise_levels(prior, measurement)
 
     basis = operator.decomposition()
     if cfg.correction == "scaled" and scaled_projection(operator, *image_shape[-2:]):
@@ -179,16 +164,16 @@ def sample_ddnm(
         eps = (x - x0_hat) / sigma
         gamma: float | Tensor = sigma_next
         if noise == 0:
-            x0_c = x0_hat + operator.A_pinv(prob.y - operator.A(x0_hat))
+            x0_c = x0_hat + operator.A_pinv(y - operator.A(x0_hat))
         elif cfg.correction == "prox":
-            x0_c = operator.prox(prob.y, x0_hat, noise, sigma)
+            x0_c = operator.prox(y, x0_hat, noise, sigma)
         elif basis is not None:  # the SVD form of the scalar rule: one lambda per singular value
-            correction, gamma = scaled_rule(basis, prob.y - operator.A(x0_hat), sigma_next, noise, cfg.singular_cutoff)
+            correction, gamma = scaled_rule(basis, y - operator.A(x0_hat), sigma_next, noise, cfg.singular_cutoff)
             x0_c = x0_hat + correction
         else:
             lam = 1.0 if sigma_next >= row_noise else sigma_next / row_noise
             gamma = math.sqrt(max(sigma_next**2 - (lam * row_noise) ** 2, 0.0))
-            x0_c = x0_hat + lam * operator.A_pinv(prob.y - operator.A(x0_hat))
+            x0_c = x0_hat + lam * operator.A_pinv(y - operator.A(x0_hat))
         if isinstance(gamma, Tensor):  # re-noising weights per singular value
             direction = (1 - cfg.eta**2) ** 0.5 * eps
             if cfg.eta > 0 and sigma_next > 0:
@@ -197,5 +182,5 @@ def sample_ddnm(
         else:
             x = ddim_step(x0_c, eps, gamma, cfg.eta**2, generators)
         if callback is not None:
-            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_c, "nfe": prior.nfe})
-    return to_image_units(x)
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_c})
+    return x

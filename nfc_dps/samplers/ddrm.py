@@ -24,23 +24,12 @@ from torch import Tensor
 from ..operators.base import LinearOperator, randn_per_image
 from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
-from ..schedules import DDPM_SIGMA_MAX, sigma_grid
-from .chains import Measurement
-from .common import (
-    Callback,
-    Generators,
-    StepConfig,
-    check_step_settings,
-    counting,
-    schedule_top,
-    sigma_vector,
-    to_image_units,
-    to_model_units,
-)
+from ..schedules import DDPM_SIGMA_MAX
+from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, check_step_settings, sigma_vector
 
 
 @dataclass(frozen=True)
-class DDRMConfig(StepConfig):
+class DDRMConfig(DDPMStepConfig):
     """DDRM settings; every field is a YAML key.
 
     num_steps: denoiser calls = NFE (DDRM: 20).
@@ -108,22 +97,18 @@ def operator_problem(operator: LinearOperator) -> str | None:
 
 def sample_ddrm(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: DDRMConfig = DDRMConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """One DDRM sample per image (an operator with a decomposition). Units as :func:`~nfc_dps.samplers.ddnm.sample_ddnm`."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
-    prior = counting(prior)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    cfg = config
-    sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
-    noise = 2.0 * float(sigma_y)
+    operator, y, image_shape, cfg = measurement.operator, measurement.y, measurement.image_shape, config
+    sigmas, noise = cfg.noise_levels(prior, measurement), measurement.noise
     basis = operator.decomposition()
     if basis is None:
         raise ValueError(operator_problem(operator))
-    measured = measured_coefficients(basis, prob.y, image_shape, cfg.singular_cutoff)
+    measured = measured_coefficients(basis, y, image_shape, cfg.singular_cutoff)
     s = measured.singular
     observed = s > 0
     # per-component measurement noise sigma_y / s (0 where unobserved: unused there)
@@ -145,5 +130,5 @@ def sample_ddrm(
         xb_next = torch.where(~observed, missing, torch.where(less_noisy, soft, hard))
         x = basis.V(xb_next)
         if callback is not None:
-            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat, "nfe": prior.nfe})
-    return to_image_units(x)
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat})
+    return x

@@ -34,13 +34,12 @@ from torch import Tensor
 
 from ..operators.base import randn_per_image
 from ..priors.base import Prior
-from ..schedules import DDPM_SIGMA_MAX, SCHEDULES, sigma_grid
-from .chains import Measurement
-from .common import Callback, Generators, StepConfig, counting, ddim_step, schedule_top, sigma_vector, to_image_units, to_model_units
+from ..schedules import DDPM_SIGMA_MAX, SCHEDULES
+from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, ddim_step, sigma_vector
 
 
 @dataclass(frozen=True)
-class DiffPIRConfig(StepConfig):
+class DiffPIRConfig(DDPMStepConfig):
     """DiffPIR settings; every field is a YAML key.
 
     num_steps: denoiser calls = NFE (paper: 100; 20 for inpainting).
@@ -85,29 +84,26 @@ PRESETS = {
 
 def sample_diffpir(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: DiffPIRConfig = DiffPIRConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
-    """One DiffPIR sample per image of the measurement (Gaussian noise). Returns (B, C, H, W) in
-    [0, 1] units (unclipped)."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
-    prior = counting(prior)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    cfg = config
-    sigmas, _ = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
+    """One DiffPIR sample per image of the measurement (Gaussian noise). Returns (B, C, H, W) in model
+    units."""
+    operator, y, sigma_y, cfg = measurement.operator, measurement.y, measurement.sigma, config
+    sigmas = cfg.noise_levels(prior, measurement)
 
-    x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
+    x = sigmas[0] * randn_per_image(measurement.image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
         x0 = prior.denoise(x, sigma_vector(sigma, x))
         last = i == cfg.num_steps - 1
         x0_hat = x0
         if not last or cfg.final_data_step:
-            x0_hat = operator.prox(prob.y, x0, prob.sigma, sigma / cfg.lam**0.5)
+            x0_hat = operator.prox(y, x0, sigma_y, sigma / cfg.lam**0.5)
         eps = (x - x0_hat) / sigma
         x = ddim_step(x0_hat, eps, sigma_next, cfg.zeta, generators)
         if callback is not None:
-            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat, "nfe": prior.nfe})
-    return to_image_units(x)
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat})
+    return x

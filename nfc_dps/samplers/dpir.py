@@ -28,21 +28,17 @@ from ..operators.base import LinearOperator
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import DPIR_SIGMA_MAX
-from .chains import Measurement
 from .common import (
     START_ESTIMATES,
     Callback,
     Generators,
+    ModelMeasurement,
     StepConfig,
     check_flag,
-    counting,
     initial_estimate,
-    model_operator,
     schedule_top,
     sigma_vector,
     spectrum_for,
-    to_image_units,
-    to_model_units,
 )
 from .self_ensemble import SelfEnsemblePrior
 
@@ -91,6 +87,10 @@ class DPIRConfig(StepConfig):
         """No random draw anywhere: K samples are K copies."""
         return True
 
+    def noise_levels(self, prior: Prior, measurement: ModelMeasurement) -> list[float]:
+        schedule_top(prior, self.sigma_max)  # the first level: a denoiser-only prior whose range it leaves refuses
+        return dpir_sigmas(self, measurement.sigma)
+
 
 #: "fast": DPIR's 8 iterations; "paper": 24 on the same range (the same PSNR on the local protocol).
 PRESETS = {
@@ -127,24 +127,20 @@ def dpir_start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: flo
 
 def sample_dpir(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: DPIRConfig = DPIRConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """DPIR's estimate per image of the measurement (deterministic; ``generators`` unused; a
-    nonlinear operator's prox is Gauss-Newton). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
-    prior = counting(prior)
-    cfg = config
+    nonlinear operator's prox is Gauss-Newton). Returns (B, C, H, W) in model units."""
+    operator, y, sigma_y, cfg = measurement.operator, measurement.y, measurement.sigma, config
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
-    schedule_top(prior, cfg.sigma_max)  # the first level: a denoiser-only prior whose range it leaves refuses
-    operator = model_operator(operator)  # a nonlinear one: its prox is Gauss-Newton
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    z = dpir_start(prior, operator, prob.y, prob.sigma, image_shape, cfg.start)
-    for k, sigma in enumerate(dpir_sigmas(cfg, prob.sigma)):
-        x = operator.prox(prob.y, z, prob.sigma, sigma / cfg.lam**0.5)
+    sigmas = cfg.noise_levels(prior, measurement)
+    z = dpir_start(prior, operator, y, sigma_y, measurement.image_shape, cfg.start)
+    for k, sigma in enumerate(sigmas):
+        x = operator.prox(y, z, sigma_y, sigma / cfg.lam**0.5)
         z = denoiser.denoise(x, sigma_vector(min(sigma, prior.sigma_max), x))
         if callback is not None:
-            callback({"i": k, "sigma": sigma, "x": x, "denoised": z, "nfe": prior.nfe})
-    return to_image_units(z)
+            callback({"i": k, "sigma": sigma, "x": x, "denoised": z})
+    return z

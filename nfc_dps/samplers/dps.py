@@ -41,20 +41,8 @@ from ..frequency import fourier_filter, lowpass_mask
 from ..operators.base import LinearOperator, randn_per_image
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
-from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES, sigma_grid
-from .chains import Measurement
-from .common import (
-    Callback,
-    Generators,
-    StepConfig,
-    adjoint_at,
-    counting,
-    model_operator,
-    schedule_top,
-    sigma_vector,
-    to_image_units,
-    to_model_units,
-)
+from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES
+from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, adjoint_at, sigma_vector
 
 # ---------------------------------------------------------------------------------------------
 # DPS
@@ -65,7 +53,7 @@ BANDS = ("none", "linear", "exponential")
 
 
 @dataclass(frozen=True)
-class DPSConfig(StepConfig):
+class DPSConfig(DDPMStepConfig):
     """DPS settings; every field is a YAML key.
 
     num_steps: ancestral steps = NFE (each with one backprop through the network). Paper: 1000.
@@ -162,34 +150,30 @@ def dps_guidance(prior: Prior, operator: LinearOperator, y: Tensor, x: Tensor, s
 
 def sample_dps(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: DPSConfig = DPSConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """One DPS sample per image of the measurement (its noise std is not used by DPS itself; a
-    nonlinear operator is differentiated through). Returns (B, C, H, W) in [0, 1] units (unclipped)."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
-    prior = counting(prior)
-    operator = model_operator(operator)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    cfg = config
+    nonlinear operator is differentiated through). Returns (B, C, H, W) in model units."""
+    operator, y, cfg = measurement.operator, measurement.y, config
     if cfg.band != "none" and not is_linear(operator):
         raise ValueError(f"DPS's band={cfg.band!r} filters a linear operator's measurement; use band='none' with "
                          f"the nonlinear {operator.name}")
-    sigmas, ts = sigma_grid(cfg.num_steps, schedule_top(prior, min(cfg.sigma_max, DDPM_SIGMA_MAX)), cfg.schedule)
-    h, w = prob.y.shape[-2:]
+    sigmas, ts = cfg.ddpm_grid(prior)
+    h, w = y.shape[-2:]
 
-    x = (1 + sigmas[0] ** 2) ** 0.5 * randn_per_image(image_shape, generators, y.dtype, y.device)
+    x = (1 + sigmas[0] ** 2) ** 0.5 * randn_per_image(measurement.image_shape, generators, y.dtype, y.device)
     for i in range(cfg.num_steps):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
         band = None
         if cfg.band != "none":
             band = lowpass_mask(h, w, cfg.band_cutoff(ts[i]), transition=0.0, device=y.device, dtype=y.dtype)
-        x0_hat, g = dps_guidance(prior, operator, prob.y, x, sigma, band)
+        x0_hat, g = dps_guidance(prior, operator, y, x, sigma, band)
         x = ancestral_step(x.detach(), x0_hat, sigma, sigma_next, cfg.variance, generators)
         scale = ((1 + sigma**2) * (1 + sigma_next**2)) ** 0.5  # 1 / (sqrt(abar_t) sqrt(abar_s))
         x = x - cfg.step_size * scale * g
         if callback is not None:
-            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat, "nfe": prior.nfe})
-    return to_image_units(x)
+            callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat})
+    return x

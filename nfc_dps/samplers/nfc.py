@@ -40,22 +40,17 @@ from ..operators.base import Generators, LinearOperator, randn_per_image
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas
-from .chains import Measurement
 from .common import (
     Callback,
-    ModelProblem,
+    ModelMeasurement,
     StepConfig,
     check_budget,
     check_flag,
-    counting,
     data_gain,
     data_gradient,
-    model_operator,
     pf_ode_predict,
     schedule_top,
     spectrum_for,
-    to_image_units,
-    to_model_units,
 )
 from .gaussian_step import (
     conditional_error_variance,
@@ -171,6 +166,9 @@ class NFCConfig(StepConfig):
         steps = max(d for d in range(1, min(self.ode_steps, budget) + 1) if budget % d == 0)
         return replace(self, ode_steps=steps, num_levels=budget // steps)
 
+    def noise_levels(self, prior: Prior, measurement: ModelMeasurement) -> list[float]:
+        return level_sigmas(self, schedule_top(prior, self.sigma_max))
+
     def as_daps(self) -> "NFCConfig":
         """The same skeleton with NFC's modules off: DAPS."""
         return replace(self, band=replace(self.band, blend_start=0.0), detail=replace(self.detail, levels=0))
@@ -184,40 +182,37 @@ def level_sigmas(cfg: NFCConfig, top: float) -> list[float]:
 
 def sample_nfc(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: NFCConfig = NFCConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """Draw one posterior sample per image of the measurement (Gaussian noise). Returns (B, C, H, W)
-    in [0, 1] units (unclipped)."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
+    in model units."""
     if not isinstance(config, NFCConfig):
         raise TypeError(f"sample_nfc takes an NFCConfig, got {type(config).__name__} (the deterministic preset's "
                         f"ContinuationConfig runs with sample_nfc_continuation, or as method 'nfc')")
-    prior = counting(prior)
-    operator = model_operator(operator)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
+    operator, y, image_shape = measurement.operator, measurement.y, measurement.image_shape
     cfg, n = config, config.num_levels
     if not is_linear(operator):
         why = nonlinear_problem(cfg)
         if why:
             raise ValueError(f"{why}; with the nonlinear {operator.name} use NFC's default (deterministic) preset, or DAPS")
-    sigmas = level_sigmas(cfg, schedule_top(prior, cfg.sigma_max))
+    sigmas = cfg.noise_levels(prior, measurement)
     spectrum = None
     if cfg.prior_covariance == "spectral" or (cfg.band.active and cfg.band.cutoff == "spectral"):
         with record_function("nfc.spectrum"):
-            spectrum = spectrum_for(cfg.spectrum, prior, operator, prob.y, image_shape, cfg.inner_temperature == 0)
+            spectrum = spectrum_for(cfg.spectrum, prior, operator, y, image_shape, cfg.inner_temperature == 0)
     if cfg.prior_covariance == "isotropic":
         def prior_variance(sigma: float) -> float | Tensor:
             return sigma**2
     else:
         def prior_variance(sigma: float) -> float | Tensor:
             return spectral_prior_variance(spectrum, sigma)
-    step, last_step = inner_steps(cfg, operator, prob, generators)
-    band_at = band_schedule(cfg, operator, prob, spectrum)
+    step, last_step = inner_steps(cfg, operator, measurement, generators)
+    band_at = band_schedule(cfg, operator, measurement, spectrum)
     commit = detail_commitment(cfg)
-    renoise = renoise_step(cfg, operator, prob, generators)
+    renoise = renoise_step(cfg, operator, measurement, generators)
     with record_function("nfc.renoise"):
         x = sigmas[0] * randn_per_image(image_shape, generators, y.dtype, y.device)
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
@@ -234,8 +229,8 @@ def sample_nfc(
             with record_function("nfc.renoise"):
                 x = renoise(x0, sigmas[k + 1], prior_var)
         if callback is not None:
-            callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x0, "nfe": prior.nfe})
-    return to_image_units(x)
+            callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x0})
+    return x
 
 
 def nonlinear_problem(cfg: NFCConfig) -> str | None:
@@ -250,7 +245,7 @@ def nonlinear_problem(cfg: NFCConfig) -> str | None:
     return None
 
 
-def inner_steps(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
+def inner_steps(cfg: NFCConfig, operator: LinearOperator, prob: ModelMeasurement,
                 generators: Generators) -> tuple[InnerStep, InnerStep]:
     """(the inner step of levels 0 .. N-2, the last level's): the configured ``inner`` for both,
     except that the last one is the conditional mean with ``final_step="mean"``."""
@@ -281,7 +276,7 @@ def inner_steps(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
     return step, exact(False) if cfg.final_step == "mean" else step
 
 
-def band_schedule(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
+def band_schedule(cfg: NFCConfig, operator: LinearOperator, prob: ModelMeasurement,
                   spectrum: Tensor | None) -> Callable[[int, float], Tensor | None]:
     """(k, sigma_k) -> the band weight W_k (None: all-pass) of ``cfg.band``."""
     band, n = cfg.band, cfg.num_levels
@@ -317,7 +312,7 @@ def detail_commitment(cfg: NFCConfig) -> Callable[[Tensor, Tensor, int], Tensor]
     return fuse
 
 
-def renoise_step(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
+def renoise_step(cfg: NFCConfig, operator: LinearOperator, prob: ModelMeasurement,
                  generators: Generators) -> Callable[[Tensor, float, "float | Tensor"], Tensor]:
     """(x0, sigma_{k+1}, the level's prior variance) -> the next level's x (``cfg.renoise``)."""
     def noise(x0: Tensor) -> Tensor:
@@ -333,7 +328,7 @@ def renoise_step(cfg: NFCConfig, operator: LinearOperator, prob: ModelProblem,
     return matched
 
 
-def matched_noise_std(operator: LinearOperator, prob: ModelProblem,
+def matched_noise_std(operator: LinearOperator, prob: ModelMeasurement,
                       temperature: float) -> Callable[["float | Tensor", float], Tensor]:
     """(prior variance, sigma_{k+1}) -> per-image std (B|1,) sqrt(max(sigma_{k+1}^2 - e_k^2, 0)) of
     the noise the inner step's output lacks, e_k^2 its expected squared error per pixel
@@ -389,7 +384,7 @@ def langevin_refine(operator: LinearOperator, y: Tensor, x0_hat: Tensor, sigma_y
     return x
 
 
-def sample_daps(prior: Prior, measurement: Measurement, config: NFCConfig = NFCConfig(), generators: Generators = None,
+def sample_daps(prior: Prior, measurement: ModelMeasurement, config: NFCConfig = NFCConfig(), generators: Generators = None,
                 callback: Callback = None) -> Tensor:
     """DAPS (Zhang et al. 2025): :func:`sample_nfc` with the band and the Haar commitment off."""
     if not isinstance(config, NFCConfig):

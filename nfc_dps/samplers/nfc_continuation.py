@@ -38,19 +38,15 @@ from ..operators.base import Generators, LinearOperator
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
-from .chains import Measurement
 from .common import (
     Callback,
+    ModelMeasurement,
     StepConfig,
     check_flag,
-    counting,
     initial_estimate,
-    model_operator,
     pf_ode_predict,
     schedule_top,
     spectrum_for,
-    to_image_units,
-    to_model_units,
     warn_above_range,
 )
 from .nfc import ODE_SIGMA_MIN, RHO
@@ -116,6 +112,13 @@ class ContinuationConfig(StepConfig):
         """No random draw anywhere: K samples are K copies."""
         return True
 
+    def noise_levels(self, prior: Prior, measurement: ModelMeasurement) -> list[float]:
+        top = top_sigma(self.sigma_max, measurement.operator, measurement.sigma)
+        if self.sigma_max == "auto" and not getattr(measurement.operator, "start_is_informative", True) \
+                and prior.denoiser_only:
+            top = min(top, float(prior.sigma_max))  # the uninformed start's rule stays within a denoiser's range
+        return continuation_sigmas(self, schedule_top(prior, top), measurement.sigma)
+
 
 def top_sigma(sigma_max: float | str, operator: LinearOperator, sigma_y: float) -> float:
     """The first level in model units: ``sigma_max`` itself, or the "auto" rule for ``operator``
@@ -137,42 +140,34 @@ def continuation_sigmas(cfg: ContinuationConfig, top: float, sigma_y: float) -> 
 
 def sample_nfc_continuation(
     prior: Prior,
-    measurement: Measurement,
+    measurement: ModelMeasurement,
     config: ContinuationConfig = ContinuationConfig(),
     generators: Generators = None,
     callback: Callback = None,
 ) -> Tensor:
     """The continuation's estimate per image of the measurement (deterministic; ``generators``
-    unused; a nonlinear operator's data steps are Gauss-Newton). Returns (B, C, H, W) in [0, 1]
-    units (unclipped)."""
-    operator, y, sigma_y, image_shape = measurement.operator, measurement.y, measurement.sigma_y, measurement.image_shape
+    unused; a nonlinear operator's data steps are Gauss-Newton). Returns (B, C, H, W) in model units."""
     if not isinstance(config, ContinuationConfig):
         raise TypeError(f"sample_nfc_continuation takes a ContinuationConfig, got {type(config).__name__} (the "
                         f"posterior presets' NFCConfig runs with sample_nfc, or as method 'nfc')")
-    prior = counting(prior)
-    cfg = config
-    operator = model_operator(operator)
-    prob = to_model_units(operator, y, sigma_y, image_shape)
-    top = top_sigma(cfg.sigma_max, operator, prob.sigma)
-    if cfg.sigma_max == "auto" and not getattr(operator, "start_is_informative", True) and prior.denoiser_only:
-        top = min(top, float(prior.sigma_max))  # the uninformed start's rule stays within a denoiser's range
+    operator, y, sigma_y, cfg = measurement.operator, measurement.y, measurement.sigma, config
     if operator.family == "denoise" and is_linear(operator):
-        return to_image_units(_denoise_measurement(prior, operator, prob.y, prob.sigma, cfg, callback))
-    sigmas = continuation_sigmas(cfg, schedule_top(prior, top), prob.sigma)
+        return _denoise_measurement(prior, operator, y, sigma_y, cfg, callback)
+    sigmas = cfg.noise_levels(prior, measurement)
     spectrum = None
     if is_linear(operator):  # a nonlinear operator starts from its own estimate (operator.start)
         with record_function("nfc.spectrum"):
-            spectrum = spectrum_for("auto", prior, operator, prob.y, image_shape, mean_steps=True)
-    x = initial_estimate(operator, prob.y, prob.sigma, image_shape, "wiener", spectrum)
+            spectrum = spectrum_for("auto", prior, operator, y, measurement.image_shape, mean_steps=True)
+    x = initial_estimate(operator, y, sigma_y, measurement.image_shape, "wiener", spectrum)
     denoiser = SelfEnsemblePrior(prior) if cfg.self_ensemble else prior
     for k, sigma in enumerate(sigmas[:-1]):
         with record_function("nfc.predictor"):
             x0_hat = pf_ode_predict(denoiser, x, sigma, ODE_SIGMA_MIN, 1, RHO)
         with record_function("nfc.inner_exact"):
-            x = operator.prox(prob.y, x0_hat, prob.sigma, (sigma**2 / cfg.prior_weight) ** 0.5)
+            x = operator.prox(y, x0_hat, sigma_y, (sigma**2 / cfg.prior_weight) ** 0.5)
         if callback is not None:
-            callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x, "nfe": prior.nfe})
-    return to_image_units(x)
+            callback({"i": k, "sigma": sigma, "x": x, "denoised": x0_hat, "x0": x})
+    return x
 
 
 def _denoise_measurement(prior: Prior, operator: LinearOperator, y: Tensor, sigma_y: float, cfg: ContinuationConfig,
@@ -193,5 +188,5 @@ def _denoise_measurement(prior: Prior, operator: LinearOperator, y: Tensor, sigm
     denoiser = SelfEnsemblePrior(prior) if calls > 1 else prior
     x0_hat = sum(denoiser.denoise(image, level.to(image.dtype)) for _ in range(calls)) / calls
     if callback is not None:
-        callback({"i": 0, "sigma": float(level.max()), "x": x0_hat, "denoised": x0_hat, "x0": x0_hat, "nfe": prior.nfe})
+        callback({"i": 0, "sigma": float(level.max()), "x": x0_hat, "denoised": x0_hat, "x0": x0_hat})
     return x0_hat
