@@ -26,6 +26,7 @@ from ..operators.base import LinearOperator, noise_sigma_problem
 from ..operators.nonlinear import WeightedNonlinearOperator, is_linear
 from ..operators.weighted import WeightedOperator
 from .common import ModelMeasurement, counting, to_image_units, to_model_units
+from .registry import get_method
 
 #: called after every sampler step with ``{"i", "sigma", "x", "denoised", "nfe", "chains"}``
 #: (model units; ``chains`` is the (start, stop) range of the chunk); NFC adds ``x0``, its
@@ -162,8 +163,6 @@ def iter_chains(method: str, prior: Any, measurement: Measurement, config: Any, 
     The network runs without gradients (a method that differentiates through it turns them on for
     its own step): results never carry a graph. A chunk with NaN or Inf is a FloatingPointError
     naming the method."""
-    from . import get_method  # the registry imports every sampler, this module included
-
     if not isinstance(measurement, Measurement):
         raise TypeError(f"measurement must be a nfc_dps.samplers.Measurement, got {type(measurement).__name__}")
     for name, value, least in (("num_samples", num_samples, 1), ("max_batch", max_batch, 1)):
