@@ -56,7 +56,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .fingerprint import prior_fingerprint, weights_determine  # re-exported: the prior's fingerprint lives there
+from .fingerprint import CalibrationError, prior_fingerprint, weights_determine  # re-exported: they live there
 from .io import write_json
 from .operators.tasks import TASKS
 
@@ -84,10 +84,6 @@ def mean_spread(mean: Any, std: Any, eps: float = DEFAULT_EPS, edge_weight: floa
     pixels: how wide its interval is per unit of q, what the sampler tells about its own difficulty."""
     u = _numpy(spread(mean, std, eps, edge_weight)).astype(np.float64)
     return u.reshape(u.shape[0], -1).mean(axis=1) if u.ndim == 4 else np.array([u.mean()])
-
-
-class CalibrationError(ValueError):
-    """A calibration that cannot be fitted, read, or applied to this run."""
 
 
 def check_coverage(coverage: Any) -> float:

@@ -12,6 +12,14 @@ from typing import Any
 
 import torch
 
+from .priors.base import prior_device
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be fitted, read, or applied to this run (a prior that cannot be
+    fingerprinted among them); :mod:`nfc_dps.conformal` re-exports it."""
+
+
 #: where a module's or callable's code must live for its weights to say what it computes (the
 #: embedded and folder priors): anything else is also fingerprinted by its outputs on a probe
 TRUSTED_CODE = ("nfc_dps", "torch", "diffusers")
@@ -59,9 +67,6 @@ def _probe_digest(prior: Any) -> bytes:
     restored after), outputs in float32 rounded to :data:`PROBE_STEP`. Buffers the call changes (a
     BatchNorm's running statistics in training mode) are put back. CalibrationError when the prior
     cannot denoise the probe, or when a second, identical call gives other outputs (not deterministic)."""
-    from .conformal import CalibrationError  # conformal re-exports this module's names
-    from .priors.base import prior_device
-
     channels, multiple = int(getattr(prior, "channels", 3)), max(1, int(getattr(prior, "size_multiple", 1)))
     fixed = getattr(prior, "fixed_size", None)
     sizes = [(int(fixed[0]), int(fixed[1]))] if fixed else [(s, s) for s in

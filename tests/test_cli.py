@@ -545,10 +545,10 @@ def test_samples_std_map_and_ground_truth_metrics(tmp_path, prior_dir, capsys):
 
 def _spy_sampler_batches(monkeypatch) -> list[int]:
     """Record the number of chains of every sampler call."""
-    import nfc_dps.samplers as samplers
+    import nfc_dps.samplers.chains as chains
 
     calls: list[int] = []
-    real = samplers.get_method
+    real = chains.get_method
 
     def spy(name):
         method = real(name)
@@ -563,7 +563,7 @@ def _spy_sampler_batches(monkeypatch) -> list[int]:
 
         return Spy()
 
-    monkeypatch.setattr(samplers, "get_method", spy)
+    monkeypatch.setattr(chains, "get_method", spy)  # the chain driver's registry lookup
     return calls
 
 

@@ -172,7 +172,7 @@ def test_16bit_png_orientation_uses_same_rule(tmp_path):
     """The own decoder's orientation matches Pillow's exif_transpose on the 8-bit equivalent."""
     from PIL import ImageOps
 
-    from nfc_dps.io.images import _orient
+    from nfc_dps.io.decoded import _orient
 
     a = (np.random.default_rng(1).random((3, 5, 3)) * 255).astype(np.uint8)
     for o in range(1, 9):
@@ -188,7 +188,7 @@ def test_16bit_png_and_tiff_apply_their_orientation(tmp_path, orientation):
     with tifffile) turn the pixels as for 8-bit files, and the info says which orientation."""
     import tifffile
 
-    from nfc_dps.io.images import _orient
+    from nfc_dps.io.decoded import _orient
 
     a = np.random.default_rng(2).random((4, 6, 3))
     write_image(tmp_path / "a.png", a, bit_depth=16)
@@ -259,7 +259,7 @@ def test_16bit_png_writes_are_exact(tmp_path, c):
 def test_16bit_png_exif_after_the_image_data_is_applied(tmp_path):
     """libpng may write the eXIf chunk after the image data; its orientation is applied as when
     it comes before."""
-    from nfc_dps.io.images import _orient
+    from nfc_dps.io.decoded import _orient
 
     a = _img(h=4, w=6, seed=4)
     write_image(tmp_path / "a.png", a, bit_depth=16)

@@ -19,9 +19,7 @@ from __future__ import annotations
 import io
 import os
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import imagecodecs
 import numpy as np
@@ -29,6 +27,8 @@ import tifffile
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from . import files
+from .decoded import ImageInfo, ImageReadError, split_decoded
+from .tiff import quiet_third_party, read_deep_tiff
 
 #: file extensions read_image accepts (lower case)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -39,55 +39,6 @@ _FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "BMP", "DIB"}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: the first bytes of a TIFF (classic and BigTIFF, little and big endian)
 _TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
-
-
-class ImageReadError(ValueError):
-    """An image file could not be read; the message starts with the file's path."""
-
-    def __init__(self, path: str | Path, reason: str) -> None:
-        self.path, self.reason = str(path), reason
-        super().__init__(f"{path}: {reason}")
-
-
-@dataclass
-class ImageInfo:
-    """What :func:`read_image` learnt about a file besides its pixels.
-
-    bit_depth: bits per sample in the file (1, 8, 16, or 32 for float TIFFs).
-    mode: Pillow's mode of the file ("L", "RGB", "RGBA", "I;16", ...; "RGB;16"/"RGBA;16"/"LA;16"
-        for 16-bit colour PNGs decoded here). format: "PNG", "JPEG", "TIFF" or "BMP".
-    alpha: the alpha channel, float32 (H, W) in [0, 1], or None.
-    orientation: the EXIF orientation tag (1 = upright) that was applied.
-    pages: pages (multi-page TIFF) or frames (animated PNG) in the file; only the first is read.
-    """
-
-    path: str
-    format: str
-    mode: str
-    bit_depth: int
-    shape: tuple[int, ...]
-    alpha: np.ndarray | None = field(default=None, repr=False)
-    orientation: int = 1
-    pages: int = 1
-
-    @property
-    def has_alpha(self) -> bool:
-        return self.alpha is not None
-
-    @property
-    def channels(self) -> int:
-        """Colour channels of the returned array (1 or 3), alpha not counted."""
-        return 1 if len(self.shape) == 2 else self.shape[2]
-
-    @property
-    def output_bit_depth(self) -> int:
-        """8 or 16: the integer depth that keeps this file's precision when written back."""
-        return 16 if self.bit_depth > 8 else 8
-
-    def describe(self) -> dict[str, Any]:
-        return {"format": self.format, "mode": self.mode, "bit_depth": self.bit_depth,
-                "size": list(self.shape[:2]), "channels": self.channels, "alpha": self.has_alpha,
-                "orientation": self.orientation}
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,8 +54,6 @@ def read_image(path: str | Path, any_range: bool = False) -> tuple[np.ndarray, I
     Raises :class:`ImageReadError` (a ValueError naming the file) for a missing, empty, corrupt
     or unsupported file.
     """
-    from .tiff import quiet_third_party  # tiff.py builds on this module
-
     path = Path(path)
     if not path.exists():
         raise ImageReadError(path, "no such file")
@@ -150,25 +99,6 @@ def _page_count(path: Path) -> int:
         return 1
 
 
-def _orient(a: np.ndarray, orientation: int) -> np.ndarray:
-    """Apply an EXIF orientation to an (H, W[, C]) array, as PIL.ImageOps.exif_transpose does."""
-    if orientation == 2:
-        a = a[:, ::-1]
-    elif orientation == 3:
-        a = a[::-1, ::-1]
-    elif orientation == 4:
-        a = a[::-1]
-    elif orientation == 5:
-        a = a.swapaxes(0, 1)
-    elif orientation == 6:
-        a = np.rot90(a, -1)
-    elif orientation == 7:
-        a = a.swapaxes(0, 1)[::-1, ::-1]
-    elif orientation == 8:
-        a = np.rot90(a, 1)
-    return np.ascontiguousarray(a)
-
-
 def _exif_orientation(im) -> int:
     try:
         value = int(im.getexif().get(0x0112, 1))
@@ -177,25 +107,7 @@ def _exif_orientation(im) -> int:
     return value if 1 <= value <= 8 else 1
 
 
-def _split(path: Path, fmt: str, mode: str, bits: int, arr: np.ndarray, orientation: int,
-           has_alpha: bool, pending: int | None = None) -> tuple[np.ndarray, ImageInfo]:
-    """arr: float (H, W, C) with C in 1..4 already in [0, 1] -> colour array + info. The file's
-    ``orientation`` is recorded; ``pending`` (default: the same) is what is still to be applied
-    to ``arr`` (Pillow turns TIFFs itself when it loads them)."""
-    arr = _orient(arr, orientation if pending is None else pending)
-    alpha = None
-    if has_alpha:
-        alpha = np.ascontiguousarray(arr[..., -1], dtype=np.float32)
-        arr = arr[..., :-1]
-    arr = np.ascontiguousarray(arr[..., 0] if arr.shape[-1] == 1 else arr, dtype=np.float32)
-    if arr.size == 0:
-        raise ImageReadError(path, "image has no pixels")
-    return arr, ImageInfo(str(path), fmt, mode, bits, tuple(arr.shape), alpha, orientation)
-
-
 def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, ImageInfo]:
-    from .tiff import read_deep_tiff  # tiff.py builds on this module
-
     try:
         im = Image.open(path)
     except UnidentifiedImageError as e:
@@ -228,17 +140,17 @@ def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, Image
         mode = im.mode
         if mode == "1":
             arr, bits = np.asarray(im.convert("L"), np.float32)[..., None] / 255.0, 1
-            return _split(path, fmt, mode, bits, arr, orientation, False, pending)
+            return split_decoded(path, fmt, mode, bits, arr, orientation, False, pending)
         if mode in ("I;16", "I;16L", "I;16B", "I;16N"):
             arr = np.asarray(im).astype(np.float32)[..., None] / 65535.0
             if fmt == "TIFF" and im.tag_v2.get(262) == 0:  # "min is white" (Pillow inverts only 8-bit ones)
                 arr = 1.0 - arr
-            return _split(path, fmt, mode, 16, arr, orientation, False, pending)
+            return split_decoded(path, fmt, mode, 16, arr, orientation, False, pending)
         if mode == "I":
             raw = np.asarray(im)
             if raw.size and (raw.min() < 0 or raw.max() > 65535):
                 raise ImageReadError(path, "unsupported 32-bit integer image (values outside 0..65535)")
-            return _split(path, fmt, mode, 16, raw.astype(np.float32)[..., None] / 65535.0, orientation, False,
+            return split_decoded(path, fmt, mode, 16, raw.astype(np.float32)[..., None] / 65535.0, orientation, False,
                           pending)
         if mode == "F":
             raw = np.asarray(im, dtype=np.float32)
@@ -246,7 +158,7 @@ def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, Image
                 raise ImageReadError(path, "float image contains NaN or Inf")
             if raw.size and (raw.min() < 0 or raw.max() > 1) and not any_range:
                 raise ImageReadError(path, f"float image values must lie in [0, 1], found [{raw.min():g}, {raw.max():g}]")
-            return _split(path, fmt, mode, 32, raw[..., None], orientation, False, pending)
+            return split_decoded(path, fmt, mode, 32, raw[..., None], orientation, False, pending)
         if mode in ("L", "LA", "La"):
             target = "LA" if mode != "L" else "L"
         elif mode in ("P", "PA"):
@@ -262,7 +174,7 @@ def _read_pillow(path: Path, any_range: bool = False) -> tuple[np.ndarray, Image
         arr = np.asarray(conv, np.float32)
         if arr.ndim == 2:
             arr = arr[..., None]
-        return _split(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"), pending)
+        return split_decoded(path, fmt, mode, 8, arr / 255.0, orientation, target in ("LA", "RGBA"), pending)
 
 
 def _read_png16(path: Path, head: bytes) -> tuple[np.ndarray, ImageInfo]:
@@ -295,7 +207,7 @@ def _read_png16(path: Path, head: bytes) -> tuple[np.ndarray, ImageInfo]:
         raise ImageReadError(path, f"unexpected decoded PNG layout {raw.dtype} {raw.shape}")
     arr = raw.astype(np.float32) / 65535.0
     mode = {2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}[channels]
-    arr, info = _split(path, "PNG", mode, 16, arr, orientation, channels in (2, 4))
+    arr, info = split_decoded(path, "PNG", mode, 16, arr, orientation, channels in (2, 4))
     info.pages = pages
     return arr, info
 

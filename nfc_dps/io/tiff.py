@@ -7,7 +7,7 @@
 * :func:`write_measurement`: a measurement of any finite values, written exactly as a float32 TIFF.
 
 :func:`nfc_dps.io.images.read_image` is the entry point for reading and calls the first two. This
-module uses :mod:`.images`' types, so that module imports this one inside its functions.
+module uses :mod:`.decoded`'s types.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import tifffile
 
 from . import files
-from .images import ImageInfo, ImageReadError, _split
+from .decoded import ImageInfo, ImageReadError, split_decoded
 
 # --------------------------------------------------------------------------------------------
 # reading
@@ -83,7 +83,7 @@ def read_deep_tiff(path: Path, mode: str, orientation: int | None, any_range: bo
             pixels = np.where(alpha > 0, np.clip(pixels / np.maximum(alpha, 1e-12), 0, 1), 0.0)
         pixels = np.concatenate([pixels, alpha], -1)
     label = ("LA" if colour == 1 else "RGBA") if alpha_at is not None else ("L" if colour == 1 else "RGB")
-    return _split(path, "TIFF", f"{label};{bits}" if bits != 8 else label, bits, pixels.astype(np.float32),
+    return split_decoded(path, "TIFF", f"{label};{bits}" if bits != 8 else label, bits, pixels.astype(np.float32),
                   orientation, alpha_at is not None)
 
 
