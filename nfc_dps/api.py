@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .config import validate_overrides
 from .conformal import UnfamiliarImageWarning, load_calibration
-from .noise import NoiseModel
+from .noise import GaussianNoise, NoiseModel, as_noise
 from .noise_level import measurement_sigma
 from .operators.base import LinearOperator
 from .operators.nonlinear import is_linear
@@ -163,7 +163,9 @@ def restore(
             best estimate per network call: 16 NFE, no random draw), for the others "fast".
             Posterior samples with a ``std``: NFC's "fast" (100 NFE) or "paper" (as published).
         sigma_y: measurement noise std in [0, 1] pixel units, in [0, 1]: the shorthand for
-            ``noise=GaussianNoise(sigma_y)``; 0.025 when neither is given; ``"auto"``: estimated
+            ``noise=GaussianNoise(sigma_y)``; 0.025 when neither is given, or the operator's own
+            noise where it declares one (``operator.measurement_noise()``: a JPEG file's
+            quantisation), which a stated level or ``"auto"`` must not contradict; ``"auto"``: estimated
             per image from the measurement (:mod:`nfc_dps.noise_level`), the value used in
             ``noise_sigma``.
         noise: the measurement's noise model (:mod:`nfc_dps.noise`): ``GaussianNoise(s)``,
@@ -192,11 +194,15 @@ def restore(
         restarts: run this many chains per image and keep the one the measurement fits best (the
             noise model's likelihood of y given A(x), never the truth), as DPS and DAPS report
             phase retrieval; needs a stochastic config and ``num_samples=1``; NFE is per chain.
+    Every sample (and so the mean) is made consistent with the measurement before clipping, where
+    the operator defines how (``operator.consistent``: a JPEG's projection onto its quantisation
+    cells; the other operators leave it as it is).
     Gray measurements with an RGB prior are replicated to RGB, with noise std sigma_y * sqrt(3)
     per copy, and averaged back. Images whose size is not a multiple of ``prior.size_multiple``
     are restored on a padded canvas (the border is unmeasured, filled by the prior) and cropped.
     Profiling: samplers mark their building blocks with ``torch.profiler.record_function``.
     """
+    sigma_y, noise = _declared_noise(operator, sigma_y, noise)
     if isinstance(sigma_y, str):
         return _restore_estimated_sigma(y, operator, sigma_y, noise, seed, dict(
             prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
@@ -231,17 +237,46 @@ def restore(
     t0 = time.perf_counter()
     if restarts > 1:
         samples, _, nfe = _run_chains(method, cfg, prior, problem, seeds, restarts, max_batch, True, input_device,
-                                      callback, progress)
+                                      callback, progress, (operator, batch))
         samples = _best_fit(samples.to(batch.device), restarts, operator, batch, noise).to(input_device)
         out = _assembled(samples, None, nfe, time.perf_counter() - t0, cfg, back, 1, None)
     else:
         samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
-                                          keep_samples, input_device, callback, progress)
+                                          keep_samples, input_device, callback, progress, (operator, batch))
         seconds = time.perf_counter() - t0
         out = _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
     out.noise_sigma = noise.gaussian_sigma
     out.frame = operator.measured_frame(tuple(batch.shape[:2]) + tuple(operator.image_shape(batch.shape)[-2:]))
     return out
+
+
+def _declared_noise(operator: Any, sigma_y: Any, noise: Any) -> tuple[Any, Any]:
+    """(sigma_y, noise) for :func:`restore`: the operator's own noise model
+    (:meth:`~nfc_dps.operators.base.LinearOperator.measurement_noise`) when neither is given; a
+    stated one that contradicts it (another model or level, ``"auto"``) is a ValueError saying so."""
+    declared = operator.measurement_noise() if isinstance(operator, LinearOperator) else None
+    if declared is None:
+        return sigma_y, noise
+    if sigma_y is None and noise is None:
+        return None, declared
+    given = f"noise={noise!r}" if noise is not None else f"sigma_y={sigma_y!r}"
+    why = (f"the {operator.name} measurement's noise is its own ({declared}: read from the measurement's "
+           f"construction, e.g. a JPEG file's quantisation steps); {given} contradicts it: leave sigma_y and noise out")
+    if noise is not None and sigma_y is not None:
+        raise TypeError(f"pass one of sigma_y and noise, got sigma_y={sigma_y!r} and noise={noise!r}")
+    stated = noise if noise is not None else sigma_y
+    if isinstance(stated, str) and stated == "auto":
+        raise ValueError(why)
+    try:
+        model = as_noise(stated)
+    except (TypeError, ValueError):
+        raise ValueError(why) from None
+    same = (model.gaussian_sigma is not None and declared.gaussian_sigma is not None
+            and math.isclose(model.gaussian_sigma, declared.gaussian_sigma, rel_tol=1e-6, abs_tol=1e-12)
+            ) if isinstance(model, GaussianNoise) else str(model) == str(declared)
+    if not same:
+        raise ValueError(why)
+    return None, declared
 
 
 def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noise: Any, seed: Any,
@@ -424,10 +459,12 @@ class _Problem:
 
 
 def _run_chains(method, cfg, prior, problem: _Problem, seeds, num_samples, max_batch, keep_samples, input_device,
-                callback, progress):
+                callback, progress, measured: tuple[LinearOperator, Tensor]):
     """Run the B * num_samples chains, ``max_batch`` at a time (:func:`~nfc_dps.samplers.iter_chains`):
-    (the samples clipped to [0, 1] (B * K, C, H, W) on the input's device, or None when only
-    statistics are kept; their running statistics (None for one sample); network calls per chain)."""
+    (the samples, made consistent with the measurement (``measured``: the operator and the
+    measurement as given, :meth:`~nfc_dps.operators.base.LinearOperator.consistent`) and clipped to
+    [0, 1], (B * K, C, H, W) on the input's device, or None when only statistics are kept; their
+    running statistics (None for one sample); network calls per chain)."""
     b = problem.batch.shape[0]
     chains = b * num_samples
     chunks = 1 if max_batch is None else -(-chains // min(int(max_batch), chains))
@@ -450,7 +487,10 @@ def _run_chains(method, cfg, prior, problem: _Problem, seeds, num_samples, max_b
                                 step_callback if (bar is not None or callback is not None) else None):
             nfe = part.nfe if nfe is None else nfe
             x = part.x.mean(1, keepdim=True) if problem.gray else part.x
-            x = x[..., :h, :w].to(input_device)
+            x = x[..., :h, :w]
+            operator, y = measured
+            x = operator.consistent(x, y[torch.arange(part.start, part.start + len(x), device=y.device) // num_samples])
+            x = x.to(input_device)
             if stats is not None:
                 stats.add(x, part.start)
             if stats is None or keep_samples:

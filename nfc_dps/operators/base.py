@@ -217,6 +217,20 @@ class LinearOperator(torch.nn.Module):
     #: :func:`nfc_dps.restore` restores as if that much independent Gaussian noise were added
     model_error: float = 0.0
 
+    def measurement_noise(self) -> Any:
+        """The noise model the measurement carries by construction (a JPEG file's quantisation
+        error: :class:`~nfc_dps.operators.jpeg.JpegOperator`), a :class:`~nfc_dps.noise.NoiseModel`:
+        :func:`nfc_dps.restore` uses it when no noise is given and refuses a stated one that
+        contradicts it. None (the default): the noise is the caller's to state."""
+        return None
+
+    def consistent(self, x: Tensor, y: Tensor) -> Tensor:
+        """The restoration ``x`` (B, C, H, W) in [0, 1] made consistent with the measurement ``y``
+        where the measurement defines a set every image it can come from lies in (a JPEG file's
+        quantisation cells: the projection onto them); :func:`nfc_dps.restore` applies it to its
+        restorations and samples before clipping. ``x`` itself by default."""
+        return x
+
     def refined(self, y: Tensor, x: Tensor) -> "LinearOperator":
         """This operator with what :meth:`fitted` estimated re-estimated from the measurement ``y``
         and a restoration ``x`` of it; itself when nothing is unknown."""

@@ -250,6 +250,17 @@ class JpegOperator(LinearOperator):
         """The measurement's noise std, q_min / sqrt(12), [0, 1] pixel units."""
         return self.q_min / math.sqrt(12)
 
+    def measurement_noise(self) -> Any:
+        """The file's own noise: Gaussian of std :attr:`sigma_y` (the quantisation error, relaxed)."""
+        from ..noise import GaussianNoise
+
+        return GaussianNoise(self.sigma_y)
+
+    def consistent(self, x: Tensor, y: Tensor) -> Tensor:
+        """``x`` projected onto the quantisation cells of the integers ``y`` stores
+        (:meth:`project`, in float64), in x's dtype."""
+        return self.project(x.double(), y.double()).to(x.dtype)
+
     def norm_bound(self) -> float:
         """A bound on ||A||^2: ||C||^2 times the largest ||D||^2 of a plane (1 / (sv sh) inside
         the image, more where the encoder's edge extension repeats pixels)."""
