@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -10,35 +9,9 @@ import torch
 from torch import Tensor
 
 from .base import FAMILIES, LinearOperator
+from .nonlinear import NonlinearFunctionOperator, as_shape
 
 __all__ = ["FunctionOperator"]
-
-
-def _shape(value: Sequence[int], name: str) -> tuple[int, ...]:
-    """``value`` as a tuple of positive ints: Python or numpy integers (or integral floats) are
-    taken, a non-integral float, a bool or a string is refused naming it."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}")
-    shape = []
-    for v in value:
-        if isinstance(v, (bool, np.bool_, str, bytes)):
-            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r} (holding {v!r})")
-        try:
-            shape.append(operator.index(v))  # int, numpy integer, integer 0-d tensor
-            continue
-        except TypeError:
-            pass
-        try:
-            f = float(v)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r} (holding {v!r})") from e
-        if not f.is_integer():
-            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}: {v!r} is not a whole "
-                             f"number (a size is not truncated)")
-        shape.append(int(f))
-    if not shape or any(v < 1 for v in shape):
-        raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {value!r}")
-    return tuple(shape)
 
 
 def _check_gradient(op: Any, device: Any, dtype: torch.dtype | None) -> None:
@@ -112,8 +85,6 @@ class FunctionOperator(LinearOperator):
                              "autograd; pass A_adjoint=None")
         if "family" in kwargs:
             raise ValueError(f"family={kwargs['family']!r}: a nonlinear map's family is 'nonlinear'; drop the argument")
-        from .nonlinear import NonlinearFunctionOperator  # builds on this module's checks
-
         op = NonlinearFunctionOperator(A, image_shape, measurement_shape, name=name, **kwargs)
         _check_gradient(op, kwargs.get("device", "cpu"), kwargs.get("dtype"))
         return op
@@ -129,8 +100,8 @@ class FunctionOperator(LinearOperator):
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
         self.forward_fn, self.adjoint_fn = A, A_adjoint
-        self.image_dims = _shape(image_shape, "image_shape")
-        self.measurement_dims = _shape(measurement_shape, "measurement_shape")
+        self.image_dims = as_shape(image_shape, "image_shape")
+        self.measurement_dims = as_shape(measurement_shape, "measurement_shape")
         self.name, self.family = str(name), family
         self.dtype = dtype or torch.get_default_dtype()  # A's precision
         self._check(torch.device(device), self.dtype)

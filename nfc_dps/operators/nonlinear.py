@@ -12,14 +12,44 @@ current estimate), DAPS and DPS (likelihood gradients, as published), DPIR (Gaus
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .base import LinearOperator, check_image
 from .blur import BlurOperator
+
+
+def as_shape(value: Sequence[int], name: str) -> tuple[int, ...]:
+    """``value`` as a tuple of positive ints: Python or numpy integers (or integral floats) are
+    taken, a non-integral float, a bool or a string is refused naming it."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}")
+    shape = []
+    for v in value:
+        if isinstance(v, (bool, np.bool_, str, bytes)):
+            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r} (holding {v!r})")
+        try:
+            shape.append(operator.index(v))  # int, numpy integer, integer 0-d tensor
+            continue
+        except TypeError:
+            pass
+        try:
+            f = float(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r} (holding {v!r})") from e
+        if not f.is_integer():
+            raise ValueError(f"{name} must be a sequence of positive ints, got {value!r}: {v!r} is not a whole "
+                             f"number (a size is not truncated)")
+        shape.append(int(f))
+    if not shape or any(v < 1 for v in shape):
+        raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {value!r}")
+    return tuple(shape)
+
 
 __all__ = ["NonlinearOperator", "LinearizedOperator", "NonlinearWrapper", "WeightedNonlinearOperator", "ModelUnitsOperator",
            "HighDynamicRange", "Exposure", "PhaseRetrieval", "CameraBlur", "NonlinearFunctionOperator", "srgb_to_linear",
@@ -391,13 +421,11 @@ class NonlinearFunctionOperator(NonlinearOperator):
     def __init__(self, A: Callable[[Tensor], Tensor], image_shape: Sequence[int], measurement_shape: Sequence[int],
                  name: str = "function", device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        from .function import _shape
-
         if not callable(A):
             raise TypeError(f"A must be callable on a (B, *image_shape) tensor, got {type(A).__name__}")
         self.fn = A
-        self.image_shape_ = _shape(image_shape, "image_shape")
-        self.measurement_shape_ = _shape(measurement_shape, "measurement_shape")
+        self.image_shape_ = as_shape(image_shape, "image_shape")
+        self.measurement_shape_ = as_shape(measurement_shape, "measurement_shape")
         self.name = str(name)
         dtype = dtype or torch.get_default_dtype()
         x = torch.rand((2, *self.image_shape_), generator=torch.Generator().manual_seed(0), dtype=dtype).to(device)
