@@ -27,8 +27,11 @@ import torch
 from torch import Tensor
 
 from .baselines import biharmonic_inpaint, tv_restore
-from .operators import Inpainting, LinearOperator
+from .metrics import psnr
+from .noise import PoissonNoise
+from .operators import Inpainting, LinearOperator, build_operator
 from .operators.nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval, linear_to_srgb, srgb_to_linear
+from .priors.training_data import center_crop, load_skimage_image
 
 __all__ = ["richardson_lucy", "anscombe_tv", "hio_er", "hdr_inverse_inpaint", "camera_tv", "tune_poisson",
            "RL_ITERATIONS", "ANSCOMBE_TV_WEIGHT"]
@@ -134,9 +137,6 @@ def tune_poisson(image_names: Iterable[str] = ("rocket", "brick", "coins", "reti
                  tv_grid: Sequence[float] = (0.3, 0.5, 0.7, 1.0, 1.5, 2.0), seed: int = 0) -> dict[str, dict]:
     """The iteration count of :func:`richardson_lucy` (on the Poisson deblurring tier's blur) and the
     TV weight of :func:`anscombe_tv` with the best mean PSNR on centre crops of TRAINING images."""
-    from .metrics import psnr
-    from .operators import build_operator
-    from .priors.training_data import center_crop, load_skimage_image
 
     x = torch.stack([torch.from_numpy(center_crop(load_skimage_image(n), size)).permute(2, 0, 1)
                      for n in image_names]).float()
@@ -144,8 +144,6 @@ def tune_poisson(image_names: Iterable[str] = ("rocket", "brick", "coins", "reti
     out: dict[str, dict] = {"richardson_lucy": {}, "anscombe_tv": {}}
     for peak in peaks:
         gens = [torch.Generator().manual_seed(seed + i) for i in range(len(x))]
-        from .noise import PoissonNoise
-
         y_blur = blur.measure(x, noise=PoissonNoise(peak), generator=gens)
         y_id = PoissonNoise(peak).sample(x, [torch.Generator().manual_seed(seed + 100 + i) for i in range(len(x))])
         out["richardson_lucy"][peak] = {k: float(psnr(richardson_lucy(blur, y_blur, peak, k), x).mean())

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from .api import restore
+from .noise import PoissonGaussianNoise, PoissonNoise
+from .operators import Denoising
 from .operators.base import LinearOperator, prox_scales
 from .priors.base import Prior
 from .priors.denoiser import DenoiserPrior
@@ -87,7 +89,6 @@ def physics_noise(physics: Any) -> Any:
     """The noise model of a deepinv-style ``physics.noise_model`` that is not Gaussian, by class
     name: ``PoissonNoise(gain)`` (y = gain Poisson(x / gain)) is ``nfc_dps.noise.PoissonNoise(1 /
     gain)``, ``PoissonGaussianNoise(gain, sigma)`` likewise with its read noise; None otherwise."""
-    from .noise import PoissonGaussianNoise, PoissonNoise
 
     model = getattr(physics, "noise_model", None)
     kind = type(model).__name__ if model is not None else None
@@ -366,8 +367,6 @@ class DeepinvSolver(nn.Module):
         y = op.as_measurement(y)
         sigma = op.sigma_y if op.sigma_y is not None else self.sigma_y
         if is_identity_physics(physics, y):  # deepinv's Denoising: restored as nfc_dps' own denoising task
-            from .operators import Denoising
-
             op = Denoising()
         noise = self.noise if self.noise is not None else physics_noise(physics)
         if noise is not None:

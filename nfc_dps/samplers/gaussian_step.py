@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..frequency import fit_power_law, fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency
 from ..operators.base import Generators, LinearOperator, conjugate_gradient, pixel_gain, randn_per_image
+from ..operators.blur import BlurOperator
 from ..operators.decomposition import Decomposition
 
 
@@ -328,8 +329,6 @@ def blur_wiener_estimate(operator: LinearOperator, y: Tensor, level: Tensor, sig
     (A^T A / sigma_y^2 + Q) x = A^T y / sigma_y^2 + Q level, preconditioned by the circulant
     Wiener filter (|H|^2 / sigma_y^2 + 1 / S)^-1 of the circular blur with the same kernel.
     ``level`` (B, C, H, W), ``spectrum`` (B|1, 1, H, W) finite and > 0."""
-    from ..operators.blur import BlurOperator
-
     h, w = level.shape[-2:]
     q = symmetric_prior_precision(spectrum, h, w)
     gram = BlurOperator(operator.blur_kernel(), "circular").transfer_function(h, w, level.dtype, level.device).abs().square()
