@@ -32,8 +32,9 @@ result is clipped to [0, 1]. A baseline that does not apply to an operator raise
 * ``"biharmonic"`` -- inpainting only: scikit-image's biharmonic inpainting of the missing
   pixels (observed pixels kept as measured).
 
-:func:`qcs_tv` (JPEG deblocking, for a :class:`~nfc_dps.operators.jpeg.JpegOperator` measurement)
-has the same call shape; it is not one of :data:`CLASSICAL_METHODS` until the jpeg task is.
+* ``"qcs_tv"`` -- JPEG only (an operator with quantisation cells, task ``jpeg``): JPEG deblocking,
+  TV denoising alternated with the projection onto the file's quantisation cells (:func:`qcs_tv`);
+  the other baselines do not apply to a JPEG measurement.
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ __all__ = [
     "CLASSICAL_METHODS", "NotApplicable", "applicable", "restore_classical", "wiener", "tv_restore",
     "bicubic_upsample", "biharmonic_inpaint", "fit_measurement_spectrum", "tv_lambda", "operator_family",
     "TV_LAMBDA_PER_SIGMA", "calibrate_tv", "operator_dtype", "qcs_tv", "QCS_TV_WEIGHT_PER_SIGMA", "QCS_TV_ITERATIONS",
+    "FILE_MEASUREMENT_METHODS",
 ]
 
-CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic")
+CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic", "qcs_tv")
+#: the classical methods that restore a measurement a file holds as it is (a JPEG's stored
+#: integers), never one the grid protocols simulate: not in their default method list
+FILE_MEASUREMENT_METHODS = ("qcs_tv",)
 
 #: lam = c * sigma_y for ||A x - y||^2 / 2 + lam TV(x), [0, 1] units, per operator family.
 #: Calibrated by :func:`calibrate_tv` on 64x64 crops of 4 TRAINING images (rocket, brick, coins,
@@ -91,6 +96,13 @@ def applicable(name: str, operator: LinearOperator) -> str | None:
     if name not in CLASSICAL_METHODS:
         raise ValueError(f"unknown classical baseline {name!r}; choose one of {CLASSICAL_METHODS}")
     fam = operator_family(operator)
+    cells = _has_cells(operator)
+    if name == "qcs_tv":
+        return None if cells and operator.image_region() is None else \
+            f"qcs_tv (JPEG deblocking) needs a JPEG operator on the whole image (quantisation cells), got {operator.name}"
+    if cells:
+        return (f"{name} does not fit a JPEG measurement (quantised DCT coefficients, not an image); its classical "
+                f"restoration is 'qcs_tv'")
     if not getattr(operator, "is_linear", True):
         return (f"{name} takes a linear operator; the nonlinear {operator.name} has its own classical answer "
                 f"(nfc_dps.baselines_nonlinear)")
@@ -107,6 +119,12 @@ def applicable(name: str, operator: LinearOperator) -> str | None:
     if name == "bicubic":
         return None if fam == "sr" else f"bicubic upsampling is for super-resolution only, got {type(operator).__name__}"
     return None if fam == "inpaint" else f"biharmonic inpainting is for inpainting only, got {type(operator).__name__}"
+
+
+def _has_cells(operator: LinearOperator) -> bool:
+    """Whether the operator's measurement is a set of quantisation cells (a JPEG's: it declares
+    ``stored_integers`` and ``project``)."""
+    return hasattr(operator, "stored_integers") and hasattr(operator, "project")
 
 
 def restore_classical(name: str, operator: LinearOperator, y: Tensor, sigma_y: float, **kwargs) -> Tensor:
@@ -127,6 +145,8 @@ def restore_classical(name: str, operator: LinearOperator, y: Tensor, sigma_y: f
             x = tv_restore(operator, y, sigma_y, **kwargs)
         elif name == "bicubic":
             x = bicubic_upsample(y, operator.downsampling_factor)
+        elif name == "qcs_tv":
+            x = qcs_tv(operator, y, sigma_y, **kwargs)
         else:
             x = biharmonic_inpaint(operator, y)
     return x.clamp(0, 1)
@@ -365,7 +385,7 @@ def qcs_tv(operator: LinearOperator, y: Tensor, sigma_y: float | None = None, we
     JPEG measurement (:func:`nfc_dps.io.jpeg.jpeg_measurement`); ``sigma_y`` its noise std (default
     the operator's, q_min / sqrt(12)); weight = :data:`QCS_TV_WEIGHT_PER_SIGMA` * sigma_y by default.
     Computed in float64 on the CPU; returns (B, C, H, W) in [0, 1] in y's dtype and device."""
-    if not hasattr(operator, "project") or not hasattr(operator, "stored_integers"):
+    if not _has_cells(operator):
         raise NotApplicable(f"QCS deblocking needs a JPEG operator (quantisation cells), got {type(operator).__name__}")
     check_image(y, "y")
     sigma_y = operator.sigma_y if sigma_y is None else float(sigma_y)

@@ -168,7 +168,9 @@ class TaskConfig:
 
     task: str
     params: dict[str, Any] = field(default_factory=dict)
-    noise_sigma: float | str = DEFAULT_NOISE_SIGMA  # or "auto": estimated per image when restoring
+    #: or "auto": estimated per image when restoring; None: each input file's own (a task that
+    #: reads its measurement from the file: jpeg)
+    noise_sigma: float | str | None = DEFAULT_NOISE_SIGMA
     source: str = "<defaults>"
     #: a non-Gaussian noise model's spec (``poisson:30``; key ``noise``); None: Gaussian of noise_sigma
     noise: str | None = None
@@ -179,9 +181,12 @@ class TaskConfig:
         return self.noise_sigma == AUTO_NOISE_SIGMA
 
     @property
-    def noise_model(self) -> NoiseModel:
+    def noise_model(self) -> NoiseModel | None:
         """The measurement's noise model: ``noise``'s, else Gaussian of ``noise_sigma`` (with ``auto``,
-        Gaussian of the default level: the kind is known, each image's level is estimated)."""
+        Gaussian of the default level: the kind is known, each image's level is estimated); None
+        where it is each file's own (``noise_sigma`` None: the operator read from the file declares it)."""
+        if self.noise_sigma is None and not self.noise:
+            return None
         if self.noise:
             return parse_noise(self.noise)
         return GaussianNoise(DEFAULT_NOISE_SIGMA if self.estimates_noise else self.noise_sigma)
@@ -200,7 +205,10 @@ class TaskConfig:
         merged = {k: v for k, v in self.params.items() if k in allowed}
         merged.update(params)
         noise = {"noise": self.noise} if self.noise else {}
-        return parse_task({"task": name, **merged, "noise_sigma": self.noise_sigma, **noise}, self.source)
+        sigma = self.noise_sigma
+        if TASKS[name].reads_measurement is not None and sigma == DEFAULT_NOISE_SIGMA and not noise:
+            sigma = None  # another task's default level, never stated: the file's noise instead
+        return parse_task({"task": name, **merged, "noise_sigma": sigma, **noise}, self.source)
 
     def build(self, image_size: tuple[int, int], seed: int = 0):
         return build_operator(self.task, image_size=image_size, seed=seed, **self.params)
@@ -214,6 +222,12 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     name = data.pop("task")
     if not isinstance(name, str) or name not in TASKS:
         raise _unknown(source, str(name), list(TASKS), "task")
+    if TASKS[name].reads_measurement is not None:  # the noise is each file's own: nothing to state
+        stated = {k: data.pop(k) for k in ("noise_sigma", "noise") if data.get(k) is not None}
+        data.pop("noise_sigma", None), data.pop("noise", None)
+        if stated:
+            raise ConfigError(f"{source}: {file_noise_problem(name, stated)}")
+        return _task_config(name, data, source, base_dir, None, None)
     noise = data.pop("noise_sigma", DEFAULT_NOISE_SIGMA)
     if noise != AUTO_NOISE_SIGMA:
         noise = _checked(noise, float, source, "noise_sigma")
@@ -238,6 +252,19 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
             if noise == AUTO_NOISE_SIGMA:
                 raise ConfigError(f"{source}: noise_sigma 'auto' estimates a Gaussian noise level; the noise model "
                                   f"{spec} states its own: give one of them")
+    return _task_config(name, data, source, base_dir, noise, spec)
+
+
+def file_noise_problem(task: str, stated: Mapping[str, Any]) -> str:
+    """Why a noise stated for ``task``, whose noise is each input file's own, is refused."""
+    given = ", ".join(f"{k} {v!r}" for k, v in stated.items())
+    return (f"task {task!r} reads its noise from each file (a JPEG's quantisation error, q_min / sqrt(12) of the "
+            f"file's own tables); {given} would contradict it: leave the noise out")
+
+
+def _task_config(name: str, data: dict[str, Any], source: str, base_dir: Path | None, noise: Any,
+                 spec: str | None) -> TaskConfig:
+    """The :class:`TaskConfig` of ``data``'s operator parameters, checked, with the noise given."""
     allowed = TASKS[name].params
     params: dict[str, Any] = {}
     for key, value in data.items():

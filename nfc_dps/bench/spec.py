@@ -8,15 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..baselines import CLASSICAL_METHODS, applicable
+from ..baselines import CLASSICAL_METHODS, FILE_MEASUREMENT_METHODS, applicable
 from ..noise import GaussianNoise, NoiseModel, parse_noise
 from ..operators import TASKS
 from ..samplers import METHODS, get_config, get_method
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
-DEFAULT_METHODS = DIFFUSION_METHODS + CLASSICAL_METHODS
-PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration", "nonlinear", "noise_level", "blind")
+#: the grid's default columns: every method that restores the measurements it simulates
+DEFAULT_METHODS = DIFFUSION_METHODS + tuple(m for m in CLASSICAL_METHODS if m not in FILE_MEASUREMENT_METHODS)
+PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration", "nonlinear", "noise_level", "blind", "jpeg")
 
 FORMAT_VERSION = 1
 
@@ -52,10 +53,11 @@ def task_specs(protocol: str, size: int, boundary: str) -> dict[str, TaskSpec]:
         TaskSpec("deblur_motion", {**mk, **blur}),
         TaskSpec("denoise", {}),
     ]
-    # every other registered task that reads no file, at its default parameters and the protocol's
+    # every other registered task that reads no file (neither its operator nor, as jpeg, its
+    # measurement: the jpeg protocol has real files), at its default parameters and the protocol's
     # boundary (opt-in: --tasks)
     specs += [TaskSpec(name, {k: v for k, v in blur.items() if k in t.params}) for name, t in TASKS.items()
-              if not t.reads and name not in {s.name for s in specs}]
+              if not t.reads and t.reads_measurement is None and name not in {s.name for s in specs}]
     return {s.name: s for s in specs}
 
 

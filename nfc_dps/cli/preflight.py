@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import io as nio
+from ..operators import TASKS
 from ..operators.blur import KernelLargerThanMeasurement
 from ..priors.base import prior_device
 from ..samplers import get_method
@@ -18,11 +19,38 @@ from .tasks import OperatorSource
 
 class FirstImage(NamedTuple):
     """The first input that reads: its path, its image (h, w[, C]) in [0, 1] and what
-    :func:`nfc_dps.io.read_image` says of the file."""
+    :func:`nfc_dps.io.read_image` says of the file; for a task whose operator and measurement are
+    read from the file (:func:`read_measurement`), ``image`` is that measurement and ``operator`` its
+    operator."""
 
     path: Path
     image: Any
     info: Any
+    operator: Any = None
+
+
+def read_measurement(task_name: str, path: Path) -> tuple[Any, Any] | None:
+    """(operator, measurement (h, w[, C]) float32 numpy) of the input file ``path`` for a task that
+    reads both from the file (``Task.reads_measurement``: jpeg), else None. ImageReadError or
+    ValueError naming the file when it holds no such measurement."""
+    reads = TASKS[task_name].reads_measurement
+    if reads is None:
+        return None
+    operator, y = reads(Path(path))
+    a = y.detach().cpu().float()[0].permute(1, 2, 0).numpy()
+    return operator, (a[..., 0] if a.shape[-1] == 1 else a)
+
+
+def first_measurement(task_name: str, first: FirstImage | None) -> FirstImage | None:
+    """``first`` with its measurement and operator read from the file when the task reads both from
+    it; UsageError naming the file when it holds none (a PNG given to jpeg), before any work."""
+    if first is None or TASKS[task_name].reads_measurement is None:
+        return first
+    try:
+        operator, y = read_measurement(task_name, first.path)
+    except (nio.ImageReadError, ValueError, OSError) as e:
+        raise UsageError(str(e)) from e
+    return first._replace(image=y, operator=operator)
 
 
 def first_image(images: list[Path], any_range: bool = False) -> FirstImage | None:
@@ -37,9 +65,12 @@ def first_image(images: list[Path], any_range: bool = False) -> FirstImage | Non
     return None
 
 
-def _operator_for(source: OperatorSource, name: str, image: Any) -> Any:
-    """The task's operator built as for input ``name``, a measurement of ``image``'s size; None when
-    it cannot be built (the image's own operator error is reported with it)."""
+def _operator_for(source: OperatorSource, name: str, image: Any, operator: Any = None) -> Any:
+    """The task's operator built as for input ``name``, a measurement of ``image``'s size (``operator``
+    where the file gave it); None when it cannot be built (the image's own operator error is
+    reported with it)."""
+    if operator is not None:
+        return operator
     factor = source.factor()
     h, w = image.shape[:2]
     try:
@@ -50,22 +81,26 @@ def _operator_for(source: OperatorSource, name: str, image: Any) -> Any:
 
 
 def check_method_takes_operator(method: str, source: OperatorSource, name: str, image: Any, noise: Any = None,
-                                config: Any = None) -> None:
+                                config: Any = None, operator: Any = None) -> None:
     """UsageError when ``method`` (with ``config``) cannot restore the task's operator, built as for
-    input ``name``, under the noise model ``noise``."""
-    operator = _operator_for(source, name, image)
+    input ``name`` (``operator``: the one its file gave), under the noise model ``noise`` (None:
+    the operator's own, where it declares one)."""
+    operator = _operator_for(source, name, image, operator)
     if operator is None:
         return
+    if noise is None:
+        noise = operator.measurement_noise()
     problem = get_method(method).problem(method, operator, noise, config)
     if problem:
         raise UsageError(f"--method {method}: {problem}")
 
 
-def check_measurement_fits(source: OperatorSource, name: str, path: Path, image: Any) -> None:
-    """UsageError naming ``path`` when the task's operator, built as for input ``name``, cannot
-    restore a measurement of ``image``'s size: a valid-boundary blur whose kernel is larger than it,
-    a phase retrieval measurement of a size no image's Fourier amplitudes have."""
-    operator = _operator_for(source, name, image)
+def check_measurement_fits(source: OperatorSource, name: str, path: Path, image: Any, operator: Any = None) -> None:
+    """UsageError naming ``path`` when the task's operator, built as for input ``name`` (``operator``:
+    the one its file gave), cannot restore a measurement of ``image``'s size: a valid-boundary blur
+    whose kernel is larger than it, a phase retrieval measurement of a size no image's Fourier
+    amplitudes have."""
+    operator = _operator_for(source, name, image, operator)
     if operator is None:
         return
     h, w = image.shape[:2]

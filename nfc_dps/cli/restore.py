@@ -46,8 +46,10 @@ from .preflight import (
     check_measurement_fits,
     check_method_takes_operator,
     first_image,
+    first_measurement,
     input_notes,
     open_checked_prior,
+    read_measurement,
 )
 from .records import (
     MANIFEST,
@@ -74,6 +76,8 @@ from .restore_parser import restore_arguments
 from .restore_setup import input_folders, load_run_calibration, run_configs, run_sampler, task_with_operator_files
 from .tasks import OperatorSource, resolve_task
 
+#: how the console names the noise of a task whose noise is each file's own (jpeg)
+FILE_NOISE = "each file's own"
 #: the subfolders of the output folder that restore writes (std maps, samples, torchrun's progress)
 OUTPUT_SUBFOLDERS = ("std", "samples", "kernels", SHARD_DIR)
 
@@ -108,11 +112,12 @@ def cmd_restore(args) -> int:
             first = first._replace(image=measurement_in(first.image, str(first.path)))
         except ValueError as e:
             raise UsageError(str(e)) from e
+    first = first_measurement(task.task, first)  # a task whose operator its file gives: read, or refused
     if first is not None:
         first_name = input_names([first.path], inp)[0]
-        check_measurement_fits(OperatorSource(task), first_name, first.path, first.image)
+        check_measurement_fits(OperatorSource(task), first_name, first.path, first.image, first.operator)
         check_method_takes_operator(sampler.method, OperatorSource(task), first_name, first.image,
-                                    task.noise_model, sampler.config)
+                                    task.noise_model, sampler.config, first.operator)
     out = check_output_folder(Path(args.output), read, writes=OUTPUT_SUBFOLDERS)
     dist = init_distributed(str(device))
     if dist.world > 1 and device.type == "cuda" and device.index is None:  # torchrun: one GPU per rank
@@ -279,8 +284,9 @@ class RestoreRun:
                               "error": nio.unusable_reason(p)})
             self.log.error(f"FAILED {p.name}: {self.records.rows[-1]['error']}")
         shards = f" over {self.dist.world} processes" if self.dist.world > 1 else ""
+        noise = FILE_NOISE if self.task.noise_sigma is None else self.task.noise_sigma
         self.log.info(f"restoring {len(items) if total is None else total} image(s){shards} from {self.inp} -> {self.out} "
-                      f"[{self.task.task}, {self.sampler.method}/{self.sampler.preset}, noise_sigma={self.task.noise_sigma}, "
+                      f"[{self.task.task}, {self.sampler.method}/{self.sampler.preset}, noise_sigma={noise}, "
                       f"seed {self.seed} (per image: a hash of it and the file name)]")
         self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.log.quiet, dynamic_ncols=True)
         pending: dict[tuple, list[Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
@@ -359,16 +365,21 @@ class RestoreRun:
                                      entry.get("measured_frame"))
             return row
         try:
+            operator = None  # built below, unless the file gives it (Task.reads_measurement)
             if self.first is not None and self.first.path == item.path:
-                y, info, self.first = self.first.image, self.first.info, None
+                y, info, operator, self.first = self.first.image, self.first.info, self.first.operator, None
             else:
+                read = read_measurement(self.task.task, item.path)
                 y, info = nio.read_image(item.path, any_range=True)
+                if read is not None:
+                    operator, y = read
                 measurement_in = TASKS[self.task.task].measurement_in
                 if measurement_in is not None:
                     y = measurement_in(y, item.name)
-            factor = self.source.factor()
             h, w = y.shape[:2]
-            operator, _ = self.source.build(item.name, (h * factor, w * factor))
+            if operator is None:
+                factor = self.source.factor()
+                operator, _ = self.source.build(item.name, (h * factor, w * factor))
             operator = operator.to(self.device)
             # the image the measurement is of: factor times larger for SR, larger by the kernel less one
             # for a blur with boundary 'valid' (the scene beyond the frame that the blur mixed in)
@@ -383,7 +394,9 @@ class RestoreRun:
             row["error"] = failure_reason(e)
             self.records.images.pop(item.name, None)
             return row
-        return Job(item, row, key, y, info, operator, (y.shape, str(op_file) if op_file else None))
+        # images share a batch only where they share the operator: one read from each file only if equal
+        own = sha256_json(operator.describe()) if TASKS[self.task.task].reads_measurement is not None else None
+        return Job(item, row, key, y, info, operator, (y.shape, str(op_file) if op_file else None, own))
 
     def _restore_jobs(self, jobs: list[Job]) -> None:
         """Restore same-sized images that share one operator in one restore() call (each image

@@ -86,6 +86,9 @@ UNFINISHED = "unfinished"
 def measurement_extension(task: TaskConfig) -> str:
     """.png for a measurement in [0, 1]; .tif (float32, exact) for one that may leave it (Poisson
     counts / peak, an operator of unbounded range such as phase retrieval's amplitudes)."""
+    writes = TASKS[task.task].writes_measurement
+    if writes is not None:  # a file of the task's own kind (a real JPEG)
+        return writes[0]
     return ".tif" if task.noise or TASKS[task.task].unbounded else ".png"
 
 
@@ -260,7 +263,8 @@ def cmd_simulate(args) -> int:
         if disk_full is not None:
             raise UsageError(f"{cannot_write(disk_full)}; stopped after {len(records)} of {len(images)} image(s), "
                              f"recorded in {out / SIMULATION_JSON}: free space and rerun the same command")
-    log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={task.noise_sigma}]"
+    noise = "each file's own" if task.noise_sigma is None else task.noise_sigma
+    log.info(f"simulated {len(records)} measurement(s) [{task.task}, noise_sigma={noise}]"
              + (f", kept the {len(kept)} of an earlier run with the same settings" if kept else "") + f" -> {out}\n"
              f"restore them with: nfc-dps restore --config {out / SIMULATION_JSON} --output RESULTS_DIR")
     return EXIT_FAILED if failures else EXIT_OK
@@ -311,7 +315,12 @@ def _simulate_one(index: int, path: Path, name: str, stem: str, source: Operator
                   out: Path, bit_depth: int, log: Log) -> dict[str, Any]:
     """Simulate one clean image: write its truth, measurement and kernel or mask; its record."""
     x, info = nio.read_image(path)
-    x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_model, seed)
+    writes = TASKS[task.task].writes_measurement
+    if writes is not None:  # the measurement is a file the task writes itself (a JPEG): its noise is the file's
+        op_seed, crop, nseed, y = image_seed(seed, name), None, None, None
+        op, _ = source.build(path.name, x.shape[:2], seed=op_seed)
+    else:
+        x, crop, op, y, op_seed, nseed = simulated_measurement(x, path.name, name, source, task.noise_model, seed)
     why = measurable_problem(op, (1, 1 if x.ndim == 2 else x.shape[-1], *x.shape[:2]))
     if why:
         raise ValueError(why)
@@ -322,7 +331,9 @@ def _simulate_one(index: int, path: Path, name: str, stem: str, source: Operator
            "ground_truth": f"ground_truth/{stem}.png", "operator_seed": op_seed,
            "noise_seed": nseed, "crop": crop, "alpha": "dropped" if info.has_alpha else ""}
     nio.write_image(out / rec["ground_truth"], x, info.output_bit_depth)
-    if ext == ".png":
+    if writes is not None:
+        writes[1](out / rec["measurement"], x, {**TASKS[task.task].params, **task.params})
+    elif ext == ".png":
         nio.write_image(out / rec["measurement"], to_numpy(y), bit_depth)
     else:
         nio.write_measurement(out / rec["measurement"], to_numpy(y))
@@ -369,6 +380,11 @@ def _units(task: TaskConfig, bit_depth: int) -> str:
     """simulation.json's ``units``: how the measurements are stored, PNG or float TIFF
     (:func:`measurement_extension`)."""
     noise = f"noise_sigma in [0, 1] pixel units (default {DEFAULT_NOISE_SIGMA})"
+    if TASKS[task.task].writes_measurement is not None:
+        params = {**TASKS[task.task].params, **task.params}
+        return (f"measurements are real {measurement_extension(task)} files of the clean images ("
+                f"{', '.join(f'{k} {v}' for k, v in params.items())}); each file's noise is its own quantisation's, "
+                f"which restore reads from it")
     if measurement_extension(task) == ".png":
         return f"{noise}; measurements are clipped to [0, 1] and stored as {bit_depth}-bit PNG"
     values = [what for what, holds in (

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import AUTO_NOISE_SIGMA, DEFAULT_NOISE_SIGMA, ConfigBundle, ResolvedSampler, SamplerSpec, TaskConfig, parse_scalar, parse_task
+from ..config import (
+    AUTO_NOISE_SIGMA,
+    DEFAULT_NOISE_SIGMA,
+    ConfigBundle,
+    ResolvedSampler,
+    SamplerSpec,
+    TaskConfig,
+    file_noise_problem,
+    parse_scalar,
+    parse_task,
+)
 from ..noise import GaussianNoise, NoiseSpecError, parse_noise
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
@@ -36,6 +46,14 @@ def resolve_task(args, bundle: ConfigBundle, command: str = "restore") -> TaskCo
         if key in ("mask_path", "kernel_path") and isinstance(value, str):
             value = str(Path(value).expanduser().resolve())  # as --mask / --kernel: recorded absolute
         params[key] = value
+    source = "--param" if args.param else task.source
+    if TASKS[task.task].reads_measurement is not None:  # the noise is each file's own
+        stated = {flag: value for flag, value in (("--noise-sigma", args.noise_sigma),
+                                                   ("--noise", getattr(args, "noise", None))) if value is not None}
+        if stated:
+            raise UsageError(", ".join(f"{k} {v}" for k, v in stated.items()) + ": "
+                             + file_noise_problem(task.task, stated))
+        return parse_task({"task": task.task, **params}, source)
     noise = task.noise_sigma if args.noise_sigma is None else args.noise_sigma
     if noise != AUTO_NOISE_SIGMA:
         why = noise_sigma_problem(noise) if isinstance(noise, float) else f"must be a number or 'auto', got {noise!r}"
@@ -54,7 +72,6 @@ def resolve_task(args, bundle: ConfigBundle, command: str = "restore") -> TaskCo
         raise UsageError(f"{where}: noise_sigma auto is restore's (it estimates the level of each measurement); "
                          f"{command} needs a stated noise level")
     # --noise is checked above: what parse_task refuses now is the task's parameters (a --param's, or a file's)
-    source = "--param" if args.param else task.source
     return parse_task({"task": task.task, **params, "noise_sigma": noise if noise == AUTO_NOISE_SIGMA else float(noise),
                        **({"noise": spec} if spec else {})}, source)
 

@@ -12,6 +12,7 @@ fixes the operator. Adding a task is one entry in :data:`TASKS`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from .blur import BlurOperator
 from .colorize import Colorization, gray_measurement
 from .denoising import Denoising
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
+from .jpeg import SUBSAMPLINGS, JpegOperator
 from .kernel_estimation import default_kernel_size
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
 from .nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval
@@ -55,6 +57,16 @@ class Task:
     measurement_in: (image read from a file (h, w[, C]), file name) -> the measurement it holds,
         ValueError naming the file when it holds none (colorization: a gray photo's luma); None:
         the image itself.
+    reads_measurement: path of an input file -> (its operator, its measurement (1, C, h, w)): the
+        operator and the measurement both read from the file (a JPEG's quantisation tables, chroma
+        subsampling and size, and its stored coefficients: task jpeg), so each input has its own
+        operator and ``build`` is only what ``simulate`` and :func:`build_operator` use; an
+        :class:`~nfc_dps.io.ImageReadError` naming the file when it holds no such measurement
+        (a PNG given to jpeg). None: the operator is built, the file read as an image.
+    writes_measurement: (extension, writer(path, clean image (h, w[, C]) in [0, 1], params)): the
+        measurement ``simulate`` writes is a file of this kind made from the clean image (a real
+        JPEG at ``quality``), which ``reads_measurement`` reads back; None: the operator's
+        ``measure``, written as an image.
     """
 
     name: str
@@ -70,6 +82,8 @@ class Task:
     rotation_twin: bool = False
     estimates: str | None = None
     measurement_in: Callable[[np.ndarray, str], np.ndarray] | None = None
+    reads_measurement: Callable[[Path], tuple[LinearOperator, torch.Tensor]] | None = None
+    writes_measurement: tuple[str, Callable[[Path, np.ndarray, dict[str, Any]], Any]] | None = None
 
     @property
     def file_param(self) -> str | None:
@@ -112,6 +126,39 @@ def _mask_file(h: int, w: int, seed: int, p: dict[str, Any]) -> LinearOperator:
     return Inpainting(mask)
 
 
+def _jpeg_params(p: dict[str, Any]) -> tuple[int, str]:
+    quality, subsampling = p["quality"], p["subsampling"]
+    if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) or not 1 <= quality <= 100:
+        raise ValueError(f"quality must be an int in 1..100 (a JPEG encoder's quality), got {quality!r}")
+    if subsampling not in SUBSAMPLINGS:
+        raise ValueError(f"subsampling must be one of {', '.join(SUBSAMPLINGS)}, got {subsampling!r}")
+    return int(quality), subsampling
+
+
+def _jpeg_build(h: int, w: int, seed: int, p: dict[str, Any]) -> LinearOperator:
+    """The JPEG operator of Pillow's (libjpeg's) tables at ``quality``: what simulate writes."""
+    from ..io.jpeg import quality_tables
+
+    quality, subsampling = _jpeg_params(p)
+    return JpegOperator(np.stack(quality_tables(quality)), (h, w), subsampling)
+
+
+def _jpeg_read(path: Path) -> tuple[LinearOperator, torch.Tensor]:
+    """A JPEG file's operator and measurement (:func:`nfc_dps.io.jpeg.jpeg_measurement`)."""
+    from ..io.jpeg import jpeg_measurement
+
+    m = jpeg_measurement(path)
+    return m.operator, m.y
+
+
+def _jpeg_write(path: Path, image: np.ndarray, p: dict[str, Any]) -> Any:
+    """A real JPEG file of the clean ``image`` at the task's quality and subsampling."""
+    from ..io.jpeg import write_jpeg
+
+    quality, subsampling = _jpeg_params(p)
+    return write_jpeg(path, image, quality, subsampling)
+
+
 #: the blur tasks' default boundary: a photograph's (the scene goes on past the frame), as the
 #: shipped configs; the benchmark protocols state theirs
 PHOTO_BOUNDARY = "valid"
@@ -148,6 +195,10 @@ TASKS: dict[str, Task] = _register(
          estimates="kernel"),
     Task("denoise", "denoise", {}, lambda h, w, seed, p: Denoising()),
     Task("colorize", "other", {}, lambda h, w, seed, p: Colorization(), measurement_in=gray_measurement),
+    # a JPEG file: its operator (tables, subsampling, size) and measurement read from each file;
+    # quality and subsampling are simulate's (and build_operator's)
+    Task("jpeg", "other", {"quality": 20, "subsampling": "4:2:0"}, _jpeg_build,
+         reads_measurement=_jpeg_read, writes_measurement=(".jpg", _jpeg_write)),
     # nonlinear forward models (nfc_dps.operators.nonlinear)
     Task("hdr", "nonlinear", {"scale": 2.0}, lambda h, w, seed, p: HighDynamicRange(p["scale"])),
     Task("exposure", "nonlinear", {"ev": 1.0}, lambda h, w, seed, p: Exposure(p["ev"])),
