@@ -27,6 +27,7 @@ from ..priors.diffusers_prior import PRECISIONS
 from .blind import BlindTier
 from .calibration import DEFAULT_SETTINGS, Calibration
 from .grid import Grid
+from .jpeg import JpegTier
 from .mixture import Mixture
 from .noise_level import NoiseLevelTier
 from .nonlinear import NonlinearTier
@@ -39,9 +40,9 @@ from .spec import DEFAULT_METHODS, DEFAULT_TASKS, PROTOCOLS, BenchSpec, noise_pr
 #: the protocol class of each --protocol
 PROTOCOL_RUNS: dict[str, type[Protocol]] = {"local": Grid, "paper": Grid, "oracle": Oracle, "mixture": Mixture,
                                            "calibration": Calibration, "nonlinear": NonlinearTier,
-                                           "noise_level": NoiseLevelTier, "blind": BlindTier}
+                                           "noise_level": NoiseLevelTier, "blind": BlindTier, "jpeg": JpegTier}
 #: the protocols whose --tasks and --methods pick among their own settings and rows (empty: all)
-OWN_SETTINGS = ("mixture", "calibration", "nonlinear", "noise_level", "blind")
+OWN_SETTINGS = ("mixture", "calibration", "nonlinear", "noise_level", "blind", "jpeg")
 
 
 def _int_list(s: str, flag: str = "--budgets") -> tuple[int, ...]:
@@ -81,7 +82,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "picks its settings, --methods its rows); noise_level: sigma_y=auto's estimate and its cost "
                         "in PSNR (nfc_dps.bench.noise_level; --methods estimate skips the restorations); blind: the kernel "
                         "unknown, estimated from each photo (nfc_dps.bench.blind; --tasks picks the kernel families, "
-                        "--methods the rows)")
+                        "--methods the rows); jpeg: real JPEG files of the held-out photos at quality 10, 20, 40 "
+                        "(nfc_dps.bench.jpeg; --tasks q10,q20,q40 picks the qualities, --methods the rows)")
     p.add_argument("--profile", action="store_true", help="time per NFE vs the bare network forward, with a breakdown")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench/<protocol>)")
     p.add_argument("--prior", default=None, help="diffusers prior folder (default: the embedded prior)")
@@ -209,7 +211,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         if fixed:
             raise ValueError(f"{', '.join(fixed)}: the oracle protocol runs its fixed configurations "
                              f"(nfc_dps.bench.oracle.oracle_configs), which these flags would not change")
-    default_size = (256 if (protocol in ("paper", "blind") or args.profile) else 32 if protocol == "mixture"
+    default_size = (256 if (protocol in ("paper", "blind", "jpeg") or args.profile) else 32 if protocol == "mixture"
                     else 128 if protocol == "noise_level" else 64)
     if args.profile and not (args.out):
         args.out = Path("runs/bench/profile")

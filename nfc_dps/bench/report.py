@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 from ..io import atomic_write_text
 from .blind import blind_doc_table
 from .calibration_report import conformal_table
+from .jpeg import jpeg_doc_table
 from .noise_level import noise_level_doc_table
 from .nonlinear import nonlinear_doc_table
 from .prior_report_markdown import prior_table
@@ -71,6 +72,7 @@ PAGE_TABLES: dict[str, tuple[str, ...]] = {
     "docs/nonlinear.md": ("nonlinear64",),
     "docs/noise_level.md": ("noise_level256", "noise_level128"),
     "docs/blind.md": ("blind256",),
+    "docs/jpeg.md": ("jpeg256",),
     "README.md": ("which",),
 }
 PAGES = tuple(PAGE_TABLES)
@@ -101,7 +103,7 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "local100": lambda: grid_table([src("local")], blink),
         "local_default": lambda: grid_table([src("local_default")], blink, std=False),
         "which": lambda: which_table(src("local256_det"), src("local256_50nfe"), blink,
-                                     bench / "blind256" / "results.csv"),
+                                     bench / "blind256" / "results.csv", bench / "jpeg256" / "results.csv"),
         "calibration": lambda: calibration_table([bench / "calibration" / "calibration.csv",
                                                   bench / "calibration_nfc100" / "calibration.csv"], blink),
         "conformal_oracles": lambda: conformal_table([_conformal_csv(bench / "conformal_oracles" / "conformal.csv")],
@@ -120,6 +122,7 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "noise_level256": lambda: noise_level_doc_table(bench / "noise_level256", blink),
         "noise_level128": lambda: noise_level_doc_table(bench / "noise_level128", blink),
         "blind256": lambda: blind_doc_table(bench / "blind256", blink),
+        "jpeg256": lambda: jpeg_doc_table(bench / "jpeg256", blink),
         "scale_cpu": lambda: scale_table(bench / "scale_cpu.json", blink),
         "restore_throughput": lambda: throughput_table(bench / "restore_throughput.json", blink),
     }

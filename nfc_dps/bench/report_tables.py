@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..baselines import CLASSICAL_METHODS
 from ..samplers import METHODS
 from .calibration_report import coverage_table, read_calibration_csv
 from .spec import DEFAULT_TASKS, TASK_LABELS
@@ -25,9 +26,10 @@ from .tables import group_rows, load_results, mean_std, numbers
 TASKS = (*DEFAULT_TASKS, "denoise")
 #: display names, in the order rows are listed (network methods, then the classical answers)
 METHOD_NAMES = {**{name: m.display_name for name, m in METHODS.items()},
-                "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic"}
+                "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic",
+                "qcs_tv": "QCS + TV"}
 NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
-CLASSICAL = ("wiener", "tv", "bicubic", "biharmonic")
+CLASSICAL = CLASSICAL_METHODS
 DPIR_COLUMNS = ("dpir", "dpir:paper")
 
 # --------------------------------------------------------------------------- sources
@@ -273,26 +275,37 @@ def glance_table(sized: Sequence[tuple[str, Source]], link: str) -> str:
     return "\n".join(L)
 
 
-def which_table(det: Source, stoch: Source, link: str, blind: Path | None = None) -> str:
+def which_table(det: Source, stoch: Source, link: str, blind: Path | None = None, jpeg: Path | None = None) -> str:
     """README's "which method when": what to call, its network calls, and its 256-px PSNR per task;
-    with ``blind`` (a blind protocol's results.csv) a column for the kernel unknown."""
+    with ``blind`` (a blind protocol's results.csv) a column for the kernel unknown, with ``jpeg`` (the
+    jpeg protocol's) one for JPEG files."""
     g_det, g_st = group_rows(det.rows), group_rows(stoch.rows)
     blind_rows = load_results(blind) if blind is not None else []
+    jpeg_rows = load_results(jpeg) if jpeg is not None else []
 
-    def blind_value(r: dict[str, str], column: str) -> float:
+    def value(path: Path | None, r: dict[str, str], column: str) -> float:
         try:
             return float(r[column])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{blind}: malformed {column} {r.get(column)!r} in the row of {r.get('method')}, "
+            raise ValueError(f"{path}: malformed {column} {r.get(column)!r} in the row of {r.get('method')}, "
                              f"{r.get('image')}") from None
 
-    def blind_cell(method: str) -> str:
-        if not blind_rows:
+    def blind_value(r: dict[str, str], column: str) -> float:
+        return value(blind, r, column)
+
+    def tier_cell(path: Path | None, rows: list[dict[str, str]], method: str) -> str:
+        if not rows:
             return ""
-        rs = [r for r in blind_rows if r["method"] == method]
-        psnrs = [blind_value(r, "psnr") for r in rs if r["psnr"] not in ("", "nan")]
+        rs = [r for r in rows if r["method"] == method]
+        psnrs = [value(path, r, "psnr") for r in rs if r["psnr"] not in ("", "nan")]
         failed = f" (failed on {len(rs) - len(psnrs)} of {len(rs)})" if len(psnrs) < len(rs) else ""
         return (f" | {np.mean(psnrs):.2f}" if psnrs else " | –") + failed
+
+    def blind_cell(method: str) -> str:
+        return tier_cell(blind, blind_rows, method)
+
+    def jpeg_cell(method: str) -> str:
+        return tier_cell(jpeg, jpeg_rows, method)
 
     def means(groups, method):
         return {t: mean_std(v)[0] for (t, m, _, _), rs in groups.items() if m == method
@@ -307,19 +320,20 @@ def which_table(det: Source, stoch: Source, link: str, blind: Path | None = None
             ("DPIR at its published 24 iterations", "`method=\"dpir\", preset=\"paper\"`", "dpir:paper", g_det),
             ("DDNM+, a null-space diffusion sampler", "`method=\"ddnm\", num_steps=50`", "ddnm", g_st)]
     blind_of = {"nfc:deterministic": "nfc-blind", "dpir": "dpir-blind"}
+    jpeg_of = {"nfc:deterministic": "nfc", "dpir": "dpir"}
     L = ["| you want | call | network calls | " + " | ".join(TASK_LABELS[t] for t in TASKS)
-         + (" | blind deblur |" if blind_rows else " |"),
-         "|---|---|---|" + "---|" * (len(TASKS) + bool(blind_rows))]
+         + (" | blind deblur" if blind_rows else "") + (" | JPEG" if jpeg_rows else "") + " |",
+         "|---|---|---|" + "---|" * (len(TASKS) + bool(blind_rows) + bool(jpeg_rows))]
     for want, call, method, groups in rows:
         m = means(groups, method)
         rs = [r for (_, mm, e, _), g in groups.items() if mm == method for r in g]
         nfe = _fmt_nfe(rs) + ("" if all(r["estimator"] == "deterministic" for r in rs) else " per sample")
         L.append(f"| {want} | {call} | {nfe} | " + " | ".join(f"{m[t]:.2f}" if t in m else "–" for t in TASKS)
-                 + blind_cell(blind_of.get(method, "")) + " |")
+                 + blind_cell(blind_of.get(method, "")) + jpeg_cell(jpeg_of.get(method, "")) + " |")
     best = _best(det, CLASSICAL)
     L.append("| no network at all | `nfc_dps.baselines.restore_classical` | 0 | "
              + " | ".join(f"{best[t][0]:.2f} ({best[t][1]})" if t in best else "–" for t in TASKS)
-             + blind_cell("classical") + " |")
+             + blind_cell("classical") + (jpeg_cell("qcs_tv") + " (QCS + TV)" if jpeg_rows else "") + " |")
     L += ["", "PSNR in dB, mean over the 3 held-out photos of the 256-px tier (one draw for the sampling rows). "
           "Source: " + _caption(det, link) + " " + _caption(stoch, link)]
     if blind_rows:
@@ -332,6 +346,13 @@ def which_table(det: Source, stoch: Source, link: str, blind: Path | None = None
                   f"{len({r['family'] for r in blind_rows})} kernel families of [docs/blind.md](docs/blind.md); the "
                   f"classical row estimates the kernel by L0 coarse to fine, then TV; source: "
                   f"[`{blind.parent.name}/{blind.name}`]({link}{blind.parent.name}/{blind.name}).")
+    if jpeg_rows:
+        qualities = sorted({int(str(r["quality"]).lstrip("q")) for r in jpeg_rows})
+        L[-1] += (f" JPEG: task `jpeg`, a JPEG file's own tables and noise, the restoration projected onto its "
+                  f"quantisation cells, mean over the {len({r['image'] for r in jpeg_rows})} held-out photos at "
+                  f"quality {', '.join(map(str, qualities))} of [docs/jpeg.md](docs/jpeg.md) (the decoded files: "
+                  f"{np.mean([value(jpeg, r, 'psnr') for r in jpeg_rows if r['method'] == 'decoded']):.2f}); source: "
+                  f"[`{jpeg.parent.name}/{jpeg.name}`]({link}{jpeg.parent.name}/{jpeg.name}).")
     return "\n".join(L)
 
 
