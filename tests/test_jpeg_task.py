@@ -178,3 +178,12 @@ def test_the_jpeg_tier_writes_its_rows_and_its_table(tmp_path, prior_dir):
     before = (out / "results.csv").read_text()
     assert bench(argv) == 0 and (out / "results.csv").read_text() == before  # resumes: nothing to redo
     assert bench([*argv[:4], "--tasks", "q15", "--out", str(tmp_path / "other")]) == 2  # not a quality
+
+
+def test_calibrate_refuses_the_task_in_words(tmp_path, prior_dir, capsys):
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    write_image(clean / "a.png", _photo(16, 16, 7), 8)
+    assert main(["calibrate", "--images", str(clean), "--task", "jpeg", "--prior", prior_dir, "--preset", "fast",
+                 "--samples", "2", "--out", str(tmp_path / "cal.json")]) == 2
+    assert "each measurement is a file" in capsys.readouterr().err

@@ -157,6 +157,10 @@ def _settings(args) -> tuple[TaskConfig, ResolvedSampler, int, list[Path], Path]
         raise UsageError(f"--task {task.task}: its {TASKS[task.task].estimates} is estimated from each photo, and "
                          f"calibrated intervals hold only for the operator they were fitted with; calibrate the task "
                          f"with the kernel known (deblur_kernel, deblur_motion)")
+    if TASKS[task.task].reads_measurement is not None:  # its measurement is a file, not the operator's measure
+        raise UsageError(f"--task {task.task}: each measurement is a file that gives its own operator and noise, "
+                         f"which calibrate (it simulates measurements with one operator and a stated Gaussian noise) "
+                         f"cannot pose; calibrated intervals are not available for it")
     check_operator_file(task, None)
     if task.noise:
         raise UsageError(f"--noise {task.noise}: calibrated intervals are fitted and checked under Gaussian noise "
