@@ -271,7 +271,9 @@ class KernelEstimator:
 
     lam: the L0 weight of the image step at each scale's start, divided by ``lam_decay`` per
     alternation down to ``lam_min``; iterations: alternations per scale; gamma, threshold: the
-    kernel step's (:func:`kernel_step`); scale_step: the kernel size's ratio between scales.
+    kernel step's (:func:`kernel_step`); gamma_finest: its Tikhonov weight at the full scale,
+    where the photo's noise is not averaged away; scale_step: the kernel size's ratio between
+    scales.
     """
 
     lam: float = 4e-3
@@ -279,7 +281,8 @@ class KernelEstimator:
     lam_min: float = 1e-4
     iterations: int = 5
     gamma: float = 1e-2
-    threshold: float = 0.15
+    gamma_finest: float = 1.0
+    threshold: float = 0.08
     scale_step: float = math.sqrt(2)
 
 
@@ -323,9 +326,10 @@ def estimate_kernel(y: Tensor, size: int, settings: KernelEstimator = KernelEsti
         ratio = s / size
         photo = _resized(y, (max(s + 4, round(h * ratio)), max(s + 4, round(w * ratio)))) if s < size else y
         k, lam, x = _resized_kernel(k, s), settings.lam, None
+        gamma = settings.gamma_finest if s == size else settings.gamma
         for _ in range(settings.iterations):
             x = l0_deblur(photo, k, lam, x)
-            k = kernel_step(x, photo, s, k, settings.gamma, settings.threshold)
+            k = kernel_step(x, photo, s, k, gamma, settings.threshold)
             lam = max(lam / settings.lam_decay, settings.lam_min)
         if callback is not None:
             callback(i, len(sizes), k)
