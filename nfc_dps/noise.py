@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .operators.base import Generators, randn_per_image
+from .generators import Generators, randn_per_image
 
 #: half-width of the box over which the clean measurement is estimated for the variance (pixels)
 VARIANCE_SMOOTHING_RADIUS = 2

@@ -48,6 +48,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from ..generators import randn_per_image
+from ..noise import as_noise
 from .decomposition import Decomposition
 
 
@@ -59,27 +61,6 @@ def per_image(value: float | Tensor, x: Tensor) -> Tensor:
     if v.shape != (x.shape[0],):
         raise ValueError(f"expected a scalar or a ({x.shape[0]},) tensor, got shape {tuple(v.shape)}")
     return v.view(-1, 1, 1, 1)
-
-
-#: the random sources of a batch: one generator, one per image (or per chain), or None (torch's global one)
-Generators = torch.Generator | Sequence[torch.Generator] | None
-
-
-def randn_per_image(shape: Sequence[int], generators: Generators,
-                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Tensor:
-    """Standard normal noise of ``shape`` (B, ...), image b drawn from ``generators[b]``.
-
-    One generator per image makes results independent of batch size and composition. A single
-    generator is used for the whole batch; None uses torch's global RNG.
-    """
-    if generators is None or isinstance(generators, torch.Generator):
-        gen_device = generators.device if isinstance(generators, torch.Generator) else device
-        return torch.randn(tuple(shape), generator=generators, dtype=dtype, device=gen_device).to(device)
-    if len(generators) != shape[0]:
-        raise ValueError(f"got {len(generators)} generators for a batch of {shape[0]}")
-    return torch.stack(
-        [torch.randn(tuple(shape[1:]), generator=g, dtype=dtype, device=g.device) for g in generators]
-    ).to(device)
 
 
 def check_image(x: Tensor, name: str = "x") -> None:
@@ -311,8 +292,6 @@ class LinearOperator(torch.nn.Module):
             raise TypeError("measure() takes one of sigma_y (Gaussian std) and noise (a noise model)")
         ax = self.A(x)
         if noise is not None:
-            from ..noise import as_noise  # noise models build on this module
-
             return as_noise(noise).sample(ax, generator)
         s = per_image(sigma_y, ax)
         if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):

@@ -19,7 +19,8 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 from torch import Tensor
 
-from ..operators.base import Generators, LinearOperator, pixel_gain, randn_per_image
+from ..generators import Generators, randn_per_image
+from ..operators.base import LinearOperator, pixel_gain
 from ..operators.nonlinear import ModelUnitsOperator, is_linear
 from ..priors.base import Prior, PriorWrapper
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DDPM_SIGMA_MAX, DPIR_SIGMA_MAX, SCHEDULES, karras_sigmas, sigma_grid

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..operators.base import LinearOperator, randn_per_image
+from ..generators import randn_per_image
+from ..operators.base import LinearOperator
 from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX

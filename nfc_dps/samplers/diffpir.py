@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ..operators.base import randn_per_image
+from ..generators import randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES
 from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, ddim_step, sigma_vector

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from ..frequency import fourier_filter, lowpass_mask
-from ..operators.base import LinearOperator, randn_per_image
+from ..generators import randn_per_image
+from ..operators.base import LinearOperator
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from ..frequency import fit_power_law, fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency
-from ..operators.base import Generators, LinearOperator, conjugate_gradient, pixel_gain, randn_per_image
+from ..generators import Generators, randn_per_image
+from ..operators.base import LinearOperator, conjugate_gradient, pixel_gain
 from ..operators.blur import BlurOperator
 from ..operators.decomposition import Decomposition
 

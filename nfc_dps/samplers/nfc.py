@@ -36,7 +36,8 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from ..frequency import fourier_filter, haar_fuse, lowpass_mask
-from ..operators.base import Generators, LinearOperator, randn_per_image
+from ..generators import Generators, randn_per_image
+from ..operators.base import LinearOperator
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import BAND_TRANSITION, BandSchedule, DetailSchedule, karras_sigmas

@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from ..operators.base import Generators, LinearOperator
+from ..generators import Generators
+from ..operators.base import LinearOperator
 from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import AUTO_SIGMA_MAX_INPAINT, DPIR_SIGMA_MAX, karras_sigmas
