@@ -27,13 +27,13 @@ from tqdm.auto import tqdm
 
 from .config import validate_overrides
 from .conformal import UnfamiliarImageWarning, load_calibration
-from .noise import GaussianNoise, NoiseModel, as_noise
+from .noise import NoiseModel
 from .noise_level import measurement_sigma
 from .operators.base import LinearOperator
 from .operators.nonlinear import is_linear
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior
-from .restore_inputs import as_batch, checked_measurement, checked_prior, seed_list
+from .restore_inputs import as_batch, checked_measurement, checked_prior, declared_noise, seed_list
 from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 
 
@@ -202,7 +202,7 @@ def restore(
     are restored on a padded canvas (the border is unmeasured, filled by the prior) and cropped.
     Profiling: samplers mark their building blocks with ``torch.profiler.record_function``.
     """
-    sigma_y, noise = _declared_noise(operator, sigma_y, noise)
+    sigma_y, noise = declared_noise(operator, sigma_y, noise)
     if isinstance(sigma_y, str):
         return _restore_estimated_sigma(y, operator, sigma_y, noise, seed, dict(
             prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
@@ -248,35 +248,6 @@ def restore(
     out.noise_sigma = noise.gaussian_sigma
     out.frame = operator.measured_frame(tuple(batch.shape[:2]) + tuple(operator.image_shape(batch.shape)[-2:]))
     return out
-
-
-def _declared_noise(operator: Any, sigma_y: Any, noise: Any) -> tuple[Any, Any]:
-    """(sigma_y, noise) for :func:`restore`: the operator's own noise model
-    (:meth:`~nfc_dps.operators.base.LinearOperator.measurement_noise`) when neither is given; a
-    stated one that contradicts it (another model or level, ``"auto"``) is a ValueError saying so."""
-    declared = operator.measurement_noise() if isinstance(operator, LinearOperator) else None
-    if declared is None:
-        return sigma_y, noise
-    if sigma_y is None and noise is None:
-        return None, declared
-    given = f"noise={noise!r}" if noise is not None else f"sigma_y={sigma_y!r}"
-    why = (f"the {operator.name} measurement's noise is its own ({declared}: read from the measurement's "
-           f"construction, e.g. a JPEG file's quantisation steps); {given} contradicts it: leave sigma_y and noise out")
-    if noise is not None and sigma_y is not None:
-        raise TypeError(f"pass one of sigma_y and noise, got sigma_y={sigma_y!r} and noise={noise!r}")
-    stated = noise if noise is not None else sigma_y
-    if isinstance(stated, str) and stated == "auto":
-        raise ValueError(why)
-    try:
-        model = as_noise(stated)
-    except (TypeError, ValueError):
-        raise ValueError(why) from None
-    same = (model.gaussian_sigma is not None and declared.gaussian_sigma is not None
-            and math.isclose(model.gaussian_sigma, declared.gaussian_sigma, rel_tol=1e-6, abs_tol=1e-12)
-            ) if isinstance(model, GaussianNoise) else str(model) == str(declared)
-    if not same:
-        raise ValueError(why)
-    return None, declared
 
 
 def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noise: Any, seed: Any,

@@ -382,7 +382,7 @@ def qcs_tv(operator: LinearOperator, y: Tensor, sigma_y: float | None = None, we
     """JPEG deblocking by projection onto the quantisation constraint set: from the dequantised image
     (``A_pinv(y)``), ``iters`` times a TV denoising (scikit-image's Chambolle, channel-wise, ``weight``)
     then the projection onto the stored integers' cells (``operator.project``). ``y`` (B, C, Hp, Wp) a
-    JPEG measurement (:func:`nfc_dps.io.jpeg.jpeg_measurement`); ``sigma_y`` its noise std (default
+    JPEG measurement (:func:`nfc_dps.operators.jpeg.jpeg_measurement`); ``sigma_y`` its noise std (default
     the operator's, q_min / sqrt(12)); weight = :data:`QCS_TV_WEIGHT_PER_SIGMA` * sigma_y by default.
     Computed in float64 on the CPU; returns (B, C, H, W) in [0, 1] in y's dtype and device."""
     if not _has_cells(operator):

@@ -5,6 +5,7 @@ or the embedded default)."""
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from typing import Any, Callable
@@ -224,3 +225,32 @@ def checked_prior(prior, batch):
                         f"None (the embedded default), got {type(prior).__name__}")
     device = prior_device(prior)  # numpy input is on the CPU; the results return to the input's device
     return prior, (batch.to(device) if device is not None else batch), input_device
+
+
+def declared_noise(operator: Any, sigma_y: Any, noise: Any) -> tuple[Any, Any]:
+    """(sigma_y, noise) for :func:`restore`: the operator's own noise model
+    (:meth:`~nfc_dps.operators.base.LinearOperator.measurement_noise`) when neither is given; a
+    stated one that contradicts it (another model or level, ``"auto"``) is a ValueError saying so."""
+    declared = operator.measurement_noise() if isinstance(operator, LinearOperator) else None
+    if declared is None:
+        return sigma_y, noise
+    if sigma_y is None and noise is None:
+        return None, declared
+    given = f"noise={noise!r}" if noise is not None else f"sigma_y={sigma_y!r}"
+    why = (f"the {operator.name} measurement's noise is its own ({declared}: read from the measurement's "
+           f"construction, e.g. a JPEG file's quantisation steps); {given} contradicts it: leave sigma_y and noise out")
+    if noise is not None and sigma_y is not None:
+        raise TypeError(f"pass one of sigma_y and noise, got sigma_y={sigma_y!r} and noise={noise!r}")
+    stated = noise if noise is not None else sigma_y
+    if isinstance(stated, str) and stated == "auto":
+        raise ValueError(why)
+    try:
+        model = as_noise(stated)
+    except (TypeError, ValueError):
+        raise ValueError(why) from None
+    same = (model.gaussian_sigma is not None and declared.gaussian_sigma is not None
+            and math.isclose(model.gaussian_sigma, declared.gaussian_sigma, rel_tol=1e-6, abs_tol=1e-12)
+            ) if isinstance(model, GaussianNoise) else str(model) == str(declared)
+    if not same:
+        raise ValueError(why)
+    return None, declared

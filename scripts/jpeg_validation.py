@@ -2,7 +2,7 @@
 
 Four 256-px crops of scikit-image's motorcycle (left view: the embedded prior's validation photo), each
 written as a real JPEG by Pillow at quality 10, 20 and 40 (4:2:0), read back as a measurement
-(``nfc_dps.io.jpeg.jpeg_measurement``: the stored integers recovered from the decoded pixels), and
+(``nfc_dps.operators.jpeg.jpeg_measurement``: the stored integers recovered from the decoded pixels), and
 restored by:
 
 - ``decoded``: the JPEG as a viewer shows it;
@@ -31,8 +31,9 @@ import torch
 
 from nfc_dps import restore
 from nfc_dps.baselines import _tv_prox, qcs_tv
-from nfc_dps.io.jpeg import jpeg_measurement, write_jpeg
+from nfc_dps.io.jpeg import write_jpeg
 from nfc_dps.metrics import psnr
+from nfc_dps.operators.jpeg import jpeg_measurement
 from nfc_dps.priors.training_data import load_skimage_image
 
 CROPS = ((100, 100), (200, 400), (0, 300), (230, 30))

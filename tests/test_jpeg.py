@@ -13,9 +13,9 @@ from PIL import Image
 from scipy.ndimage import gaussian_filter
 
 from nfc_dps.baselines import NotApplicable, qcs_tv
-from nfc_dps.io.jpeg import jpeg_measurement, quality_tables, read_jpeg, write_jpeg
+from nfc_dps.io.jpeg import quality_tables, read_jpeg, write_jpeg
 from nfc_dps.operators import Denoising
-from nfc_dps.operators.jpeg import JpegOperator
+from nfc_dps.operators.jpeg import JpegOperator, jpeg_measurement
 
 LUMA, CHROMA = quality_tables(50)
 
@@ -109,7 +109,7 @@ def test_written_file_reads_back(tmp_path, subsampling):
     luma, chroma = quality_tables(30)
     assert jf.subsampling == subsampling and not jf.progressive
     assert np.array_equal(jf.tables[0], luma) and np.array_equal(jf.tables[1], chroma)
-    assert jf.pixels.shape == (24, 40, 3) and jf.operator().subsampling == subsampling
+    assert jf.pixels.shape == (24, 40, 3) and jpeg_measurement(jf).operator.subsampling == subsampling
 
 
 @pytest.mark.parametrize("size,subsampling", [((40, 56), "4:2:0"), ((33, 47), "4:2:0"), ((33, 47), "4:4:4")])

@@ -16,8 +16,9 @@ from nfc_dps.baselines import CLASSICAL_METHODS, NotApplicable, applicable, rest
 from nfc_dps.bench.spec import DEFAULT_METHODS
 from nfc_dps.cli import main
 from nfc_dps.io import write_image
-from nfc_dps.io.jpeg import jpeg_measurement, write_jpeg
+from nfc_dps.io.jpeg import write_jpeg
 from nfc_dps.operators import TASKS, build_operator
+from nfc_dps.operators.jpeg import jpeg_measurement
 
 
 def _photo(h: int, w: int, seed: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Each held-out photo (the centre ``--size`` px, 256 by default) is written by Pillow as a real JPEG file
 at quality 10, 20 and 40 (4:2:0 chroma subsampling; ``--tasks q10,q20,q40`` picks them), kept in
-OUT/files/, and read back as a measurement (:func:`~nfc_dps.io.jpeg.jpeg_measurement`: the file's
+OUT/files/, and read back as a measurement (:func:`~nfc_dps.operators.jpeg.jpeg_measurement`: the file's
 tables, subsampling and stored integers). Methods (rows):
 
 - ``decoded``: the JPEG as a viewer shows it (no restoration);
@@ -28,8 +28,9 @@ import torch
 from ..api import restore
 from ..baselines import restore_classical
 from ..io import atomic_write_text
-from ..io.jpeg import jpeg_measurement, write_jpeg
+from ..io.jpeg import write_jpeg
 from ..metrics import psnr, ssim
+from ..operators.jpeg import jpeg_measurement
 from ..restore_inputs import stable_seed
 from .report_tables import read_header
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record

@@ -3,9 +3,8 @@
 * :func:`read_jpeg`: a JPEG file's pixels as Pillow decodes them, its tables (natural order) and
   subsampling (:class:`JpegFile`); a file that is no JPEG, a CMYK or RGB-stored JPEG, or an unknown
   subsampling is a ValueError naming the file.
-* :func:`jpeg_measurement`: the :class:`~nfc_dps.operators.jpeg.JpegOperator` of a file, the integers
-  it stores (recovered from the decoded pixels: the decoder is exact up to rounding and clipping)
-  and the measurement y they give (:class:`JpegMeasurement`).
+* :func:`decoded_planes`: the planes the encoder saw, as far as the decoded pixels tell (the file's
+  measurement is :func:`nfc_dps.operators.jpeg.jpeg_measurement`).
 * :func:`write_jpeg` (a real JPEG at quality Q, 4:2:0 by default) and :func:`quality_tables`.
 
 Pillow decodes with libjpeg-turbo, which upsamples subsampled chroma by a triangle filter ("fancy
@@ -28,12 +27,15 @@ import torch
 from PIL import Image, JpegImagePlugin, UnidentifiedImageError, features
 from torch import Tensor
 
-from ..operators.jpeg import RGB_TO_YCBCR, SUBSAMPLINGS, JpegOperator
 from . import files
 from .images import ImageReadError, _exif_orientation, quantize
 
-__all__ = ["JpegFile", "JpegMeasurement", "read_jpeg", "jpeg_measurement", "write_jpeg", "quality_tables"]
+__all__ = ["JpegFile", "read_jpeg", "decoded_planes", "write_jpeg", "quality_tables", "SUBSAMPLINGS", "RGB_TO_YCBCR"]
 
+#: chroma subsampling -> (vertical, horizontal) factor of the two chroma planes
+SUBSAMPLINGS = {"4:4:4": (1, 1), "4:2:2": (1, 2), "4:2:0": (2, 2)}
+#: JFIF's RGB -> YCbCr matrix (rows Y, Cb, Cr; the file adds 128/255 to Cb and Cr, which A leaves out)
+RGB_TO_YCBCR = ((0.299, 0.587, 0.114), (-0.168736, -0.331264, 0.5), (0.5, -0.418688, -0.081312))
 #: PIL.JpegImagePlugin.get_sampling's codes
 _SAMPLING_NAMES = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
 
@@ -58,10 +60,6 @@ class JpegFile:
     @property
     def channels(self) -> int:
         return 1 if self.pixels.ndim == 2 else 3
-
-    def operator(self) -> JpegOperator:
-        """The file's :class:`~nfc_dps.operators.jpeg.JpegOperator`."""
-        return JpegOperator(np.stack(self.tables), self.pixels.shape[:2], self.subsampling, self.channels)
 
 
 def read_jpeg(path: str | Path) -> JpegFile:
@@ -119,37 +117,6 @@ def read_jpeg(path: str | Path) -> JpegFile:
             raise ImageReadError(path, f"corrupt or truncated JPEG ({e})") from e
         pixels = np.asarray(im, dtype=np.uint8).copy()
     return JpegFile(str(path), pixels, tables, subsampling, progressive, orientation)
-
-
-@dataclass
-class JpegMeasurement:
-    """A JPEG file as a measurement. operator: its :class:`~nfc_dps.operators.jpeg.JpegOperator`;
-    y: (1, C, Hp, Wp) float32, the measurement of the stored integers; integers: the stored integers,
-    one (1, mv, mh) int64 tensor per plane ((1, 1, mv, mh) for gray); decoded: (1, C, H, W) float32
-    in [0, 1], the file as a viewer shows it; file: the :class:`JpegFile`."""
-
-    operator: JpegOperator
-    y: Tensor
-    integers: list[Tensor]
-    decoded: Tensor
-    file: JpegFile
-
-    @property
-    def sigma_y(self) -> float:
-        """The measurement's noise std, [0, 1] units (q_min / sqrt(12))."""
-        return self.operator.sigma_y
-
-
-def jpeg_measurement(source: str | Path | JpegFile) -> JpegMeasurement:
-    """The measurement of a JPEG file (a path or a :class:`JpegFile`): its integers recovered from the
-    decoded pixels (:func:`decoded_planes`, then the operator's DCT, divided by the steps and rounded)."""
-    jf = source if isinstance(source, JpegFile) else read_jpeg(source)
-    op = jf.operator()
-    steps = op.steps(op.plane_coefficients(decoded_planes(jf)))
-    integers = [torch.round(s).long() for s in steps]
-    decoded = torch.from_numpy(jf.pixels.astype(np.float32) / 255.0)
-    decoded = decoded[None, None] if decoded.ndim == 2 else decoded.permute(2, 0, 1)[None]
-    return JpegMeasurement(op, op.measurement(integers).float(), integers, decoded.contiguous(), jf)
 
 
 def decoded_planes(jf: JpegFile) -> list[Tensor]:

@@ -26,156 +26,23 @@ quantisation cells (:meth:`~JpegOperator.project`). Reading a file: :mod:`nfc_dp
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import scipy.fft
 import torch
 from torch import Tensor
 
+from ..io.jpeg import RGB_TO_YCBCR, SUBSAMPLINGS, JpegFile, decoded_planes, read_jpeg
+from ..noise import GaussianNoise
 from .base import LinearOperator, check_image
+from .jpeg_planes import BLOCK, Plane, dct_matrix
 
-__all__ = ["JpegOperator", "SUBSAMPLINGS", "RGB_TO_YCBCR", "LEVEL_SHIFT", "dct_matrix"]
+__all__ = ["JpegOperator", "JpegMeasurement", "jpeg_measurement", "LEVEL_SHIFT", "dct_matrix"]
 
-#: chroma subsampling -> (vertical, horizontal) factor of the two chroma planes
-SUBSAMPLINGS = {"4:4:4": (1, 1), "4:2:2": (1, 2), "4:2:0": (2, 2)}
-#: JFIF's RGB -> YCbCr matrix (rows Y, Cb, Cr; the file adds 128/255 to Cb and Cr, which A leaves out)
-RGB_TO_YCBCR = ((0.299, 0.587, 0.114), (-0.168736, -0.331264, 0.5), (0.5, -0.418688, -0.081312))
 #: the level shift JPEG subtracts from the luma plane before its DCT, [0, 1] units
 LEVEL_SHIFT = 128 / 255
-BLOCK = 8
-
-
-def dct_matrix(n: int = BLOCK) -> np.ndarray:
-    """The (n, n) float64 orthonormal DCT-II matrix (rows: frequencies), from scipy.fft."""
-    return scipy.fft.dct(np.eye(n), norm="ortho", axis=0)
-
-
-def _blocks(n: int) -> int:
-    return -(-n // BLOCK)
-
-
-class _AxisMap:
-    """The encoder's resampling of a plane along one axis: n pixels -> m stored samples, sample j the
-    mean of the pixels ``idx[j]`` (``factor`` of them). The first ``k0`` samples average disjoint
-    runs of pixels (their pseudo-inverse repeats a sample over its run); the rest, which repeat the
-    edge, are a small dense ``tail`` matrix with its pseudo-inverse."""
-
-    def __init__(self, n: int, factor: int, m: int, repeat_low_res_edge: bool) -> None:
-        s = factor
-        nc = -(-n // s)
-        rows = [[min(s * (min(j, nc - 1) if repeat_low_res_edge else j) + t, n - 1) for t in range(s)]
-                for j in range(m)]
-        self.n, self.s, self.m = n, s, m
-        self.idx = torch.tensor(rows, dtype=torch.long)
-        self.k0 = max(nc - 2, 0)
-        self.p0 = s * self.k0
-        tail = np.zeros((m - self.k0, n - self.p0))
-        for j in range(self.k0, m):
-            for i in rows[j]:
-                tail[j - self.k0, i - self.p0] += 1 / s
-        pinv = np.linalg.pinv(tail)
-        self.tail, self.tail_pinv = torch.from_numpy(tail), torch.from_numpy(pinv)
-        self.tail_range = torch.from_numpy(tail @ pinv)
-        #: the stored samples are not free (some repeat others): projections need the range
-        self.coupled = not np.allclose(tail @ pinv, np.eye(m - self.k0), atol=1e-9)
-        self.norm2 = max(1 / s if self.k0 else 0.0, float(np.linalg.norm(tail, 2)) ** 2)
-        self._on: dict[tuple, tuple[Tensor, ...]] = {}
-
-    def _mats(self, like: Tensor) -> tuple[Tensor, ...]:
-        key = (like.device, like.dtype)
-        if key not in self._on:
-            self._on[key] = (self.idx.to(like.device), *(t.to(device=like.device, dtype=like.dtype)
-                                                         for t in (self.tail_pinv, self.tail_range)))
-        return self._on[key]
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(..., n) -> (..., m) along the last axis."""
-        idx = self._mats(x)[0]
-        return x[..., idx.flatten()].unflatten(-1, (self.m, self.s)).mean(-1)
-
-    def adjoint(self, y: Tensor) -> Tensor:
-        """(..., m) -> (..., n) along the last axis."""
-        idx = self._mats(y)[0]
-        out = y.new_zeros((*y.shape[:-1], self.n))
-        spread = (y / self.s).unsqueeze(-1).expand(*y.shape, self.s).flatten(-2)
-        return out.index_add_(-1, idx.flatten(), spread)
-
-    def pinv(self, y: Tensor) -> Tensor:
-        """The pseudo-inverse, (..., m) -> (..., n)."""
-        pinv = self._mats(y)[1]
-        head = y[..., : self.k0].repeat_interleave(self.s, -1)
-        return torch.cat([head, y[..., self.k0:] @ pinv.T], -1)
-
-    def range_projection(self, y: Tensor, start: int = 0) -> Tensor:
-        """The orthogonal projection onto the samples the map can give, of samples ``start`` .. m - 1
-        (..., m - start), ``start`` <= k0 (the samples before k0 are free)."""
-        if not self.coupled:
-            return y
-        rng, k = self._mats(y)[2], self.k0 - start
-        return torch.cat([y[..., :k], y[..., k:] @ rng.T], -1)
-
-
-def _on_rows(fn, x: Tensor) -> Tensor:
-    return fn(x.transpose(-1, -2)).transpose(-1, -2)
-
-
-class _Plane:
-    """One stored plane: its axis maps, its steps and weights tiled over its (mv, mh) samples, and its
-    factors (sv, sh) back to the measurement grid."""
-
-    def __init__(self, image_hw: tuple[int, int], factors: tuple[int, int], table: Tensor, q_min: float,
-                 level_shift: float) -> None:
-        (h, w), (sv, sh) = image_hw, factors
-        self.factors = (sv, sh)
-        mv, mh = BLOCK * _blocks(-(-h // sv)), BLOCK * _blocks(-(-w // sh))
-        self.shape = (mv, mh)
-        self.rows = _AxisMap(h, sv, mv, repeat_low_res_edge=True)
-        self.cols = _AxisMap(w, sh, mh, repeat_low_res_edge=False)
-        self.step = table.tile(mv // BLOCK, mh // BLOCK)  # q per coefficient, [0, 1] units
-        self.weight = q_min / self.step
-        offset = torch.zeros(BLOCK, BLOCK, dtype=torch.float64)
-        offset[0, 0] = BLOCK * level_shift  # the DC of a constant plane of level_shift
-        self.offset = offset.tile(mv // BLOCK, mh // BLOCK)
-        self.coupled = self.rows.coupled or self.cols.coupled
-
-    def sample(self, u: Tensor) -> Tensor:
-        """D: (..., H, W) plane -> (..., mv, mh) stored samples."""
-        return self.cols.forward(_on_rows(self.rows.forward, u))
-
-    def sample_adjoint(self, v: Tensor) -> Tensor:
-        return _on_rows(self.rows.adjoint, self.cols.adjoint(v))
-
-    def sample_pinv(self, v: Tensor) -> Tensor:
-        return _on_rows(self.rows.pinv, self.cols.pinv(v))
-
-    def edge_strips(self) -> tuple[int, int]:
-        """(r0, c0): the samples whose blocks the edge extension ties together are rows r0.. (every
-        column) and columns c0.. (rows above r0); (mv, mh) when none are."""
-        mv, mh = self.shape
-        return (BLOCK * (self.rows.k0 // BLOCK) if self.rows.coupled else mv,
-                BLOCK * (self.cols.k0 // BLOCK) if self.cols.coupled else mh)
-
-    def strips_range(self, bottom: Tensor, right: Tensor) -> tuple[Tensor, Tensor]:
-        """The projection onto the samples D can give, on the edge strips v[r0:, :], v[:r0, c0:]."""
-        r0, c0 = self.edge_strips()
-        bottom = _on_rows(lambda t: self.rows.range_projection(t, r0), self.cols.range_projection(bottom))
-        return bottom, self.cols.range_projection(right, c0)
-
-    def upsample(self, v: Tensor) -> Tensor:
-        """S_orth^T: (..., mv, mh) -> (..., mv sv, mh sh), an isometry."""
-        sv, sh = self.factors
-        if (sv, sh) == (1, 1):
-            return v
-        return v.repeat_interleave(sv, -2).repeat_interleave(sh, -1) / math.sqrt(sv * sh)
-
-    def downsample(self, y: Tensor) -> Tensor:
-        """S_orth, the adjoint of :meth:`upsample`."""
-        sv, sh = self.factors
-        if (sv, sh) == (1, 1):
-            return y
-        mv, mh = self.shape
-        return y.unflatten(-1, (mh, sh)).sum(-1).unflatten(-2, (mv, sv)).sum(-2) / math.sqrt(sv * sh)
 
 
 class JpegOperator(LinearOperator):
@@ -234,7 +101,7 @@ class JpegOperator(LinearOperator):
         factors = [(1, 1)] + [(sv, sh)] * (planes - 1)
         self.mcu = (BLOCK * sv, BLOCK * sh)
         self.padded_hw = (self.mcu[0] * -(-h // self.mcu[0]), self.mcu[1] * -(-w // self.mcu[1]))
-        self.planes = [_Plane((h, w), f, steps[p], self.q_min, LEVEL_SHIFT if p == 0 else 0.0)
+        self.planes = [Plane((h, w), f, steps[p], self.q_min, LEVEL_SHIFT if p == 0 else 0.0)
                        for p, f in enumerate(factors)]
         rgb = torch.tensor(RGB_TO_YCBCR, dtype=torch.float64)
         self._color = rgb
@@ -252,8 +119,6 @@ class JpegOperator(LinearOperator):
 
     def measurement_noise(self) -> Any:
         """The file's own noise: Gaussian of std :attr:`sigma_y` (the quantisation error, relaxed)."""
-        from ..noise import GaussianNoise
-
         return GaussianNoise(self.sigma_y)
 
     def consistent(self, x: Tensor, y: Tensor) -> Tensor:
@@ -418,55 +283,93 @@ class JpegOperator(LinearOperator):
         is free; where the encoder's edge extension ties samples together (images whose size is not
         a multiple of the MCU), Dykstra's alternating projections, until no coefficient is outside its
         cell by more than ``tol`` steps or for ``max_iter`` iterations."""
-        check_image(x, "x")
-        self.measurement_shape(x.shape)
-        if isinstance(k, Tensor):
-            k = self.stored_integers(k.to(x.dtype))
-        bounds = self.cells(k, x)
-        planes = self._to_planes(x)
-        out = []
-        for i, (plane, u, (lo, hi)) in enumerate(zip(self.planes, planes, bounds)):
-            step = self._consts(x)[f"step{i}"]
-            v0 = plane.sample(u)
+        return project_onto_cells(self, x, k, max_iter, tol)
 
-            def into_cells(v: Tensor) -> Tensor:
-                coef = self._dct2(v)
-                return v + self._dct2(torch.minimum(torch.maximum(coef, lo), hi) - coef, inverse=True)
 
-            v = into_cells(v0)  # exact wherever the blocks are free
-            if plane.coupled:  # Dykstra on the edge strips, between the cells and the samples D gives
-                r0, c0 = plane.edge_strips()
-                v0s = (v0[..., r0:, :], v0[..., :r0, c0:])
-                cells = [(lo[..., r0:, :], hi[..., r0:, :], step[r0:, :]), (lo[..., :r0, c0:], hi[..., :r0, c0:],
-                                                                               step[:r0, c0:])]
+def project_onto_cells(op: JpegOperator, x: Tensor, k: list[Tensor] | Tensor, max_iter: int = 500,
+                       tol: float = 1e-6) -> Tensor:
+    """:meth:`JpegOperator.project`: x (B, C, H, W) moved into the cells of the integers ``k`` (or of
+    the measurement that stores them)."""
+    check_image(x, "x")
+    op.measurement_shape(x.shape)
+    if isinstance(k, Tensor):
+        k = op.stored_integers(k.to(x.dtype))
+    bounds = op.cells(k, x)
+    planes = op._to_planes(x)
+    out = []
+    for i, (plane, u, (lo, hi)) in enumerate(zip(op.planes, planes, bounds)):
+        step = op._consts(x)[f"step{i}"]
+        v0 = plane.sample(u)
 
-                def strip_cells(vs: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
-                    out = []
-                    for t, (a, b, _) in zip(vs, cells):
-                        if t.numel():
-                            coef = self._dct2(t)
-                            t = t + self._dct2(torch.minimum(torch.maximum(coef, a), b) - coef, inverse=True)
-                        out.append(t)
-                    return tuple(out)
+        def into_cells(v: Tensor) -> Tensor:
+            coef = op._dct2(v)
+            return v + op._dct2(torch.minimum(torch.maximum(coef, lo), hi) - coef, inverse=True)
 
-                def outside(vs: tuple[Tensor, ...]) -> float:
-                    worst = 0.0
-                    for t, (a, b, st) in zip(vs, cells):
-                        if t.numel():
-                            coef = self._dct2(t)
-                            worst = max(worst, float(((coef - b).clamp_min(0) + (a - coef).clamp_min(0)).div(st).max()))
-                    return worst
+        v = into_cells(v0)  # exact wherever the blocks are free
+        if plane.coupled:  # Dykstra on the edge strips, between the cells and the samples D gives
+            r0, c0 = plane.edge_strips()
+            v0s = (v0[..., r0:, :], v0[..., :r0, c0:])
+            cells = [(lo[..., r0:, :], hi[..., r0:, :], step[r0:, :]), (lo[..., :r0, c0:], hi[..., :r0, c0:],
+                                                                           step[:r0, c0:])]
 
-                vs, ps, qs = v0s, tuple(torch.zeros_like(t) for t in v0s), tuple(torch.zeros_like(t) for t in v0s)
-                for _ in range(max_iter):
-                    zs = strip_cells(tuple(a + b for a, b in zip(vs, ps)))
-                    ps = tuple(a + b - c for a, b, c in zip(vs, ps, zs))
-                    vs = plane.strips_range(*(a + b for a, b in zip(zs, qs)))
-                    qs = tuple(a + b - c for a, b, c in zip(zs, qs, vs))
-                    if outside(vs) <= tol:
-                        break
-                v = v.clone()
-                v[..., r0:, :] = vs[0]
-                v[..., :r0, c0:] = vs[1]
-            out.append(u + plane.sample_pinv(v - v0))
-        return self._from_planes(out, inverse=True)
+            def strip_cells(vs: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+                out = []
+                for t, (a, b, _) in zip(vs, cells):
+                    if t.numel():
+                        coef = op._dct2(t)
+                        t = t + op._dct2(torch.minimum(torch.maximum(coef, a), b) - coef, inverse=True)
+                    out.append(t)
+                return tuple(out)
+
+            def outside(vs: tuple[Tensor, ...]) -> float:
+                worst = 0.0
+                for t, (a, b, st) in zip(vs, cells):
+                    if t.numel():
+                        coef = op._dct2(t)
+                        worst = max(worst, float(((coef - b).clamp_min(0) + (a - coef).clamp_min(0)).div(st).max()))
+                return worst
+
+            vs, ps, qs = v0s, tuple(torch.zeros_like(t) for t in v0s), tuple(torch.zeros_like(t) for t in v0s)
+            for _ in range(max_iter):
+                zs = strip_cells(tuple(a + b for a, b in zip(vs, ps)))
+                ps = tuple(a + b - c for a, b, c in zip(vs, ps, zs))
+                vs = plane.strips_range(*(a + b for a, b in zip(zs, qs)))
+                qs = tuple(a + b - c for a, b, c in zip(zs, qs, vs))
+                if outside(vs) <= tol:
+                    break
+            v = v.clone()
+            v[..., r0:, :] = vs[0]
+            v[..., :r0, c0:] = vs[1]
+        out.append(u + plane.sample_pinv(v - v0))
+    return op._from_planes(out, inverse=True)
+
+
+@dataclass
+class JpegMeasurement:
+    """A JPEG file as a measurement. operator: its :class:`~nfc_dps.operators.jpeg.JpegOperator`;
+    y: (1, C, Hp, Wp) float32, the measurement of the stored integers; integers: the stored integers,
+    one (1, mv, mh) int64 tensor per plane ((1, 1, mv, mh) for gray); decoded: (1, C, H, W) float32
+    in [0, 1], the file as a viewer shows it; file: the :class:`JpegFile`."""
+
+    operator: JpegOperator
+    y: Tensor
+    integers: list[Tensor]
+    decoded: Tensor
+    file: JpegFile
+
+    @property
+    def sigma_y(self) -> float:
+        """The measurement's noise std, [0, 1] units (q_min / sqrt(12))."""
+        return self.operator.sigma_y
+
+
+def jpeg_measurement(source: str | Path | JpegFile) -> JpegMeasurement:
+    """The measurement of a JPEG file (a path or a :class:`JpegFile`): its integers recovered from the
+    decoded pixels (:func:`decoded_planes`, then the operator's DCT, divided by the steps and rounded)."""
+    jf = source if isinstance(source, JpegFile) else read_jpeg(source)
+    op = JpegOperator(np.stack(jf.tables), jf.pixels.shape[:2], jf.subsampling, jf.channels)
+    steps = op.steps(op.plane_coefficients(decoded_planes(jf)))
+    integers = [torch.round(s).long() for s in steps]
+    decoded = torch.from_numpy(jf.pixels.astype(np.float32) / 255.0)
+    decoded = decoded[None, None] if decoded.ndim == 2 else decoded.permute(2, 0, 1)[None]
+    return JpegMeasurement(op, op.measurement(integers).float(), integers, decoded.contiguous(), jf)

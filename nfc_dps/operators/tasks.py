@@ -18,13 +18,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..io.jpeg import SUBSAMPLINGS, quality_tables, write_jpeg
 from .base import LinearOperator
 from .blind import BlindBlur
 from .blur import BlurOperator
 from .colorize import Colorization, gray_measurement
 from .denoising import Denoising
 from .inpainting import Inpainting, box_mask, load_mask, random_mask
-from .jpeg import SUBSAMPLINGS, JpegOperator
+from .jpeg import JpegOperator, jpeg_measurement
 from .kernel_estimation import default_kernel_size
 from .kernels import gaussian_kernel, load_kernel, motion_kernel
 from .nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval
@@ -137,24 +138,18 @@ def _jpeg_params(p: dict[str, Any]) -> tuple[int, str]:
 
 def _jpeg_build(h: int, w: int, seed: int, p: dict[str, Any]) -> LinearOperator:
     """The JPEG operator of Pillow's (libjpeg's) tables at ``quality``: what simulate writes."""
-    from ..io.jpeg import quality_tables
-
     quality, subsampling = _jpeg_params(p)
     return JpegOperator(np.stack(quality_tables(quality)), (h, w), subsampling)
 
 
 def _jpeg_read(path: Path) -> tuple[LinearOperator, torch.Tensor]:
-    """A JPEG file's operator and measurement (:func:`nfc_dps.io.jpeg.jpeg_measurement`)."""
-    from ..io.jpeg import jpeg_measurement
-
+    """A JPEG file's operator and measurement (:func:`nfc_dps.operators.jpeg.jpeg_measurement`)."""
     m = jpeg_measurement(path)
     return m.operator, m.y
 
 
 def _jpeg_write(path: Path, image: np.ndarray, p: dict[str, Any]) -> Any:
     """A real JPEG file of the clean ``image`` at the task's quality and subsampling."""
-    from ..io.jpeg import write_jpeg
-
     quality, subsampling = _jpeg_params(p)
     return write_jpeg(path, image, quality, subsampling)
 
