@@ -281,8 +281,8 @@ class KernelEstimator:
     lam_min: float = 1e-4
     iterations: int = 5
     gamma: float = 1e-2
-    gamma_finest: float = 1.0
-    threshold: float = 0.08
+    gamma_finest: float = 1e-2
+    threshold: float = 0.15
     scale_step: float = math.sqrt(2)
 
 
