@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nfc_dps
-from nfc_dps.noise_level import FLOOR, estimate_sigma, measurement_sigma
+from nfc_dps.noise_level import FLOOR, TEXTURE_ONLY, TEXTURE_READ, estimate_sigma, measurement_sigma, texture_corrected
 from nfc_dps.operators import Inpainting
 
 
@@ -169,9 +169,10 @@ def test_the_noise_level_protocol_writes_its_rows_and_table(tmp_path):
     import csv
 
     rows = list(csv.DictReader(open(out / "results.csv")))
-    assert [float(r["sigma"]) for r in rows] == [0.002, 0.005, 0.01, 0.025, 0.05, 0.1]
-    assert all(r["estimate"] and not r["psnr_true"] and not r["note"] for r in rows)
-    assert all(float(r["ratio"]) == pytest.approx(float(r["estimate"]) / float(r["sigma"]), rel=1e-3) for r in rows)
+    assert [float(r["sigma"]) for r in rows] == [0.0, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1]  # denoising: also 0
+    assert all(r["estimate"] and r["psnr_input"] and not r["psnr_true"] and not r["note"] for r in rows)
+    assert rows[0]["ratio"] == "" and float(rows[0]["psnr_input"]) == 100.0  # the photo itself: capped
+    assert all(float(r["ratio"]) == pytest.approx(float(r["estimate"]) / float(r["sigma"]), rel=1e-3) for r in rows[1:])
     table = noise_level_doc_table(out, "bench/")
     assert table.startswith("| task | σ 0.002") and "| denoise | ×" in table and "results.csv" in table
     before = (out / "results.csv").read_text()
@@ -215,3 +216,29 @@ def test_a_camera_blur_is_read_as_a_blurred_measurement():
     y = camera.measure(x, 0.01, torch.Generator().manual_seed(0))
     assert measurement_sigma(y, camera) == [estimate_sigma(y[0], None, weak_texture=False)]
     assert measurement_sigma(y, camera)[0] == pytest.approx(0.01, rel=0.05)
+
+
+def test_a_sharp_read_is_corrected_for_the_texture_a_noise_free_photo_reads_as():
+    """Below TEXTURE_ONLY a sharp measurement's read is its texture alone (noise 0); above, the
+    texture's share comes off in quadrature; a blurred measurement's read is kept as it is."""
+    assert texture_corrected(TEXTURE_ONLY * 0.99) == 0.0
+    assert texture_corrected(0.01) == pytest.approx((0.01**2 - TEXTURE_READ**2) ** 0.5)
+    x = smooth_image(64)[None]
+    blur = nfc_dps.build_operator("deblur_gaussian", 64, boundary="circular")
+    y = blur.measure(x, 0.003, torch.Generator().manual_seed(0))
+    assert measurement_sigma(y, blur)[0] == pytest.approx(estimate_sigma(y[0], weak_texture=False))
+    assert measurement_sigma(x, nfc_dps.build_operator("denoise", 64)) == [0.0]
+
+
+def test_denoising_a_photo_whose_noise_reads_as_its_texture_returns_it_as_it_came(tiny_prior):
+    """auto on a noise-free photo (here with 8-bit rounding only): noise 0, and the restoration is the
+    photo itself, never a denoised copy that is further from it."""
+    from nfc_dps.priors.training_data import load_skimage_image
+
+    x = torch.from_numpy(np.ascontiguousarray(load_skimage_image("motorcycle_left")[100:164, 100:164])).permute(2, 0, 1)
+    op = nfc_dps.build_operator("denoise", 64)
+    out = nfc_dps.restore(x[None].float(), op, prior=str(tiny_prior), sigma_y="auto", progress=False)
+    assert out.noise_sigma == [0.0]
+    torch.testing.assert_close(out.image, x[None].float(), atol=1e-6, rtol=0)
+    noisy = op.measure(x[None].float(), 0.02, torch.Generator().manual_seed(0))
+    assert nfc_dps.restore(noisy, op, prior=str(tiny_prior), sigma_y="auto", progress=False).noise_sigma[0] > 0.015

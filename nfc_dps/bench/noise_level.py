@@ -1,12 +1,14 @@
 """How well ``sigma_y="auto"`` reads the noise level, and what its error costs (``--protocol noise_level``).
 
 On the held-out photos (the local protocol's crops), for every standard task at Gaussian noise
-levels from 0.002 to 0.1: the estimate of :func:`nfc_dps.noise_level.measurement_sigma` against the
-true level, and NFC's default restored with the estimate against the same restoration with the
-true level (same seed). ``--methods estimate`` measures the estimates alone.
+levels from 0.002 to 0.1 (denoising also at 0: the photo as it came): the estimate of
+:func:`nfc_dps.noise_level.measurement_sigma` against the true level, and NFC's default restored
+with the estimate against the same restoration with the true level (same seed) and, for
+denoising, against the photo itself. ``--methods estimate`` measures the estimates alone.
 
-Rows (results.csv): task, sigma, image, estimate, ratio (estimate / sigma), psnr_true, psnr_auto,
-delta (psnr_auto - psnr_true), seconds, note.
+Rows (results.csv): task, sigma, image, estimate, ratio (estimate / sigma; empty at sigma 0),
+psnr_true, psnr_auto, delta (psnr_auto - psnr_true), psnr_input (the measurement's own PSNR,
+denoising only), seconds, note. PSNRs are capped at ``PSNR_CAP`` (an exact copy).
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior,
 from .tables import fmt, load_results
 
 RESULTS = Table("results.csv", ("task", "sigma", "image", "estimate", "ratio", "psnr_true", "psnr_auto", "delta",
-                                "seconds", "note"), ("task", "sigma", "image"), ("task", "sigma"))
+                                "psnr_input", "seconds", "note"), ("task", "sigma", "image"), ("task", "sigma"))
 SIGMAS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+#: denoising's levels: also the photo as it came (no noise added), which ``auto`` must not make worse
+DENOISE_SIGMAS = (0.0,) + SIGMAS
+#: the highest PSNR recorded, dB: an exact copy's (float rounding apart)
+PSNR_CAP = 100.0
 #: the standard tasks, as a photograph is measured (valid blur boundaries)
 TASK_NAMES = ("denoise", "sr_bicubic", "deblur_gaussian", "deblur_motion", "inpaint_box", "inpaint_random", "colorize")
 METHODS = ("estimate", "nfc")
@@ -62,7 +68,8 @@ class NoiseLevelTier(Protocol):
         return folder_record(self.spec, {}, self.prior_info, self.prior.precision if self.prior else None)
 
     def cases(self) -> list[Case]:
-        return [Case((t, str(s)), (t, s), tuple((t, str(s), n) for n in self.names)) for t in self.tasks for s in SIGMAS]
+        return [Case((t, str(s)), (t, s), tuple((t, str(s), n) for n in self.names)) for t in self.tasks
+                for s in (DENOISE_SIGMAS if t == "denoise" else SIGMAS)]
 
     def row_labels(self, rows: Sequence[Row]) -> set[str]:
         """Rows hold no method column: "nfc" where a row has restorations (its prior is checked)."""
@@ -88,16 +95,18 @@ class NoiseLevelTier(Protocol):
                 continue
             t0 = time.perf_counter()
             row: Row = {"task": c.task, "sigma": c.sigma, "image": name, "estimate": "", "ratio": "", "psnr_true": "",
-                        "psnr_auto": "", "delta": "", "note": ""}
+                        "psnr_auto": "", "delta": "", "psnr_input": "", "note": ""}
             y = c.y[i:i + 1]
             try:
                 est = measurement_sigma(y, c.op)[0]
-                row.update(estimate=round(est, 6), ratio=round(est / c.sigma, 4))
+                row.update(estimate=round(est, 6), ratio=round(est / c.sigma, 4) if c.sigma > 0 else "")
+                truth = c.x[i:i + 1].double()
+                if c.task == "denoise":
+                    row["psnr_input"] = round(_capped_psnr(y, truth), 4)
                 if self.restores:
                     seed = stable_seed(self.spec.seed, "noise-level-restore", c.task, name)
-                    truth = c.x[i:i + 1].double()
-                    scores = [float(psnr(restore(y, c.op, prior=self.prior, sigma_y=s, seed=seed, progress=False)
-                                         .image.to(truth.device).double().clamp(0, 1), truth)) for s in (c.sigma, est)]
+                    scores = [_capped_psnr(restore(y, c.op, prior=self.prior, sigma_y=s, seed=seed, progress=False)
+                                           .image.clamp(0, 1), truth) for s in (c.sigma, est)]
                     row.update(psnr_true=round(scores[0], 4), psnr_auto=round(scores[1], 4),
                                delta=round(scores[1] - scores[0], 4))
             except Exception as e:  # noqa: BLE001 - a failing estimate or restoration is a noted row
@@ -112,9 +121,15 @@ class NoiseLevelTier(Protocol):
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
         lines = [f"- {k}: {v}" for k, v in header.items()]
+        denoised = denoise_table(tables[RESULTS.file]) if self.restores and "denoise" in self.tasks else ""
         atomic_write_text(self.spec.out / "summary.md", "# Noise level from the measurement\n\n" + "\n".join(lines)
-                          + "\n\n" + noise_level_table(tables[RESULTS.file]) + "\n")
+                          + "\n\n" + noise_level_table(tables[RESULTS.file]) + "\n" + (f"\n{denoised}\n" if denoised else ""))
         return {}
+
+
+def _capped_psnr(image: torch.Tensor, truth: torch.Tensor) -> float:
+    """PSNR in dB of ``image`` against ``truth``, at most :data:`PSNR_CAP`."""
+    return min(float(psnr(image.to(truth.device).double(), truth)), PSNR_CAP)
 
 
 def _values(rows: list[Row], column: str) -> list[float]:
@@ -126,7 +141,7 @@ def noise_level_table(rows: list[Row]) -> str:
     where restored, the mean PSNR change of restoring with the estimate; images whose estimate or
     restoration failed (a note) are counted in the cell, never left out silently."""
     tasks = [t for t in TASK_NAMES if any(r["task"] == t for r in rows)]
-    sigmas = [s for s in SIGMAS if any(float(r["sigma"]) == s for r in rows)]
+    sigmas = [s for s in SIGMAS if any(float(r["sigma"]) == s for r in rows)]  # sigma 0: denoise_table
     restored = any(str(r.get("delta", "")) != "" for r in rows)
     L = ["| task | " + " | ".join(f"σ {s:g}" for s in sigmas) + " |", "|---|" + "---|" * len(sigmas)]
     for t in tasks:
@@ -149,6 +164,30 @@ def noise_level_table(rows: list[Row]) -> str:
     return "\n".join(L)
 
 
+def denoise_table(rows: list[Row]) -> str:
+    """Denoising with ``auto`` against the photo as it came, per sigma (columns): the mean PSNR of the
+    measurement, of NFC's default with the estimate and with the true sigma, and the worst image's
+    margin of the estimate's restoration over the measurement (>= 0: never worse than it came)."""
+    rows = [r for r in rows if r["task"] == "denoise" and str(r.get("psnr_auto", "")) not in ("", "nan")]
+    sigmas = [s for s in DENOISE_SIGMAS if any(float(r["sigma"]) == s for r in rows)]
+
+    def cell(v: float) -> str:
+        return f"≥ {PSNR_CAP:g}" if v >= PSNR_CAP else fmt(v, ".2f")
+
+    L = ["| denoising | " + " | ".join(f"σ {s:g}" for s in sigmas) + " |", "|---|" + "---|" * len(sigmas)]
+    for label, column in (("the photo as measured", "psnr_input"), ("NFC, σ auto", "psnr_auto"),
+                          ("NFC, the true σ", "psnr_true")):
+        L.append(f"| {label} | " + " | ".join(
+            cell(float(np.mean(_values([r for r in rows if float(r["sigma"]) == s], column)))) for s in sigmas) + " |")
+    margins = []
+    for s in sigmas:
+        mine = [r for r in rows if float(r["sigma"]) == s]
+        margins.append(fmt(min(min(float(r["psnr_auto"]), PSNR_CAP) - min(float(r["psnr_input"]), PSNR_CAP)
+                               for r in mine), "+.2f"))
+    L.append("| auto over the photo, worst image (dB) | " + " | ".join(margins) + " |")
+    return "\n".join(L)
+
+
 def noise_level_doc_table(folder: Path, link: str) -> str:
     """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
     path = folder / RESULTS.file
@@ -168,3 +207,15 @@ def noise_level_doc_table(folder: Path, link: str) -> str:
             else "the estimate's ratio to the true σ, the worst over the images")
     return (noise_level_table(rows) + f"\n\nPer cell: {what}. Source: [`{folder.name}/{RESULTS.file}`]({rel}); "
             f"{h.get('images', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
+
+
+def denoise_doc_table(folder: Path, link: str) -> str:
+    """:func:`denoise_table` from a committed run folder with its source line."""
+    path = folder / RESULTS.file
+    if not path.is_file():
+        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
+    h = read_header(folder / "summary.md")
+    rel = f"{link}{folder.name}/{RESULTS.file}"
+    return (denoise_table(load_results(path)) + f"\n\nMean PSNR (dB) over {h.get('images', '?')}; the last row the "
+            f"smallest margin of any image. Source: [`{folder.name}/{RESULTS.file}`]({rel}); {h.get('machine', '?')}; "
+            f"measured {h.get('date', '?')[:10]}.")

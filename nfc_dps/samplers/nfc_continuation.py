@@ -153,6 +153,8 @@ def sample_nfc_continuation(
                         f"posterior presets' NFCConfig runs with sample_nfc, or as method 'nfc')")
     operator, y, sigma_y, cfg = measurement.operator, measurement.y, measurement.sigma, config
     if operator.family == "denoise" and is_linear(operator):
+        if measurement.noise == 0:  # a noiseless denoising measurement is the image itself
+            return operator.A_pinv(y)
         return _denoise_measurement(prior, operator, y, sigma_y, cfg, callback)
     sigmas = cfg.noise_levels(prior, measurement)
     spectrum = None
