@@ -101,7 +101,7 @@ class NoiseLevelTier(Protocol):
                 est = measurement_sigma(y, c.op)[0]
                 row.update(estimate=round(est, 6), ratio=round(est / c.sigma, 4) if c.sigma > 0 else "")
                 truth = c.x[i:i + 1].double()
-                if c.task == "denoise":
+                if c.op.family == "denoise":  # the measurement is the image: its own PSNR
                     row["psnr_input"] = round(_capped_psnr(y, truth), 4)
                 if self.restores:
                     seed = stable_seed(self.spec.seed, "noise-level-restore", c.task, name)
