@@ -34,14 +34,13 @@ import torch
 
 from ..api import restore
 from ..baselines import restore_classical
-from ..io import atomic_write_text
 from ..metrics import psnr, ssim
 from ..operators import BlindBlur, BlurOperator, gaussian_kernel, motion_kernel, shake_kernel
 from ..operators.kernel_estimation import estimate_kernel, kernel_error
 from ..restore_inputs import stable_seed
-from .report_tables import read_header
+from .report_tables import cell_number, committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
-from .tables import fmt, load_results
+from .tables import fmt
 
 RESULTS = Table("results.csv", ("family", "image", "method", "psnr", "ssim", "kernel_error", "nfe", "seconds", "note"),
                 ("family", "image", "method"), ("family",))
@@ -152,15 +151,8 @@ class BlindTier(Protocol):
                 "scores": f"on the photo's frame, up to an integer shift of at most {MAX_SHIFT} px"}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
-        lines = [f"- {k}: {v}" for k, v in header.items()]
-        atomic_write_text(self.spec.out / "summary.md", "# Blind deblurring\n\n" + "\n".join(lines)
-                          + "\n\n" + blind_table(tables[RESULTS.file]) + "\n")
+        write_summary(self.spec.out, "Blind deblurring", header, blind_table(tables[RESULTS.file]))
         return {}
-
-
-def _number(row: Row, column: str) -> float | None:
-    value = str(row.get(column, ""))
-    return None if value in ("", "nan") else float(value)
 
 
 def blind_table(rows: list[Row]) -> str:
@@ -172,18 +164,18 @@ def blind_table(rows: list[Row]) -> str:
          "|---|---|---|---|---|---|---|---|"]
     for f in families:
         mine = [r for r in rows if r["family"] == f]
-        bound = {r["image"]: _number(r, "psnr") for r in mine if r["method"] == "nfc-true"}
+        bound = {r["image"]: cell_number(r, "psnr") for r in mine if r["method"] == "nfc-true"}
         for m in [m for m in METHODS if any(r["method"] == m for r in mine)]:
             rs = [r for r in mine if r["method"] == m]
-            ok = [r for r in rs if _number(r, "psnr") is not None]
+            ok = [r for r in rs if cell_number(r, "psnr") is not None]
             failed = len(rs) - len(ok)
             if not ok:
                 L.append(f"| {f} | {m} | failed on {failed} of {len(rs)} | | | | | |")
                 continue
-            ratios = [10 ** ((bound[r["image"]] - _number(r, "psnr")) / 10) for r in ok if bound.get(r["image"]) is not None]
-            errors = [e for e in (_number(r, "kernel_error") for r in ok) if e is not None]
-            cells = [fmt(float(np.mean([_number(r, "psnr") for r in ok])), ".2f"),
-                     fmt(float(np.mean([_number(r, "ssim") for r in ok])), ".3f"),
+            ratios = [10 ** ((bound[r["image"]] - cell_number(r, "psnr")) / 10) for r in ok if bound.get(r["image"]) is not None]
+            errors = [e for e in (cell_number(r, "kernel_error") for r in ok) if e is not None]
+            cells = [fmt(float(np.mean([cell_number(r, "psnr") for r in ok])), ".2f"),
+                     fmt(float(np.mean([cell_number(r, "ssim") for r in ok])), ".3f"),
                      f"{fmt(float(np.mean(ratios)), '.2f')} / {fmt(max(ratios), '.2f')}" if ratios else "–",
                      fmt(float(np.mean(errors)), ".2f") if errors else "–",
                      str(int(np.mean([float(r["nfe"] or 0) for r in ok]))),
@@ -195,16 +187,5 @@ def blind_table(rows: list[Row]) -> str:
 
 def blind_doc_table(folder: Path, link: str) -> str:
     """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
-    path = folder / RESULTS.file
-    if not path.is_file():
-        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
-    rows = load_results(path)
-    for i, r in enumerate(rows, start=2):
-        try:
-            [float(r[c]) for c in ("psnr", "ssim", "kernel_error", "nfe") if r[c] != ""]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
-    h = read_header(folder / "summary.md")
-    rel = f"{link}{folder.name}/{RESULTS.file}"
-    return (blind_table(rows) + f"\n\nSource: [`{folder.name}/{RESULTS.file}`]({rel}); {h.get('images', '?')}; "
-            f"scores {h.get('scores', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
+    rows, h, name = committed_rows(folder, RESULTS.file, RESULTS.columns, ("psnr", "ssim", "kernel_error", "nfe"))
+    return blind_table(rows) + "\n\n" + source_note(name, link, h, h.get("images", "?"), f"scores {h.get('scores', '?')}")

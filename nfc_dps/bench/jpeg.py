@@ -27,14 +27,13 @@ import torch
 
 from ..api import restore
 from ..baselines import restore_classical
-from ..io import atomic_write_text
 from ..io.jpeg import write_jpeg
 from ..metrics import psnr, ssim
 from ..operators.jpeg import jpeg_measurement
 from ..restore_inputs import stable_seed
-from .report_tables import read_header
+from .report_tables import cell_number, committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
-from .tables import fmt, load_results
+from .tables import fmt
 
 RESULTS = Table("results.csv", ("quality", "image", "method", "psnr", "ssim", "nfe", "seconds", "note"),
                 ("quality", "image", "method"), ("quality",))
@@ -122,15 +121,8 @@ class JpegTier(Protocol):
                 "scores": "PSNR and SSIM on the whole image against the photo before compression"}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
-        lines = [f"- {k}: {v}" for k, v in header.items()]
-        atomic_write_text(self.spec.out / "summary.md", "# JPEG restoration\n\n" + "\n".join(lines)
-                          + "\n\n" + jpeg_table(tables[RESULTS.file]) + "\n")
+        write_summary(self.spec.out, "JPEG restoration", header, jpeg_table(tables[RESULTS.file]))
         return {}
-
-
-def _number(row: Row, column: str) -> float | None:
-    value = str(row.get(column, ""))
-    return None if value in ("", "nan") else float(value)
 
 
 def jpeg_table(rows: list[Row]) -> str:
@@ -142,10 +134,10 @@ def jpeg_table(rows: list[Row]) -> str:
          "|---|---|---|---|---|---|---|---|"]
     for q in qualities:
         mine = [r for r in rows if str(r["quality"]) == q]
-        ref = {m: {r["image"]: _number(r, "psnr") for r in mine if r["method"] == m} for m in ("decoded", "qcs_tv")}
+        ref = {m: {r["image"]: cell_number(r, "psnr") for r in mine if r["method"] == m} for m in ("decoded", "qcs_tv")}
         for m in [m for m in METHODS if any(r["method"] == m for r in mine)]:
             rs = [r for r in mine if r["method"] == m]
-            ok = [r for r in rs if _number(r, "psnr") is not None]
+            ok = [r for r in rs if cell_number(r, "psnr") is not None]
             failed = len(rs) - len(ok)
             if not ok:
                 L.append(f"| {QUALITIES[q]} | {m} | failed on {failed} of {len(rs)} | | | | | |")
@@ -154,11 +146,11 @@ def jpeg_table(rows: list[Row]) -> str:
             def gain(against: str) -> str:
                 if m == against:
                     return "–"
-                d = [_number(r, "psnr") - ref[against][r["image"]] for r in ok if ref[against].get(r["image"]) is not None]
+                d = [cell_number(r, "psnr") - ref[against][r["image"]] for r in ok if ref[against].get(r["image"]) is not None]
                 return f"{np.mean(d):+.2f}" if d else "–"
 
-            cells = [fmt(float(np.mean([_number(r, "psnr") for r in ok])), ".2f"),
-                     fmt(float(np.mean([_number(r, "ssim") for r in ok])), ".3f"), gain("decoded"), gain("qcs_tv"),
+            cells = [fmt(float(np.mean([cell_number(r, "psnr") for r in ok])), ".2f"),
+                     fmt(float(np.mean([cell_number(r, "ssim") for r in ok])), ".3f"), gain("decoded"), gain("qcs_tv"),
                      str(int(np.mean([float(r["nfe"] or 0) for r in ok]))),
                      fmt(float(np.mean([float(r["seconds"]) for r in ok])), ".1f")]
             label = LABELS[m] + (f" (failed on {failed} of {len(rs)})" if failed else "")
@@ -168,18 +160,6 @@ def jpeg_table(rows: list[Row]) -> str:
 
 def jpeg_doc_table(folder: Path, link: str) -> str:
     """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
-    path = folder / RESULTS.file
-    if not path.is_file():
-        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
-    rows = load_results(path)
-    for i, r in enumerate(rows, start=2):
-        try:
-            [float(r[c]) for c in ("psnr", "ssim", "nfe") if r[c] != ""]
-            if r["quality"] not in QUALITIES or r["method"] not in METHODS:
-                raise ValueError
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
-    h = read_header(folder / "summary.md")
-    rel = f"{link}{folder.name}/{RESULTS.file}"
-    return (jpeg_table(rows) + f"\n\nSource: [`{folder.name}/{RESULTS.file}`]({rel}); {h.get('images', '?')}; "
-            f"{h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
+    rows, h, name = committed_rows(folder, RESULTS.file, RESULTS.columns, ("psnr", "ssim", "nfe"),
+                                   lambda r: r["quality"] in QUALITIES and r["method"] in METHODS)
+    return jpeg_table(rows) + "\n\n" + source_note(name, link, h, h.get("images", "?"))

@@ -22,14 +22,13 @@ import numpy as np
 import torch
 
 from ..api import restore
-from ..io import atomic_write_text
 from ..metrics import psnr
 from ..noise_level import measurement_sigma
 from ..operators import build_operator
 from ..restore_inputs import stable_seed
-from .report_tables import read_header
+from .report_tables import committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
-from .tables import fmt, load_results
+from .tables import fmt
 
 RESULTS = Table("results.csv", ("task", "sigma", "image", "estimate", "ratio", "psnr_true", "psnr_auto", "delta",
                                 "psnr_input", "seconds", "note"), ("task", "sigma", "image"), ("task", "sigma"))
@@ -120,10 +119,9 @@ class NoiseLevelTier(Protocol):
                 "tasks": "; ".join(f"{t} {task_params(t, self.spec.size) or ''}".strip() for t in self.tasks)}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
-        lines = [f"- {k}: {v}" for k, v in header.items()]
         denoised = denoise_table(tables[RESULTS.file]) if self.restores and "denoise" in self.tasks else ""
-        atomic_write_text(self.spec.out / "summary.md", "# Noise level from the measurement\n\n" + "\n".join(lines)
-                          + "\n\n" + noise_level_table(tables[RESULTS.file]) + "\n" + (f"\n{denoised}\n" if denoised else ""))
+        write_summary(self.spec.out, "Noise level from the measurement", header, noise_level_table(tables[RESULTS.file]),
+                      denoised)
         return {}
 
 
@@ -190,32 +188,15 @@ def denoise_table(rows: list[Row]) -> str:
 
 def noise_level_doc_table(folder: Path, link: str) -> str:
     """The table from a committed run folder (results.csv, summary.md's header) with its source line."""
-    path = folder / RESULTS.file
-    if not path.is_file():
-        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
-    rows = load_results(path)
-    for i, r in enumerate(rows, start=2):
-        try:
-            float(r["sigma"])
-            [float(r[c]) for c in ("ratio", "delta") if r[c] != ""]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
-    h = read_header(folder / "summary.md")
-    rel = f"{link}{folder.name}/{RESULTS.file}"
+    rows, h, name = committed_rows(folder, RESULTS.file, RESULTS.columns, ("sigma", "ratio", "delta"))
     what = ("the estimate's ratio to the true σ, the worst over the images; in brackets the mean PSNR change "
             "of NFC's default restored with the estimate instead of the true σ" if any(r["delta"] != "" for r in rows)
             else "the estimate's ratio to the true σ, the worst over the images")
-    return (noise_level_table(rows) + f"\n\nPer cell: {what}. Source: [`{folder.name}/{RESULTS.file}`]({rel}); "
-            f"{h.get('images', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
+    return noise_level_table(rows) + f"\n\nPer cell: {what}. " + source_note(name, link, h, h.get("images", "?"))
 
 
 def denoise_doc_table(folder: Path, link: str) -> str:
     """:func:`denoise_table` from a committed run folder with its source line."""
-    path = folder / RESULTS.file
-    if not path.is_file():
-        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
-    h = read_header(folder / "summary.md")
-    rel = f"{link}{folder.name}/{RESULTS.file}"
-    return (denoise_table(load_results(path)) + f"\n\nMean PSNR (dB) over {h.get('images', '?')}; the last row the "
-            f"smallest margin of any image. Source: [`{folder.name}/{RESULTS.file}`]({rel}); {h.get('machine', '?')}; "
-            f"measured {h.get('date', '?')[:10]}.")
+    rows, h, name = committed_rows(folder, RESULTS.file, RESULTS.columns, ("sigma", "psnr_input", "psnr_auto"))
+    return (denoise_table(rows) + f"\n\nMean PSNR (dB) over {h.get('images', '?')}; the last row the smallest margin "
+            f"of any image. " + source_note(name, link, h))

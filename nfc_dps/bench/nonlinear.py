@@ -35,15 +35,14 @@ from torch import Tensor
 
 from ..api import restore
 from ..baselines_nonlinear import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
-from ..io import atomic_write_text
 from ..metrics import psnr, rotation_twin_aligned, ssim
 from ..noise import GaussianNoise, NoiseModel, PoissonNoise
 from ..operators import TASKS, build_operator
 from ..restore_inputs import range_tolerance, stable_seed
 from ..samplers import get_config
-from .report_tables import read_header
+from .report_tables import committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
-from .tables import fmt, load_results
+from .tables import fmt
 
 RESULTS = Table("results.csv", ("setting", "method", "nfe", "image", "psnr", "ssim", "seconds", "note"),
                 ("setting", "method", "image"), ("setting", "method"))
@@ -202,28 +201,16 @@ class NonlinearTier(Protocol):
                                       for s in self.settings)}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
-        lines = [f"- {k}: {v}" for k, v in header.items()]
-        atomic_write_text(self.spec.out / "summary.md", "# Nonlinear and Poisson tier\n\n" + "\n".join(lines) + "\n\n"
-                          + nonlinear_table(tables[RESULTS.file]) + "\n")
+        write_summary(self.spec.out, "Nonlinear and Poisson tier", header, nonlinear_table(tables[RESULTS.file]))
         return {}
 
 
 def nonlinear_doc_table(folder: Path, link: str) -> str:
     """The tier's table from a committed run folder (results.csv, summary.md's header), with its
     source line."""
-    path = folder / RESULTS.file
-    if not path.is_file():
-        raise FileNotFoundError(f"result file {path} not found (table sources: nfc_dps/bench/report.py)")
-    rows = load_results(path)
-    for i, r in enumerate(rows, start=2):
-        try:
-            [float(r[c]) for c in ("psnr", "ssim") if r[c] != ""]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}, line {i}: malformed row (columns {', '.join(RESULTS.columns)})") from None
-    h = read_header(folder / "summary.md")
-    rel = f"{link}{folder.name}/{RESULTS.file}"
-    return (nonlinear_table(rows) + f"\n\nPSNR in dB, mean over the images. Source: [`{folder.name}/{RESULTS.file}`]"
-            f"({rel}); {h.get('images', '?')}; {h.get('machine', '?')}; measured {h.get('date', '?')[:10]}.")
+    rows, h, name = committed_rows(folder, RESULTS.file, RESULTS.columns, ("psnr", "ssim"))
+    return (nonlinear_table(rows) + "\n\nPSNR in dB, mean over the images. "
+            + source_note(name, link, h, h.get("images", "?")))
 
 
 def nonlinear_table(rows: list[Row]) -> str:
