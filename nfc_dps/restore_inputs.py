@@ -158,7 +158,7 @@ def checked_measurement(y, operator, sigma_y, noise, seed, num_samples, max_batc
     if batch.numel() == 0:
         raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)}); pass at least one "
                          f"image of at least one pixel")
-    if not isinstance(noise, GaussianNoise):
+    if noise.gaussian_sigma is None:
         why = noise.measurement_problem(batch)
         if why:
             raise ValueError(f"{why} (noise {noise})")

@@ -95,7 +95,7 @@ def _run(method: str, setting: Setting) -> tuple[str, str | None, dict[str, Any]
     None where the row does not exist."""
     if method == "classical":
         return "classical", None, {}
-    poisson = not isinstance(setting.noise, GaussianNoise)
+    poisson = setting.noise.gaussian_sigma is None
     # restarts at the presets only: the equal-NFE rows stay at NFC's network calls
     restarts = {"restarts": PHASE_RESTARTS} if setting.task == "phase_retrieval" and "@" not in method else {}
     if method == "nfc":

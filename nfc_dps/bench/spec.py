@@ -202,7 +202,7 @@ def noise_problem(method: str, noise: NoiseModel) -> str | None:
     with ``noise``, or None."""
     name = method.partition(":")[0]
     if name in CLASSICAL_METHODS:
-        return None if isinstance(noise, GaussianNoise) else \
+        return None if noise.gaussian_sigma is not None else \
             f"{name} is a classical baseline for Gaussian noise of one std, not {noise}"
     if name not in METHODS:
         return None  # reported as an unknown method

@@ -13,7 +13,6 @@ from tqdm.auto import tqdm
 
 from .. import io as nio
 from ..config import DEFAULT_NOISE_SIGMA, INCOMPLETE, KIND_SIMULATION, TaskConfig, load_config
-from ..noise import GaussianNoise
 from ..operators import TASKS
 from ..operators.blur import KernelLargerThanMeasurement
 from ..restore_inputs import as_batch
@@ -369,8 +368,8 @@ def simulated_measurement(x: Any, file_name: str, name: str, source: OperatorSou
     op, _ = source.build(file_name, (ch, cw), seed=op_seed)
     nseed = noise_seed(op_seed)
     gen = torch.Generator().manual_seed(nseed)
-    if isinstance(noise, GaussianNoise):  # the Gaussian draws as they always were
-        y = op.measure(as_batch(x)[0], noise.sigma, gen)
+    if noise.gaussian_sigma is not None:  # the Gaussian draws as they always were
+        y = op.measure(as_batch(x)[0], noise.gaussian_sigma, gen)
     else:
         y = op.measure(as_batch(x)[0], noise=noise, generator=gen)
     return x, crop, op, y, op_seed, nseed

@@ -97,9 +97,9 @@ class Measurement:
     @property
     def sigma_y(self) -> float:
         """The Gaussian noise std ([0, 1] pixel units) of a Gaussian measurement."""
-        if not isinstance(self.noise, GaussianNoise):
+        if self.noise.gaussian_sigma is None:
             raise ValueError(f"this sampler needs Gaussian noise, got {self.noise}")
-        return self.noise.sigma
+        return self.noise.gaussian_sigma
 
     def in_model_units(self) -> ModelMeasurement:
         """This measurement (its noise Gaussian: :meth:`gaussian`) in the prior's [-1, 1] units, what a
@@ -117,7 +117,7 @@ class Measurement:
         to the noise model's quadratic approximation (per-pixel weights from y, one std
         everywhere: :meth:`~nfc_dps.noise.NoiseModel.weights`) through a
         :class:`~nfc_dps.operators.weighted.WeightedOperator`."""
-        if isinstance(self.noise, GaussianNoise):
+        if self.noise.gaussian_sigma is not None:
             return self
         w = self.noise.weights(self.y)
         weighted = (WeightedOperator(self.operator, w) if is_linear(self.operator)
