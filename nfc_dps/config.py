@@ -242,11 +242,10 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
             raise ConfigError(f"{source}: key 'noise' {e.spec!r}: {e.reason}") from None
         if model is None:
             raise ConfigError(f"{source}: key 'noise' must be a spec such as 'poisson:30', got {spec!r}")
-        if isinstance(model, GaussianNoise):  # gaussian:s is noise_sigma s
-            why = noise_sigma_problem(model.sigma)
-            if why:
-                raise ConfigError(f"{source}: key 'noise' {spec!r}: sigma {why}")
-            noise, spec = model.sigma, None
+        if model.stated_problem():
+            raise ConfigError(f"{source}: key 'noise' {spec!r}: {model.stated_problem()}")
+        if model.gaussian_sigma is not None:  # gaussian:s is noise_sigma s
+            noise, spec = model.gaussian_sigma, None
         else:
             spec = str(model)
             if noise == AUTO_NOISE_SIGMA:

@@ -34,6 +34,15 @@ from .generators import Generators, randn_per_image
 VARIANCE_SMOOTHING_RADIUS = 2
 
 
+def noise_sigma_problem(value: float) -> str | None:
+    """Why ``value`` is not a measurement noise std in [0, 1] pixel units, as the end of an error
+    message (``f"sigma_y {why}"``); None when it is one."""
+    if math.isfinite(value) and 0 <= value <= 1:
+        return None
+    return (f"must be in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), got {value:g}"
+            + (" (in 0-255 units? divide by 255)" if math.isfinite(value) and value > 1 else ""))
+
+
 def _number(owner: str, name: str, value: Any) -> float:
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
@@ -101,6 +110,13 @@ class NoiseModel:
     def gaussian_sigma(self) -> float | None:
         """The std of Gaussian noise ([0, 1] units), or None for another law."""
         return None
+
+    def stated_problem(self) -> str | None:
+        """Why a user may not state this model (a Gaussian std outside [0, 1] pixel units), as the end
+        of an error message; None when they may. The one place the range is checked."""
+        sigma = self.gaussian_sigma
+        why = None if sigma is None else noise_sigma_problem(sigma)
+        return None if why is None else f"sigma {why}"
 
     def with_model_error(self, std: float) -> "NoiseModel":
         """This noise plus an independent Gaussian error of ``std`` ([0, 1] units): a forward model's

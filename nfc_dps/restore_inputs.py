@@ -197,8 +197,8 @@ def checked_noise(sigma_y: Any, noise: Any) -> NoiseModel:
         if sigma_y is not None:
             raise TypeError(f"pass one of sigma_y and noise, got sigma_y={sigma_y!r} and noise={noise!r}")
         noise = as_noise(noise)
-        if isinstance(noise, GaussianNoise) and noise_sigma_problem(noise.sigma):
-            raise ValueError(f"noise {noise}: sigma {noise_sigma_problem(noise.sigma)}")
+        if noise.stated_problem():
+            raise ValueError(f"noise {noise}: {noise.stated_problem()}")
         return noise
     if sigma_y is None:
         sigma_y = DEFAULT_SIGMA_Y

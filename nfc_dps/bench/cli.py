@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..config import DEFAULT_NOISE_SIGMA, parse_scalar
-from ..noise import GaussianNoise, parse_noise
+from ..noise import parse_noise
 from ..operators import noise_sigma_problem
 from ..priors.diffusers_prior import PRECISIONS
 from .blind import BlindTier
@@ -161,11 +161,10 @@ def _noise(args: argparse.Namespace) -> tuple[float, str | None]:
         model = parse_noise(args.noise)
     except ValueError as e:
         raise ValueError(f"--noise: {e}") from None
-    if isinstance(model, GaussianNoise):
-        why = noise_sigma_problem(model.sigma)
-        if why:
-            raise ValueError(f"--noise {args.noise}: sigma {why}")
-        return model.sigma, None
+    if model.stated_problem():
+        raise ValueError(f"--noise {args.noise}: {model.stated_problem()}")
+    if model.gaussian_sigma is not None:  # gaussian:S is --sigma-y S
+        return model.gaussian_sigma, None
     if args.protocol not in ("local", "paper") or args.profile:
         what = "the profile" if args.profile else f"the {args.protocol} protocol"
         raise ValueError(f"--noise {model}: {what} measures under its own noise; --noise applies to the local and "

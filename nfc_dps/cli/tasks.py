@@ -17,7 +17,7 @@ from ..config import (
     parse_scalar,
     parse_task,
 )
-from ..noise import GaussianNoise, NoiseSpecError, parse_noise
+from ..noise import NoiseSpecError, parse_noise
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, check_input, match_file
@@ -83,9 +83,8 @@ def _check_noise_flag(spec: str) -> None:
         model = parse_noise(spec)
     except NoiseSpecError as e:
         raise UsageError(f"--noise {spec!r}: {e.reason}") from None
-    why = noise_sigma_problem(model.sigma) if isinstance(model, GaussianNoise) else None
-    if why:
-        raise UsageError(f"--noise {spec!r}: sigma {why}")
+    if model.stated_problem():
+        raise UsageError(f"--noise {spec!r}: {model.stated_problem()}")
 
 
 def resolve_seed(args, bundle: ConfigBundle) -> int:

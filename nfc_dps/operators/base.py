@@ -42,14 +42,13 @@ SR, the mask for inpainting); the sampler uses it to map measurements to [-1, 1]
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
 from ..generators import randn_per_image
-from ..noise import as_noise
+from ..noise import as_noise, noise_sigma_problem  # noqa: F401 - re-exported: the operators' users check sigma_y
 from .decomposition import Decomposition
 
 
@@ -81,15 +80,6 @@ def _describe(value: float | Tensor) -> str:
     if isinstance(value, Tensor):
         return f"{value.tolist()}" if value.numel() <= 8 else f"tensor of shape {tuple(value.shape)}"
     return repr(value)
-
-
-def noise_sigma_problem(value: float) -> str | None:
-    """Why ``value`` is not a measurement noise std in [0, 1] pixel units, as the end of an error
-    message (``f"sigma_y {why}"``); None when it is one."""
-    if math.isfinite(value) and 0 <= value <= 1:
-        return None
-    return (f"must be in [0, 1] ([0, 1] pixel units: 0.025 is 6.4/255), got {value:g}"
-            + (" (in 0-255 units? divide by 255)" if math.isfinite(value) and value > 1 else ""))
 
 
 def prox_scales(sigma_y: float | Tensor, r: float | Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
