@@ -38,9 +38,9 @@ from ..metrics import psnr, ssim
 from ..operators import BlindBlur, BlurOperator, gaussian_kernel, motion_kernel, shake_kernel
 from ..operators.kernel_estimation import estimate_kernel, kernel_error
 from ..restore_inputs import stable_seed
-from .report_tables import cell_number, committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt
+from .tier_tables import cell_number, committed_rows, source_note, write_summary
 
 RESULTS = Table("results.csv", ("family", "image", "method", "psnr", "ssim", "kernel_error", "nfe", "seconds", "note"),
                 ("family", "image", "method"), ("family",))

@@ -31,9 +31,9 @@ from ..io.jpeg import write_jpeg
 from ..metrics import psnr, ssim
 from ..operators.jpeg import jpeg_measurement
 from ..restore_inputs import stable_seed
-from .report_tables import cell_number, committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt
+from .tier_tables import cell_number, committed_rows, source_note, write_summary
 
 RESULTS = Table("results.csv", ("quality", "image", "method", "psnr", "ssim", "nfe", "seconds", "note"),
                 ("quality", "image", "method"), ("quality",))

@@ -26,9 +26,9 @@ from ..metrics import psnr
 from ..noise_level import measurement_sigma
 from ..operators import build_operator
 from ..restore_inputs import stable_seed
-from .report_tables import committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt
+from .tier_tables import committed_rows, source_note, write_summary
 
 RESULTS = Table("results.csv", ("task", "sigma", "image", "estimate", "ratio", "psnr_true", "psnr_auto", "delta",
                                 "psnr_input", "seconds", "note"), ("task", "sigma", "image"), ("task", "sigma"))

@@ -40,9 +40,9 @@ from ..noise import GaussianNoise, NoiseModel, PoissonNoise
 from ..operators import TASKS, build_operator
 from ..restore_inputs import range_tolerance, stable_seed
 from ..samplers import get_config
-from .report_tables import committed_rows, source_note, write_summary
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt
+from .tier_tables import committed_rows, source_note, write_summary
 
 RESULTS = Table("results.csv", ("setting", "method", "nfe", "image", "psnr", "ssim", "seconds", "note"),
                 ("setting", "method", "image"), ("setting", "method"))
