@@ -193,9 +193,10 @@ def _patch_sigma(img: Tensor, mask: Tensor | None, weak_texture: bool) -> float 
 def measurement_sigma(y: Tensor, operator) -> list[float]:
     """Per image of ``y`` (B, C, h, w), a measurement of ``operator`` in [0, 1] units, its noise std.
 
-    Inpainting measurements are read at their observed pixels only, blurred ones (the blur family,
-    an operator with ``blurred_measurement`` true) at every patch; a sharp one's read is corrected
-    for its texture's (:func:`texture_corrected`: 0 where it is the texture alone).
+    A measurement of an operator with a ``pixel_mask()`` (inpainting) is read at its observed pixels
+    only, a blurred one (the blur family, an operator with ``blurred_measurement`` true) at every
+    patch; a sharp one's read is corrected for its texture's (:func:`texture_corrected`: 0 where it
+    is the texture alone).
     ValueError for a measurement that is not an image (phase retrieval's Fourier amplitudes).
     """
     if not operator.image_measurement:
@@ -203,15 +204,11 @@ def measurement_sigma(y: Tensor, operator) -> list[float]:
                          f"level cannot be read from it; give the noise level")
     if y.ndim != 4:
         raise ValueError(f"sigma_y='auto' takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
-    family = getattr(operator, "family", None)
-    blurred = family == "blur" or operator.blurred_measurement
-    mask = getattr(operator, "mask", None) if family == "inpaint" else None
+    blurred = operator.family == "blur" or operator.blurred_measurement
+    mask = operator.pixel_mask()
+    observed = None if mask is None else mask > 0
     out = []
     for b in range(y.shape[0]):
-        observed = None
-        if isinstance(mask, Tensor):
-            m = mask[b if mask.shape[0] > 1 else 0]
-            observed = (m.amax(dim=0) if m.ndim == 3 else m) > 0
         level = estimate_sigma(y[b], observed, weak_texture=not blurred)
         out.append(level if blurred else texture_corrected(level))
     return out

@@ -24,7 +24,7 @@ import torch
 from ..api import restore
 from ..metrics import psnr
 from ..noise_level import measurement_sigma
-from ..operators import build_operator
+from ..operators import TASKS, build_operator
 from ..restore_inputs import stable_seed
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .tables import fmt
@@ -43,10 +43,10 @@ METHODS = ("estimate", "nfc")
 
 
 def task_params(task: str, size: int) -> dict[str, Any]:
-    """The task's parameters at ``size`` px: its defaults at 256, a box scaled to the image below."""
-    if task == "inpaint_box" and size < 256:
-        return {"box_size": size // 2, "margin": max(1, size // 16)}
-    return {}
+    """The task's parameters at ``size`` px: its defaults at 256, those that scale with the image
+    (``Task.params_at``: a box's) scaled below."""
+    scaled = TASKS[task].params_at
+    return scaled(size) if scaled is not None and size < 256 else {}
 
 
 class NoiseLevelTier(Protocol):

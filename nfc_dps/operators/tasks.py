@@ -49,6 +49,8 @@ class Task:
     pair_params: int parameters that also take an (h, w) pair.
     check_size: params -> an image size every valid value of them fits (to check values before
         any image is read).
+    params_at: image side -> the parameters that scale with the image at that side (their defaults
+        are a 256-px image's: the box inpainting's box and margin); None: none scales.
     unbounded: the measurement may leave [0, 1] without noise (phase retrieval's amplitudes): files
         of it are float TIFFs.
     rotation_twin: the image rotated by 180 degrees measures the same (phase retrieval): a score
@@ -79,6 +81,7 @@ class Task:
     factor_param: str | None = None
     pair_params: frozenset[str] = frozenset()
     check_size: Callable[[dict[str, Any]], tuple[int, int]] = field(default=lambda p: (8, 8))
+    params_at: Callable[[int], dict[str, Any]] | None = None
     unbounded: bool = False
     rotation_twin: bool = False
     estimates: str | None = None
@@ -169,7 +172,8 @@ TASKS: dict[str, Task] = _register(
     Task("inpaint_box", "inpaint", {"box_size": 128, "margin": 16},
          lambda h, w, seed, p: Inpainting(box_mask(h, w, p["box_size"], p["margin"],
                                                    torch.Generator().manual_seed(int(seed)))),
-         draws="mask", pair_params=frozenset({"box_size", "margin"}), check_size=_box_size),
+         draws="mask", pair_params=frozenset({"box_size", "margin"}), check_size=_box_size,
+         params_at=lambda side: {"box_size": side // 2, "margin": max(1, side // 16)}),
     Task("inpaint_random", "inpaint", {"missing_fraction": 0.7},
          lambda h, w, seed, p: Inpainting(random_mask(h, w, p["missing_fraction"],
                                                       torch.Generator().manual_seed(int(seed)))),
