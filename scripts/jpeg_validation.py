@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from nfc_dps import restore
-from nfc_dps.baselines import _tv_prox, qcs_tv
+from nfc_dps.baselines import qcs_tv
+from nfc_dps.baselines.linear import _tv_prox
 from nfc_dps.io.jpeg import write_jpeg
 from nfc_dps.metrics import psnr
 from nfc_dps.operators.jpeg import jpeg_measurement

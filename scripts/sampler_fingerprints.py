@@ -9,8 +9,9 @@ compare:
     python scripts/sampler_fingerprints.py --out /tmp/before.json
     python scripts/sampler_fingerprints.py --out /tmp/after.json --compare /tmp/before.json
 
-``--compare`` exits 1 and lists every entry whose hash changed (or is missing). Hashes are only
-comparable on one machine and one torch build (float rounding differs across BLAS builds).
+``--compare`` exits 1 and lists every entry whose hash changed (or is missing); entries the earlier
+file lacks (a method or task added since) are listed as new. Hashes are only comparable on one
+machine and one torch build (float rounding differs across BLAS builds).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from nfc_dps import build_operator
-from nfc_dps.baselines import CLASSICAL_METHODS, NotApplicable, restore_classical
+from nfc_dps.baselines import CLASSICAL, NotApplicable, restore_classical
 from nfc_dps.operators import TASKS as REGISTRY
 from nfc_dps.priors.gaussian import GaussianSpectralPrior
 from nfc_dps.samplers import METHODS, Measurement, get_config, sample_chains
@@ -67,7 +68,7 @@ def fingerprints() -> dict[str, str]:
             if op.image_channels not in (None, channels):
                 continue
             y = op.measure(truth, SIGMA_Y, generator=torch.Generator().manual_seed(2))
-            for name in CLASSICAL_METHODS:
+            for name in CLASSICAL:
                 try:
                     x = restore_classical(name, op, y, SIGMA_Y)
                 except NotApplicable:
@@ -101,10 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare is None:
         return 0
     before = json.loads(args.compare.read_text())
-    changed = sorted(k for k in before.keys() | result.keys() if before.get(k) != result.get(k))
+    changed = sorted(k for k in before if before[k] != result.get(k))
+    added = sorted(result.keys() - before.keys())
     for k in changed:
-        print(f"changed: {k}: {before.get(k)} -> {result.get(k)}")
-    print(f"{len(changed)} of {len(before)} entries changed")
+        print(f"changed: {k}: {before[k]} -> {result.get(k)}")
+    for k in added:
+        print(f"new: {k}: {result[k]}")
+    print(f"{len(changed)} of {len(before)} entries changed" + (f"; {len(added)} new" if added else ""))
     return 1 if changed else 0
 
 

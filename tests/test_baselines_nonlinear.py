@@ -1,4 +1,4 @@
-"""The classical answers of the nonlinear and Poisson tier (nfc_dps.baselines_nonlinear) and the
+"""The classical answers of the nonlinear and Poisson tier (nfc_dps.baselines.nonlinear) and the
 tier's protocol (nfc_dps.bench.nonlinear) on a tiny run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nfc_dps import build_operator
-from nfc_dps.baselines_nonlinear import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
+from nfc_dps.baselines import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
 from nfc_dps.metrics import psnr
 from nfc_dps.noise import PoissonNoise
 

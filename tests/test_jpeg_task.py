@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import nfc_dps
-from nfc_dps.baselines import CLASSICAL_METHODS, NotApplicable, applicable, restore_classical
+from nfc_dps.baselines import CLASSICAL, NotApplicable, applicable, restore_classical
 from nfc_dps.bench.spec import DEFAULT_METHODS
 from nfc_dps.cli import main
 from nfc_dps.io import write_image
@@ -86,7 +86,7 @@ def test_the_projection_moves_an_unprojected_restoration(tmp_path):
 def test_the_classical_baseline_applies_to_jpeg_only():
     op = build_operator("jpeg", (16, 16), quality=20)
     blur = build_operator("deblur_gaussian", (16, 16), kernel_size=5, kernel_std=1.0)
-    assert "qcs_tv" in CLASSICAL_METHODS and "qcs_tv" not in DEFAULT_METHODS
+    assert "qcs_tv" in CLASSICAL and "qcs_tv" not in DEFAULT_METHODS
     assert applicable("qcs_tv", op) is None and "JPEG" in applicable("qcs_tv", blur)
     for other in ("wiener", "tv", "bicubic", "biharmonic"):
         assert "qcs_tv" in applicable(other, op)

@@ -256,7 +256,7 @@ def test_exposure_refuses_a_non_number_of_stops():
 def test_exposure_classical_answer_keeps_the_shadows():
     """The classical answer inpaints only the highlights: dark pixels (which never clip) keep the
     unclipped inverse, unlike HDR's, which holds pixels near 0 below the inverse of 0."""
-    from nfc_dps.baselines_nonlinear import hdr_inverse_inpaint
+    from nfc_dps.baselines import hdr_inverse_inpaint
 
     op = build_operator("exposure", 32, ev=1.0)
     yy, xx = torch.meshgrid(torch.linspace(0, 1, 32), torch.linspace(0, 1, 32), indexing="ij")

@@ -12,7 +12,7 @@ from typing import Any, Callable, Hashable, Iterator
 import torch
 
 from ..api import restore
-from ..baselines import restore_classical
+from ..baselines import CLASSICAL, restore_classical
 from ..io import atomic_write_text
 from ..operators import build_operator
 from ..priors.diffusers_prior import resolve_precision
@@ -21,7 +21,6 @@ from .measurements import load_images, measurement
 from .plots import make_plots
 from .runner import Case, Protocol, Row, Table, folder_record, load_bench_prior, prior_record
 from .spec import (
-    CLASSICAL_METHODS,
     DIFFUSION_METHODS,
     BenchSpec,
     MethodRun,
@@ -43,10 +42,10 @@ def _restore_timed(spec: BenchSpec, run: MethodRun, ests: list[str], op, y, prio
                    ) -> tuple[dict[str, tuple[Any, int, float]], PeakMemory, float]:
     """{estimator: (image, NFE, seconds of the row)} of one column on one measurement, its peak
     memory and the seconds of the call."""
-    if run.method in CLASSICAL_METHODS:
+    if run.method in CLASSICAL:
         with PeakMemory(torch.device("cpu")) as mem:
             t0 = time.perf_counter()
-            xr = restore_classical(run.method, op, y, spec.sigma_y)
+            xr = restore_classical(run.method, op, y, spec.noise_model)
             secs = time.perf_counter() - t0
         return {"deterministic": (xr, 0, secs)}, mem, secs
     with PeakMemory(device) as mem:
@@ -78,14 +77,14 @@ def run_job(spec: BenchSpec, task: TaskSpec, image: str, measured: tuple, runs: 
             continue
         label = f"{task.name}/{image}/{run.label}" + ("" if run.budget is None else f"@{run.budget}")
         try:
-            outs, mem, secs = _restore_timed(spec, run, ests, op if run.method in CLASSICAL_METHODS else dev_op, y, prior,
+            outs, mem, secs = _restore_timed(spec, run, ests, op if run.method in CLASSICAL else dev_op, y, prior,
                                        device, seed)
             for est, (xr, nfe, row_secs) in outs.items():
                 if (task.name, image, run.label, est, budget_str(run)) in done:
                     continue
                 met = row_metrics(xr, x)
                 yield RESULTS.file, result_row(spec, task.name, image, run, est, nfe=nfe, seconds=row_secs,
-                                               peak_mem_mb=mem.mb, seed=seed if run.method not in CLASSICAL_METHODS
+                                               peak_mem_mb=mem.mb, seed=seed if run.method not in CLASSICAL
                                                else "", **met)
                 if spec.save_images:
                     save_png(spec.out / "images" / task.name / image / f"{run.label.replace(':', '-')}-{est}-"

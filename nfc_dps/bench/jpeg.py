@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..api import restore
-from ..baselines import restore_classical
+from ..baselines import CLASSICAL, restore_classical
 from ..io.jpeg import write_jpeg
 from ..metrics import psnr, ssim
 from ..operators.jpeg import jpeg_measurement
@@ -42,7 +42,7 @@ QUALITIES = {"q10": 10, "q20": 20, "q40": 40}
 METHODS = ("decoded", "qcs_tv", "dpir", "nfc")
 SUBSAMPLING = "4:2:0"
 #: what the table calls each row
-LABELS = {"decoded": "decoded JPEG", "qcs_tv": "QCS + TV (classical)", "dpir": "DPIR + projection",
+LABELS = {"decoded": "decoded JPEG", "qcs_tv": f"{CLASSICAL['qcs_tv'].label} (classical)", "dpir": "DPIR + projection",
           "nfc": "NFC default + projection"}
 
 

@@ -2,7 +2,7 @@
 phase retrieval, a camera's over-exposure by 1 and 2 stops, blur in linear light as a camera
 records it, and Poisson deblurring and denoising at two photon levels, on the held-out photos (the
 local protocol's crops), against DAPS and DPS at NFC's NFE and at their presets, DPIR and each
-problem's classical answer (:mod:`nfc_dps.baselines_nonlinear`).
+problem's classical answer (its setting's entry of :data:`nfc_dps.baselines.CLASSICAL`).
 
 Rows (results.csv): setting, method, nfe, image, psnr, ssim, seconds, note. The methods:
 
@@ -14,8 +14,8 @@ Rows (results.csv): setting, method, nfe, image, psnr, ssim, seconds, note. The 
   phase retrieval restarts the presets' rows 4 times and keeps the best fit, as DPS and DAPS
   report it (the equal-NFE rows run once);
 * ``dpir``: DPIR's default (8 NFE; Gauss-Newton data steps on the nonlinear operators);
-* ``classical``: HIO + error reduction, the unclipped inverse with biharmonic inpainting, TV in linear
-  light, Richardson-Lucy, Anscombe + TV.
+* ``classical``: the setting's classical method: HIO + error reduction, the unclipped inverse with
+  biharmonic inpainting, TV in linear light, Richardson-Lucy, Anscombe + TV.
 
 Phase retrieval's PSNR is the better of the estimate's and its 180-degree rotation's.
 """
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..api import restore
-from ..baselines_nonlinear import anscombe_tv, camera_tv, hdr_inverse_inpaint, hio_er, richardson_lucy
+from ..baselines import CLASSICAL, restore_classical
 from ..metrics import psnr, rotation_twin_aligned, ssim
 from ..noise import GaussianNoise, NoiseModel, PoissonNoise
 from ..operators import TASKS, build_operator
@@ -54,15 +54,19 @@ PHASE_RESTARTS = 4
 
 @dataclass(frozen=True)
 class Setting:
-    """One problem of the tier: its task, the task's parameters at 64 px (``params64``) and at 256
-    px (``params256``), the noise, and its column label in the tables."""
+    """One problem of the tier: its task, the noise, its column label in the tables, its classical
+    method (a key of :data:`nfc_dps.baselines.CLASSICAL`), the task's parameters at 64 px
+    (``params64``) and at 256 px (``params256``), and the chains the presets' rows run, keeping the
+    best fit (``preset_restarts``; the equal-NFE rows run one)."""
 
     name: str
     task: str
     noise: NoiseModel
     label: str
+    classical: str
     params64: tuple = ()
     params256: tuple = ()
+    preset_restarts: int = 1
 
     def params(self, size: int) -> dict[str, Any]:
         return dict(self.params256 if size >= 256 else self.params64)
@@ -72,22 +76,23 @@ class Setting:
 _BLUR64 = (("kernel_size", 25), ("kernel_std", 2.0), ("boundary", "circular"))
 _BLUR256 = (("kernel_size", 61), ("kernel_std", 3.0), ("boundary", "circular"))
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("hdr", "hdr", GaussianNoise(0.025), "HDR"),
-    Setting("exposure_ev1", "exposure", GaussianNoise(0.01), "exposure +1 EV", (("ev", 1.0),), (("ev", 1.0),)),
-    Setting("exposure_ev2", "exposure", GaussianNoise(0.01), "exposure +2 EV", (("ev", 2.0),), (("ev", 2.0),)),
-    Setting("phase_retrieval", "phase_retrieval", GaussianNoise(0.05), "phase retrieval"),
-    Setting("deblur_camera", "deblur_camera", GaussianNoise(0.025), "camera deblur", _BLUR64, _BLUR256),
-    Setting("poisson_deblur_10", "deblur_gaussian", PoissonNoise(10), "Poisson deblur, peak 10", _BLUR64, _BLUR256),
-    Setting("poisson_deblur_50", "deblur_gaussian", PoissonNoise(50), "Poisson deblur, peak 50", _BLUR64, _BLUR256),
-    Setting("poisson_denoise_10", "denoise", PoissonNoise(10), "Poisson denoise, peak 10"),
-    Setting("poisson_denoise_50", "denoise", PoissonNoise(50), "Poisson denoise, peak 50"),
+    Setting("hdr", "hdr", GaussianNoise(0.025), "HDR", "hdr_inverse_inpaint"),
+    Setting("exposure_ev1", "exposure", GaussianNoise(0.01), "exposure +1 EV", "hdr_inverse_inpaint", (("ev", 1.0),),
+            (("ev", 1.0),)),
+    Setting("exposure_ev2", "exposure", GaussianNoise(0.01), "exposure +2 EV", "hdr_inverse_inpaint", (("ev", 2.0),),
+            (("ev", 2.0),)),
+    Setting("phase_retrieval", "phase_retrieval", GaussianNoise(0.05), "phase retrieval", "hio_er",
+            preset_restarts=PHASE_RESTARTS),
+    Setting("deblur_camera", "deblur_camera", GaussianNoise(0.025), "camera deblur", "camera_tv", _BLUR64, _BLUR256),
+    Setting("poisson_deblur_10", "deblur_gaussian", PoissonNoise(10), "Poisson deblur, peak 10", "richardson_lucy",
+            _BLUR64, _BLUR256),
+    Setting("poisson_deblur_50", "deblur_gaussian", PoissonNoise(50), "Poisson deblur, peak 50", "richardson_lucy",
+            _BLUR64, _BLUR256),
+    Setting("poisson_denoise_10", "denoise", PoissonNoise(10), "Poisson denoise, peak 10", "anscombe_tv"),
+    Setting("poisson_denoise_50", "denoise", PoissonNoise(50), "Poisson denoise, peak 50", "anscombe_tv"),
 )}
 #: the rows' methods, in table order
 METHOD_ROWS = ("nfc", "nfc-gaussian", "daps@16", "dps@16", "daps", "dps", "dpir", "classical")
-CLASSICAL_LABELS = {"hdr": "unclipped inverse + biharmonic inpainting",
-                    "exposure": "unclipped inverse + biharmonic inpainting", "phase_retrieval": "HIO + ER (4 starts)",
-                    "deblur_camera": "TV in linear light", "deblur_gaussian": "Richardson-Lucy",
-                    "denoise": "Anscombe + TV"}
 
 
 def _run(method: str, setting: Setting) -> tuple[str, str | None, dict[str, Any]] | None:
@@ -97,7 +102,7 @@ def _run(method: str, setting: Setting) -> tuple[str, str | None, dict[str, Any]
         return "classical", None, {}
     poisson = setting.noise.gaussian_sigma is None
     # restarts at the presets only: the equal-NFE rows stay at NFC's network calls
-    restarts = {"restarts": PHASE_RESTARTS} if setting.task == "phase_retrieval" and "@" not in method else {}
+    restarts = {"restarts": setting.preset_restarts} if setting.preset_restarts > 1 and "@" not in method else {}
     if method == "nfc":
         return "nfc", None, {}
     if method == "nfc-gaussian":
@@ -148,18 +153,8 @@ class NonlinearTier(Protocol):
 
     def _estimate(self, c: SimpleNamespace, method: str) -> tuple[Tensor, int]:
         s, op, y = c.setting, c.op, c.y
-        sigma = getattr(s.noise, "sigma", 0.0)
         if method == "classical":
-            cpu = copy.deepcopy(op).cpu()
-            if s.task == "phase_retrieval":
-                return hio_er(cpu, y.cpu()), 0
-            if s.task in ("hdr", "exposure"):
-                return hdr_inverse_inpaint(cpu, y.cpu()), 0
-            if s.task == "deblur_camera":
-                return camera_tv(cpu, y.cpu(), sigma), 0
-            if s.task == "deblur_gaussian":
-                return richardson_lucy(cpu, y.cpu(), s.noise.peak), 0
-            return anscombe_tv(y.cpu(), s.noise.peak), 0
+            return restore_classical(s.classical, copy.deepcopy(op).cpu(), y.cpu(), s.noise), 0
         name, preset, kw = _run(method, s)
         kw = dict(kw)
         noise = s.noise
@@ -226,7 +221,7 @@ def nonlinear_table(rows: list[Row]) -> str:
         for s in settings:
             vals = [float(r["psnr"]) for r in mine if r["setting"] == s and str(r.get("psnr", "")) not in ("", "nan")]
             cells.append(fmt(float(np.mean(vals)), ".2f") if vals else "–")
-        label = "classical (per column: " + ", ".join(CLASSICAL_LABELS[SETTINGS[s].task] for s in settings) + ")" \
+        label = "classical (per column: " + ", ".join(CLASSICAL[SETTINGS[s].classical].label for s in settings) + ")" \
             if m == "classical" else m
         L.append(f"| {label} | {'/'.join(nfes) or '–'} | " + " | ".join(cells) + " |")
     return "\n".join(L)

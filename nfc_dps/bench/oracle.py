@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..baselines import tv_restore, wiener
+from ..baselines import CLASSICAL, classical_methods
 from ..io import atomic_write_text
 from ..metrics import mse, psnr, ssim
+from ..noise import GaussianNoise
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianSpectralPrior
 from ..restore_inputs import stable_seed
@@ -30,8 +31,6 @@ from .grid import RESULTS
 from .runner import Case, Protocol, Row, Table, folder_record
 from .tables import fmt, group_rows, is_failed, mean_std, numbers, row_order
 
-#: the deterministic answers the oracle adds to the samplers (no network)
-CLASSICAL = {"wiener": wiener, "tv": tv_restore}
 #: the exact estimators' rows (closed form; always run)
 EXACT = (("exact-mmse", "deterministic"), ("exact-sample", "sample"))
 BLUR_STD = 1.5
@@ -39,9 +38,19 @@ DEFAULT_BUDGETS = (50, 200)
 DEFAULT_IMAGES = 30
 
 
+def oracle_blur() -> BlurOperator:
+    """The oracle's operator: a circulant Gaussian blur of std ``BLUR_STD`` px."""
+    return BlurOperator(gaussian_kernel(2 * math.ceil(4 * BLUR_STD) + 1, BLUR_STD), "circular")
+
+
+def oracle_classical() -> tuple[str, ...]:
+    """The classical methods that restore the oracle's measurement (its blur under Gaussian noise)."""
+    return classical_methods(oracle_blur(), "gaussian")
+
+
 def oracle_methods() -> tuple[str, ...]:
     """The registry names and classical answers the oracle runs (``--methods`` picks among them)."""
-    return tuple(METHODS) + tuple(CLASSICAL)
+    return tuple(METHODS) + oracle_classical()
 
 
 def oracle_configs(budget: int) -> list[tuple[str, str, Any]]:
@@ -97,7 +106,7 @@ class Oracle(Protocol):
 
     def cases(self) -> list[Case]:
         out = [self._case(label, est, 0, None) for label, est in EXACT]
-        out += [self._case(label, "deterministic", 0, None) for label in CLASSICAL if label in self.spec.methods]
+        out += [self._case(label, "deterministic", 0, None) for label in oracle_classical() if label in self.spec.methods]
         return out + [self._case(label, "deterministic" if cfg.is_deterministic else "sample", b, (method, cfg))
                       for label, method, cfg, b in self.runs]
 
@@ -109,7 +118,7 @@ class Oracle(Protocol):
                                       pixel_std=spec.oracle_pixel_std).to(device)
         x_m = prior.sample(self.n, torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-images")),
                            dtype=torch.float64, device=device)
-        op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * BLUR_STD) + 1, BLUR_STD), "circular").to(device)
+        op = oracle_blur().to(device)
         x = (x_m + 1) / 2
         y = op.measure(x, spec.sigma_y, torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-noise")))
         H = op.transfer_function(size, size, dtype=torch.float64, device=device)
@@ -126,7 +135,8 @@ class Oracle(Protocol):
             g = torch.Generator(device=device).manual_seed(stable_seed(self.spec.seed, "oracle-exact-sample"))
             return (c.prior.posterior_sample(2 * c.y - 1, c.H, c.sig_m, g) + 1) / 2, 0
         if case.item is None:
-            return CLASSICAL[label](copy.deepcopy(c.op).cpu(), c.y.cpu(), self.spec.sigma_y).to(device), 0
+            estimate = CLASSICAL[label].restore(copy.deepcopy(c.op).cpu(), c.y.cpu(), GaussianNoise(self.spec.sigma_y))
+            return estimate.to(device), 0
         method, cfg = case.item
         return sample_chains(method, c.prior, Measurement(c.op, c.y, self.spec.sigma_y, tuple(c.x.shape)), cfg,
                              self.seeds)
@@ -158,7 +168,7 @@ class Oracle(Protocol):
         return is_failed(row)
 
     def order(self, table: Table, cases) -> Callable[[Row], Any]:
-        labels = [label for label, _ in EXACT] + list(CLASSICAL) + [label for label, _, _ in oracle_configs(1)]
+        labels = [label for label, _ in EXACT] + list(oracle_classical()) + [label for label, _, _ in oracle_configs(1)]
         return row_order(dataclasses.replace(self.spec, methods=tuple(dict.fromkeys(labels))), self.names)
 
     def header(self) -> dict[str, Any]:

@@ -12,11 +12,11 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..baselines import CLASSICAL_METHODS
+from ..baselines import CLASSICAL
 from ..samplers import METHODS
 from .calibration_report import coverage_table, read_calibration_csv
 from .spec import DEFAULT_TASKS, TASK_LABELS
@@ -27,10 +27,8 @@ from .tier_tables import read_header  # re-exported: the report reads every tier
 TASKS = (*DEFAULT_TASKS, "denoise")
 #: display names, in the order rows are listed (network methods, then the classical answers)
 METHOD_NAMES = {**{name: m.display_name for name, m in METHODS.items()},
-                "wiener": "Wiener", "tv": "TV", "bicubic": "bicubic", "biharmonic": "biharmonic",
-                "qcs_tv": "QCS + TV"}
+                **{name: m.label for name, m in CLASSICAL.items()}}
 NFC_PRESET_ORDER = ("deterministic", "fast", "fast_psnr", "paper")
-CLASSICAL = CLASSICAL_METHODS
 DPIR_COLUMNS = ("dpir", "dpir:paper")
 
 # --------------------------------------------------------------------------- sources
@@ -230,7 +228,7 @@ def _means(src: Source, method: str) -> dict[str, float]:
     return out
 
 
-def _best(src: Source, methods: Sequence[str]) -> dict[str, tuple[float, str]]:
+def _best(src: Source, methods: Iterable[str]) -> dict[str, tuple[float, str]]:
     """Per task, the best mean PSNR over ``methods`` and the row label of the method that gave it."""
     best: dict[str, tuple[float, str]] = {}
     for m in methods:

@@ -8,15 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..baselines import CLASSICAL_METHODS, FILE_MEASUREMENT_METHODS, applicable
+from ..baselines import CLASSICAL, applicable
 from ..noise import GaussianNoise, NoiseModel, parse_noise
 from ..operators import TASKS
 from ..samplers import METHODS, get_config, get_method
 
 #: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
 DIFFUSION_METHODS = tuple(METHODS)
-#: the grid's default columns: every method that restores the measurements it simulates
-DEFAULT_METHODS = DIFFUSION_METHODS + tuple(m for m in CLASSICAL_METHODS if m not in FILE_MEASUREMENT_METHODS)
+#: the grid's default columns: every sampler, and every classical method for the measurements it
+#: simulates (a linear operator's image under Gaussian noise)
+DEFAULT_METHODS = DIFFUSION_METHODS + tuple(name for name, m in CLASSICAL.items()
+                                            if m.operator_kind == "linear" and "gaussian" in m.noise_kinds)
 PROTOCOLS = ("local", "paper", "oracle", "mixture", "calibration", "nonlinear", "noise_level", "blind", "jpeg")
 
 FORMAT_VERSION = 1
@@ -178,13 +180,13 @@ def method_runs(spec: BenchSpec) -> list[MethodRun]:
     the bare method at --preset, ``nfc:deterministic`` that preset."""
     for key in spec.overrides:
         if key.partition(":")[0] not in DIFFUSION_METHODS or key not in spec.methods:
-            what = "a classical method has no sampler settings" if key in CLASSICAL_METHODS else \
+            what = "a classical method has no sampler settings" if key in CLASSICAL else \
                 f"not a diffusion column of --methods {','.join(spec.methods)}"
             raise ValueError(f"--set {key}.{next(iter(spec.overrides[key]))}=...: {what}")
     runs = []
     for entry in spec.methods:
         m, _, preset = entry.partition(":")
-        if m in CLASSICAL_METHODS and not preset:
+        if m in CLASSICAL and not preset:
             runs.append(MethodRun(m, None))
         elif m in DIFFUSION_METHODS:
             overrides = spec.overrides.get(entry, {})
@@ -201,18 +203,18 @@ def noise_problem(method: str, noise: NoiseModel) -> str | None:
     """Why grid column ``method`` (``nfc``, ``nfc:deterministic``, ``tv``) cannot take measurements
     with ``noise``, or None."""
     name = method.partition(":")[0]
-    if name in CLASSICAL_METHODS:
-        return None if noise.gaussian_sigma is not None else \
-            f"{name} is a classical baseline for Gaussian noise of one std, not {noise}"
-    if name not in METHODS:
+    if name in CLASSICAL:
+        why = CLASSICAL[name].noise_problem(noise)
+    elif name in METHODS:
+        why = get_method(name).noise_problem(noise)
+    else:
         return None  # reported as an unknown method
-    why = get_method(name).noise_problem(noise)
     return f"{name} {why}" if why else None
 
 
 def not_applicable(run: MethodRun, op) -> str | None:
     """Why ``run`` cannot restore with ``op`` (a note for the summary), or None."""
-    if run.method in CLASSICAL_METHODS:
+    if run.method in CLASSICAL:
         return applicable(run.method, op)
     if run.method == "ddrm" and op.decomposition() is None:
         boundary = op.describe().get("boundary")
@@ -223,7 +225,7 @@ def not_applicable(run: MethodRun, op) -> str | None:
 
 def estimators(run: MethodRun, samples: int) -> list[str]:
     """The estimator rows of a column: deterministic, or a sample plus the mean of ``samples`` when > 1."""
-    if run.method in CLASSICAL_METHODS or run.config.is_deterministic:
+    if run.method in CLASSICAL or run.config.is_deterministic:
         return ["deterministic"]
     return ["sample"] + ([f"mean{samples}"] if samples > 1 else [])
 

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .baselines import biharmonic_inpaint, tv_restore
-from .metrics import psnr
-from .noise import PoissonNoise
-from .operators import Inpainting, LinearOperator, build_operator
-from .operators.nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval, linear_to_srgb, srgb_to_linear
-from .priors.training_data import center_crop, load_skimage_image
+from ..metrics import psnr
+from ..noise import PoissonNoise
+from ..operators import Inpainting, LinearOperator, build_operator
+from ..operators.nonlinear import CameraBlur, Exposure, HighDynamicRange, PhaseRetrieval, linear_to_srgb, srgb_to_linear
+from ..priors.training_data import center_crop, load_skimage_image
+from .linear import biharmonic_inpaint, tv_restore
 
 __all__ = ["richardson_lucy", "anscombe_tv", "hio_er", "hdr_inverse_inpaint", "camera_tv", "tune_poisson",
            "RL_ITERATIONS", "ANSCOMBE_TV_WEIGHT"]

@@ -1,12 +1,10 @@
-"""Classical restorations a user would pick instead of a diffusion sampler.
+"""The classical restorations of linear operators: what a user would pick instead of a diffusion sampler.
 
-Every baseline has the call shape of the samplers' harness::
-
-    x = restore_classical(name, operator, y, sigma_y)      # y, x: (B, C, h, w) tensors in [0, 1]
-
-``sigma_y`` is the measurement noise std in [0, 1] pixel units (the API's convention). The
-result is clipped to [0, 1]. A baseline that does not apply to an operator raises
-:class:`NotApplicable` (a ``ValueError``) with the reason; :func:`applicable` asks first.
+Each takes y (B, C, h, w) in [0, 1] and returns (B, C, H, W); ``sigma_y`` is the measurement
+noise std in [0, 1] pixel units (the API's convention). The catalogue
+(:mod:`nfc_dps.baselines.catalogue`) says which applies to an operator and clips their results to
+[0, 1]; one called on an operator it does not apply to raises :class:`NotApplicable` (a
+``ValueError``) with the reason.
 
 * ``"wiener"`` -- linear MMSE (Wiener) deconvolution with a power-law image spectrum
   S(r) = a r^-alpha fitted per image to the measurement (:func:`fit_measurement_spectrum`):
@@ -31,10 +29,8 @@ result is clipped to [0, 1]. A baseline that does not apply to an operator raise
   no antialiasing for upsampling).
 * ``"biharmonic"`` -- inpainting only: scikit-image's biharmonic inpainting of the missing
   pixels (observed pixels kept as measured).
-
 * ``"qcs_tv"`` -- JPEG only (an operator with quantisation cells, task ``jpeg``): JPEG deblocking,
-  TV denoising alternated with the projection onto the file's quantisation cells (:func:`qcs_tv`);
-  the other baselines do not apply to a JPEG measurement.
+  TV denoising alternated with the projection onto the file's quantisation cells (:func:`qcs_tv`).
 """
 
 from __future__ import annotations
@@ -47,23 +43,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency, ring_mean
-from .operators import build_operator
-from .operators.base import LinearOperator, check_image, conjugate_gradient
-from .operators.blur import BlurOperator
-from .priors.training_data import HELDOUT_IMAGES, load_skimage_image
+from ..frequency import fourier_filter, fourier_gaussian_mean, power_law_spectrum, radial_frequency, ring_mean
+from ..operators import build_operator
+from ..operators.base import LinearOperator, check_image, conjugate_gradient
+from ..operators.blur import BlurOperator
+from ..priors.training_data import HELDOUT_IMAGES, load_skimage_image
 
 __all__ = [
-    "CLASSICAL_METHODS", "NotApplicable", "applicable", "restore_classical", "wiener", "tv_restore",
-    "bicubic_upsample", "biharmonic_inpaint", "fit_measurement_spectrum", "tv_lambda", "operator_family",
-    "TV_LAMBDA_PER_SIGMA", "calibrate_tv", "operator_dtype", "qcs_tv", "QCS_TV_WEIGHT_PER_SIGMA", "QCS_TV_ITERATIONS",
-    "FILE_MEASUREMENT_METHODS",
+    "NotApplicable", "wiener", "wiener_problem", "tv_restore", "bicubic_upsample", "biharmonic_inpaint",
+    "fit_measurement_spectrum", "tv_lambda", "operator_family", "TV_LAMBDA_PER_SIGMA", "TV_LAMBDA_FLOOR", "calibrate_tv",
+    "operator_dtype", "qcs_tv", "has_quantisation_cells", "QCS_TV_WEIGHT_PER_SIGMA", "QCS_TV_ITERATIONS",
 ]
-
-CLASSICAL_METHODS = ("wiener", "tv", "bicubic", "biharmonic", "qcs_tv")
-#: the classical methods that restore a measurement a file holds as it is (a JPEG's stored
-#: integers), never one the grid protocols simulate: not in their default method list
-FILE_MEASUREMENT_METHODS = ("qcs_tv",)
 
 #: lam = c * sigma_y for ||A x - y||^2 / 2 + lam TV(x), [0, 1] units, per operator family.
 #: Calibrated by :func:`calibrate_tv` on 64x64 crops of 4 TRAINING images (rocket, brick, coins,
@@ -83,7 +73,7 @@ TV_LAMBDA_FLOOR = 1e-4
 
 
 class NotApplicable(ValueError):
-    """A classical baseline that does not apply to this operator (the message says why)."""
+    """A classical method that does not apply to this operator or noise (the message says why)."""
 
 
 def operator_family(operator: LinearOperator) -> str:
@@ -91,65 +81,10 @@ def operator_family(operator: LinearOperator) -> str:
     return operator.family
 
 
-def applicable(name: str, operator: LinearOperator) -> str | None:
-    """None if baseline ``name`` applies to ``operator``, else the reason it does not."""
-    if name not in CLASSICAL_METHODS:
-        raise ValueError(f"unknown classical baseline {name!r}; choose one of {CLASSICAL_METHODS}")
-    fam = operator_family(operator)
-    cells = _has_cells(operator)
-    if name == "qcs_tv":
-        return None if cells and operator.image_region() is None else \
-            f"qcs_tv (JPEG deblocking) needs a JPEG operator on the whole image (quantisation cells), got {operator.name}"
-    if cells:
-        return (f"{name} does not fit a JPEG measurement (quantised DCT coefficients, not an image); its classical "
-                f"restoration is 'qcs_tv'")
-    if not getattr(operator, "is_linear", True):
-        return (f"{name} takes a linear operator; the nonlinear {operator.name} has its own classical answer "
-                f"(nfc_dps.baselines_nonlinear)")
-    if name != "tv" and operator.image_region() is not None:
-        return f"{name} needs the operator on the whole image grid, got one on a padded canvas"
-    if name == "wiener":
-        if fam in ("blur", "denoise", "sr") or operator.is_circulant:
-            return None
-        if fam == "inpaint":
-            return "Wiener filtering does not apply to inpainting (use 'biharmonic')"
-        return f"Wiener filtering needs a blur, denoising or SR operator, got {type(operator).__name__}"
-    if name == "tv":
-        return None
-    if name == "bicubic":
-        return None if fam == "sr" else f"bicubic upsampling is for super-resolution only, got {type(operator).__name__}"
-    return None if fam == "inpaint" else f"biharmonic inpainting is for inpainting only, got {type(operator).__name__}"
-
-
-def _has_cells(operator: LinearOperator) -> bool:
+def has_quantisation_cells(operator: LinearOperator) -> bool:
     """Whether the operator's measurement is a set of quantisation cells (a JPEG's: it declares
     ``stored_integers`` and ``project``)."""
     return hasattr(operator, "stored_integers") and hasattr(operator, "project")
-
-
-def restore_classical(name: str, operator: LinearOperator, y: Tensor, sigma_y: float, **kwargs) -> Tensor:
-    """Restore ``y`` (B, C, h, w) in [0, 1] with classical baseline ``name``; (B, C, H, W) in [0, 1].
-
-    Raises :class:`NotApplicable` when the baseline does not apply to the operator.
-    """
-    reason = applicable(name, operator)
-    if reason is not None:
-        raise NotApplicable(reason)
-    check_image(y, "y")
-    if not (isinstance(sigma_y, (int, float)) and sigma_y >= 0 and math.isfinite(sigma_y)):
-        raise ValueError(f"sigma_y must be a finite number >= 0 ([0, 1] units), got {sigma_y!r}")
-    with torch.no_grad():
-        if name == "wiener":
-            x = wiener(operator, y, sigma_y, **kwargs)
-        elif name == "tv":
-            x = tv_restore(operator, y, sigma_y, **kwargs)
-        elif name == "bicubic":
-            x = bicubic_upsample(y, operator.downsampling_factor)
-        elif name == "qcs_tv":
-            x = qcs_tv(operator, y, sigma_y, **kwargs)
-        else:
-            x = biharmonic_inpaint(operator, y)
-    return x.clamp(0, 1)
 
 
 # --------------------------------------------------------------------------------- Wiener
@@ -209,6 +144,17 @@ def _circular_wiener(y: Tensor, H: Tensor, sigma: float, amp: Tensor, alpha: Ten
     return x.to(dtype=y.dtype, device=y.device)
 
 
+def wiener_problem(operator: LinearOperator) -> str | None:
+    """Why Wiener filtering cannot restore ``operator`` (None: it can): it needs a blur, denoising,
+    SR or circulant operator."""
+    family = operator_family(operator)
+    if family in ("blur", "denoise", "sr") or operator.is_circulant:
+        return None
+    if family == "inpaint":
+        return "Wiener filtering does not apply to inpainting (use 'biharmonic')"
+    return f"Wiener filtering needs a blur, denoising or SR operator, got {type(operator).__name__}"
+
+
 def wiener(operator: LinearOperator, y: Tensor, sigma_y: float, cg_iters: int = 200) -> Tensor:
     """Wiener / linear-MMSE restoration with a power-law spectrum fitted to y (see module doc)."""
     fam = operator_family(operator)
@@ -232,7 +178,7 @@ def wiener(operator: LinearOperator, y: Tensor, sigma_y: float, cg_iters: int = 
         # the pseudo-inverse carries the image below the measurement's Nyquist (r ~ 0.7 / factor)
         amp, alpha = fit_measurement_spectrum(operator.A_pinv(y.double()), None, 0.0, r_max=0.5 / factor, bins=64)
         return _cg_wiener(operator, y, sigma_y, cg_iters, amp, alpha, None)
-    raise NotApplicable(applicable("wiener", operator) or "Wiener filtering does not apply")
+    raise NotApplicable(wiener_problem(operator) or "Wiener filtering does not apply")
 
 
 def _cg_wiener(operator: LinearOperator, y: Tensor, sigma_y: float, iters: int, amp: Tensor, alpha: Tensor,
@@ -385,7 +331,7 @@ def qcs_tv(operator: LinearOperator, y: Tensor, sigma_y: float | None = None, we
     JPEG measurement (:func:`nfc_dps.operators.jpeg.jpeg_measurement`); ``sigma_y`` its noise std (default
     the operator's, q_min / sqrt(12)); weight = :data:`QCS_TV_WEIGHT_PER_SIGMA` * sigma_y by default.
     Computed in float64 on the CPU; returns (B, C, H, W) in [0, 1] in y's dtype and device."""
-    if not _has_cells(operator):
+    if not has_quantisation_cells(operator):
         raise NotApplicable(f"QCS deblocking needs a JPEG operator (quantisation cells), got {type(operator).__name__}")
     check_image(y, "y")
     sigma_y = operator.sigma_y if sigma_y is None else float(sigma_y)
