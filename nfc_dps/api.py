@@ -129,23 +129,11 @@ class _SampleStats:
 
 
 def restore(
-    y: Tensor | np.ndarray,
-    operator: LinearOperator,
-    prior: Prior | None = None,
-    method: str = "nfc",
-    preset: str | None = None,
-    sigma_y: float | None = None,
-    noise: Any = None,
-    seed: int | Sequence[int] = 0,
-    num_samples: int = 1,
-    callback: Callable[[dict[str, Any]], None] | None = None,
-    progress: bool = True,
-    config: Any | None = None,
-    max_batch: int | None = None,
-    calibration: Any | None = None,
-    keep_samples: bool = True,
-    restarts: int = 1,
-    **overrides: Any,
+    y: Tensor | np.ndarray, operator: LinearOperator, prior: Prior | None = None, method: str = "nfc",
+    preset: str | None = None, sigma_y: float | None = None, noise: Any = None, seed: int | Sequence[int] = 0,
+    num_samples: int = 1, callback: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
+    config: Any | None = None, max_batch: int | None = None, calibration: Any | None = None,
+    keep_samples: bool = True, restarts: int = 1, **overrides: Any,
 ) -> Restoration:
     """Restore measurement(s) ``y`` of ``operator`` with a diffusion ``prior``.
 
@@ -203,16 +191,30 @@ def restore(
     Profiling: samplers mark their building blocks with ``torch.profiler.record_function``.
     """
     sigma_y, noise = declared_noise(operator, sigma_y, noise)
+    options = dict(prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback,
+                   progress=progress, config=config, max_batch=max_batch, calibration=calibration,
+                   keep_samples=keep_samples, restarts=restarts, **overrides)
     if isinstance(sigma_y, str):
-        return _restore_estimated_sigma(y, operator, sigma_y, noise, seed, dict(
-            prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
-            config=config, max_batch=max_batch, calibration=calibration, keep_samples=keep_samples,
-            restarts=restarts, **overrides))
-    batch, back, noise, seeds, num_samples = checked_measurement(y, operator, sigma_y, noise, seed, num_samples,
-                                                                  max_batch)
+        return _restore_estimated_sigma(y, operator, sigma_y, noise, seed, options)
+    batch, back, noise, seeds, num_samples = checked_measurement(y, operator, sigma_y, noise, seed, num_samples, max_batch)
     restarts = _checked_restarts(restarts, num_samples)
     prior, batch, input_device = checked_prior(prior, batch)
     cfg = _resolved_config(method, preset, config, overrides, num_samples)
+    calibration = _checked_run(method, cfg, operator, noise, prior, num_samples, restarts, calibration)
+    if operator.fitted_per_image:  # checked above as the blur it will be; fitted per image before restoring
+        options.update(prior=prior, num_samples=num_samples, restarts=restarts, calibration=calibration)
+        return _restore_fitted(y, operator, batch.to(input_device), back, noise, seeds, options)
+    return _sampled(method, cfg, prior, operator, batch, noise, seeds, num_samples, restarts, calibration, back,
+                    max_batch=max_batch, keep_samples=keep_samples, input_device=input_device, callback=callback,
+                    progress=progress)
+
+
+def _checked_run(method: str, cfg: Any, operator: LinearOperator, noise: NoiseModel, prior: Prior, num_samples: int,
+                 restarts: int, calibration: Any | None) -> Any | None:
+    """The checks of the arguments against one another, in this order: restarts need a stochastic
+    config; a calibration needs an operator known before the measurement, Gaussian noise, and to
+    have been fitted for this run; the method must take this operator and noise. Returns the
+    calibration, loaded (None without one)."""
     if restarts > 1 and cfg.is_deterministic:
         raise ValueError(f"restarts={restarts}: this {method} config is deterministic (every restart would be the "
                          f"same); restart a stochastic one, e.g. method='daps' or preset='fast'")
@@ -228,11 +230,17 @@ def restore(
     why = get_method(method).problem(method, operator, noise, cfg)
     if why:
         raise ValueError(why)
-    if operator.fitted_per_image:  # checked above as the blur it will be; fitted per image before restoring
-        return _restore_fitted(y, operator, batch.to(input_device), back, noise, seeds, dict(
-            prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback, progress=progress,
-            config=config, max_batch=max_batch, calibration=calibration, keep_samples=keep_samples,
-            restarts=restarts, **overrides))
+    return calibration
+
+
+def _sampled(method: str, cfg: Any, prior: Prior, operator: LinearOperator, batch: Tensor, noise: NoiseModel,
+             seeds: list[int], num_samples: int, restarts: int, calibration: Any | None, back: Callable[[Tensor], Any],
+             *, max_batch: int | None, keep_samples: bool, input_device: torch.device,
+             callback: Callable[[dict[str, Any]], None] | None, progress: bool) -> Restoration:
+    """The chains run on the checked ``batch`` (B, C, h, w) and their :class:`Restoration`: of
+    ``restarts`` > 1 chains per image the one the measurement fits best, else the mean of
+    ``num_samples`` (with their std, the samples and the calibrated interval). Seconds count the
+    chains and the choice of the best one."""
     problem = _Problem.set_up(operator, batch, noise, prior)
     t0 = time.perf_counter()
     if restarts > 1:
@@ -243,8 +251,7 @@ def restore(
     else:
         samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
                                           keep_samples, input_device, callback, progress, (operator, batch))
-        seconds = time.perf_counter() - t0
-        out = _assembled(samples, stats, nfe, seconds, cfg, back, num_samples, calibration)
+        out = _assembled(samples, stats, nfe, time.perf_counter() - t0, cfg, back, num_samples, calibration)
     out.noise_sigma = noise.gaussian_sigma
     out.frame = operator.measured_frame(tuple(batch.shape[:2]) + tuple(operator.image_shape(batch.shape)[-2:]))
     return out
