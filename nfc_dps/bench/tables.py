@@ -214,64 +214,104 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
     groups = group_rows(rows)
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     order = row_order(spec, [])
-    cols = sorted({(g[1], g[2], g[3]) for g in groups},
-                  key=lambda k: order({"task": "", "image": "", "method": k[0], "estimator": k[1], "budget": k[2]}))
-    L = [f"# Benchmark summary ({spec.protocol} protocol)", ""]
-    for k, v in header.items():
-        L.append(f"- **{k}**: {v}")
-    L += ["", "Values: mean ± std over images (std with ddof=1). PSNR in dB and SSIM (scikit-image "
-          "conventions) on outputs clipped to [0, 1], data_range 1. A posterior *sample*'s expected squared "
-          "error is twice the posterior mean's, so compare single samples with `mean of K` rows and with the "
-          "classical (deterministic) baselines accordingly. `@N` = NFE budget of one chain (a `mean of K` row "
-          "costs K times that: its NFE and seconds count all K chains, a single sample's one chain's share); "
-          "a task whose chains spent other calls is named with them: `@16 (8 on denoise)` spent 8 calls per chain "
-          "on denoise (a `PSNR vs NFE` cell: `(8 calls)`); classical rows use no network. "
-          "Peak memory: on CPU the growth of the process's resident memory during the call (memory already held "
-          "from earlier calls is not counted, so small runs often show ~0); on CUDA the allocator's peak above "
-          "its level at entry.", ""]
+    row_keys = sorted({(g[1], g[2], g[3]) for g in groups},
+                      key=lambda k: order({"task": "", "image": "", "method": k[0], "estimator": k[1], "budget": k[2]}))
+    lines = _settings_section(spec, header)
+    lines += _quality_tables(rows, groups, tasks, row_keys)
+    lines += _nfe_tables(groups, tasks, row_keys)
+    lines += _time_and_memory_table(groups, tasks, row_keys)
+    lines += _notes_and_figures(rows, notes, plots)
+    return "\n".join(lines)
 
-    for metric, fmt in (("psnr", ".2f"), ("ssim", ".3f")):
-        L += [f"## {metric.upper()} (mean ± std)", "", "| method | " + " | ".join(tasks) + " |",
-              "|---|" + "---|" * len(tasks)]
-        for m, e, b in cols:
+
+#: what summary.md's numbers are, under its settings
+_VALUES_NOTE = (
+    "Values: mean ± std over images (std with ddof=1). PSNR in dB and SSIM (scikit-image "
+    "conventions) on outputs clipped to [0, 1], data_range 1. A posterior *sample*'s expected squared "
+    "error is twice the posterior mean's, so compare single samples with `mean of K` rows and with the "
+    "classical (deterministic) baselines accordingly. `@N` = NFE budget of one chain (a `mean of K` row "
+    "costs K times that: its NFE and seconds count all K chains, a single sample's one chain's share); "
+    "a task whose chains spent other calls is named with them: `@16 (8 on denoise)` spent 8 calls per chain "
+    "on denoise (a `PSNR vs NFE` cell: `(8 calls)`); classical rows use no network. "
+    "Peak memory: on CPU the growth of the process's resident memory during the call (memory already held "
+    "from earlier calls is not counted, so small runs often show ~0); on CUDA the allocator's peak above "
+    "its level at entry.")
+
+#: a table row's (method, estimator, budget)
+_RowKey = tuple[str, str, str]
+
+
+def _table_head(columns: Sequence[str]) -> list[str]:
+    """A markdown table's header and rule: a "method" column, then ``columns``."""
+    return ["| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+
+
+def _row_label(groups: dict, tasks: Sequence[str], method: str, est: str, budget: str) -> str:
+    """A table row's name, with what the tasks that spent other calls spent (:func:`_label`)."""
+    return _label(method, est, budget, _spent(groups, tasks, method, est, budget))
+
+
+def _settings_section(spec: BenchSpec, header: dict[str, Any]) -> list[str]:
+    """The title, the run's settings (``header``) and what the values are."""
+    lines = [f"# Benchmark summary ({spec.protocol} protocol)", ""]
+    lines += [f"- **{k}**: {v}" for k, v in header.items()]
+    return lines + ["", _VALUES_NOTE, ""]
+
+
+def _quality_tables(rows: list[dict[str, str]], groups: dict, tasks: Sequence[str],
+                    row_keys: Sequence[_RowKey]) -> list[str]:
+    """PSNR and SSIM per task (mean ± std over images), and LPIPS (mean) where rows have it."""
+    lines = []
+    for metric, number_format in (("psnr", ".2f"), ("ssim", ".3f")):
+        lines += [f"## {metric.upper()} (mean ± std)", ""] + _table_head(tasks)
+        for m, e, b in row_keys:
             cells = []
             for t in tasks:
                 vals = numbers(groups.get((t, m, e, b), []), metric)
-                cells.append(f"{mean_std(vals)[0]:{fmt}} ± {mean_std(vals)[1]:{fmt}}" if vals else "–")
-            L.append(f"| {_label(m, e, b, _spent(groups, tasks, m, e, b))} | " + " | ".join(cells) + " |")
-        L.append("")
+                cells.append(f"{mean_std(vals)[0]:{number_format}} ± {mean_std(vals)[1]:{number_format}}" if vals else "–")
+            lines.append(f"| {_row_label(groups, tasks, m, e, b)} | " + " | ".join(cells) + " |")
+        lines.append("")
     if any(r.get("lpips") for r in rows):
-        L += ["## LPIPS (mean)", "", "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-        for m, e, b in cols:
+        lines += ["## LPIPS (mean)", ""] + _table_head(tasks)
+        for m, e, b in row_keys:
             cells = [f"{np.mean(v):.3f}" if (v := numbers(groups.get((t, m, e, b), []), "lpips")) else "–" for t in tasks]
-            L.append(f"| {_label(m, e, b, _spent(groups, tasks, m, e, b))} | " + " | ".join(cells) + " |")
-        L.append("")
+            lines.append(f"| {_row_label(groups, tasks, m, e, b)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
+
+def _nfe_tables(groups: dict, tasks: Sequence[str], row_keys: Sequence[_RowKey]) -> list[str]:
+    """PSNR vs NFE budget per task (mean over images), where the rows have more than one budget;
+    the classical methods' PSNR repeated in every column."""
     budgets = sorted({int(b) for (_, _, _, b) in groups if b not in ("0", "")})
-    if len(budgets) > 1:
-        L += ["## PSNR vs NFE (mean over images)", ""]
-        for t in tasks:
-            L += [f"**{t}**", "", "| method | " + " | ".join(str(b) for b in budgets) + " |",
-                  "|---|" + "---|" * len(budgets)]
-            for m, e in dict.fromkeys((m, e) for (m, e, b) in cols if b != "0"):
-                cells = []
-                for b in budgets:  # a cell whose chains spent other than its column's calls says what they spent
-                    rs = groups.get((t, m, e, str(b)), [])
-                    v, calls = numbers(rs, "psnr"), chain_calls(rs)
-                    other = f" ({_calls(calls)} calls)" if calls and calls != [b] else ""
-                    cells.append(f"{np.mean(v):.2f}{other}" if v else "–")
-                if any(c != "–" for c in cells):
-                    L.append(f"| {_label(m, e, '0')} | " + " | ".join(cells) + " |")
-            classical = [(m, e) for (m, e, b) in cols if b == "0"]
-            for m, e in classical:
-                v = numbers(groups.get((t, m, e, "0"), []), "psnr")
-                if v:
-                    L.append(f"| {m} (no network) | " + " | ".join(f"{np.mean(v):.2f}" for _ in budgets) + " |")
-            L.append("")
+    if len(budgets) <= 1:
+        return []
+    lines = ["## PSNR vs NFE (mean over images)", ""]
+    for t in tasks:
+        lines += [f"**{t}**", ""] + _table_head([str(b) for b in budgets])
+        for m, e in dict.fromkeys((m, e) for (m, e, b) in row_keys if b != "0"):
+            cells = []
+            for b in budgets:  # a cell whose chains spent other than its column's calls says what they spent
+                rs = groups.get((t, m, e, str(b)), [])
+                v, calls = numbers(rs, "psnr"), chain_calls(rs)
+                other = f" ({_calls(calls)} calls)" if calls and calls != [b] else ""
+                cells.append(f"{np.mean(v):.2f}{other}" if v else "–")
+            if any(c != "–" for c in cells):
+                lines.append(f"| {_label(m, e, '0')} | " + " | ".join(cells) + " |")
+        for m, e in [(m, e) for (m, e, b) in row_keys if b == "0"]:
+            v = numbers(groups.get((t, m, e, "0"), []), "psnr")
+            if v:
+                lines.append(f"| {m} (no network) | " + " | ".join(f"{np.mean(v):.2f}" for _ in budgets) + " |")
+        lines.append("")
+    return lines
 
-    L += ["## Time and memory per image (mean over images and tasks)", "",
-          "| method | NFE | seconds | s / NFE | peak memory MB |", "|---|---|---|---|---|"]
-    for m, e, b in cols:
+
+def _time_and_memory_table(groups: dict, tasks: Sequence[str], row_keys: Sequence[_RowKey]) -> list[str]:
+    """Network calls, seconds, seconds per call and peak memory per image (mean over images and
+    tasks) of every row that timed its work."""
+    lines = ["## Time and memory per image (mean over images and tasks)", ""]
+    lines += _table_head(["NFE", "seconds", "s / NFE", "peak memory MB"])
+    for m, e, b in row_keys:
         rs = [r for t in tasks for r in groups.get((t, m, e, b), [])]
         secs, mem, nfe = numbers(rs, "seconds"), numbers(rs, "peak_mem_mb"), numbers(rs, "nfe")
         if not secs:
@@ -279,15 +319,20 @@ def summary_markdown(spec: BenchSpec, rows: list[dict[str, str]], header: dict[s
         n = np.mean(nfe) if nfe else 0
         per = f"{np.mean(secs) / n:.3f}" if n else "–"
         counts = _calls(sorted({round(v) for v in nfe}, reverse=True)) if nfe else "0"  # each, not their mean
-        L.append(f"| {_label(m, e, b, _spent(groups, tasks, m, e, b))} | {counts} | {np.mean(secs):.2f} | {per} | "
-                 f"{f'{np.mean(mem):.0f}' if mem else '–'} |")
-    L.append("")
+        lines.append(f"| {_row_label(groups, tasks, m, e, b)} | {counts} | {np.mean(secs):.2f} | {per} | "
+                     f"{f'{np.mean(mem):.0f}' if mem else '–'} |")
+    return lines + [""]
+
+
+def _notes_and_figures(rows: list[dict[str, str]], notes: Sequence[str], plots: Sequence[str]) -> list[str]:
+    """The run's notes (each once) and failed rows, then the figures (``plots``: file names)."""
+    lines = []
     failed = [r for r in rows if r.get("note")]
     if notes or failed:
-        L += ["## Notes", ""]
-        L += [f"- {n}" for n in dict.fromkeys(notes)]
-        L += [f"- FAILED {r['task']}/{r['image']}/{r['method']}@{r['budget']}: {r['note']}" for r in failed]
-        L.append("")
+        lines += ["## Notes", ""]
+        lines += [f"- {n}" for n in dict.fromkeys(notes)]
+        lines += [f"- FAILED {r['task']}/{r['image']}/{r['method']}@{r['budget']}: {r['note']}" for r in failed]
+        lines.append("")
     if plots:
-        L += ["## Figures", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    return "\n".join(L)
+        lines += ["## Figures", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    return lines
