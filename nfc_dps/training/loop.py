@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -42,40 +42,18 @@ from tqdm.auto import tqdm
 
 from .. import io as nio
 from ..distributed import Dist
-from ..priors.archs import build_unet, size_independent
-from ..priors.base import EDMDenoiser
 from ..priors.default import load_prior
-from ..priors.diffusers_prior import _UNetCall
 from ..priors.training_data import images_power_law
-from .config import (
-    TrainConfig,
-    TrainResult,
-    check_config,
-    check_folders,
-    learning_rate,
-    lock_run_folders,
-    resolve_network,
-    resolve_precision,
-)
-from .data import BUILTIN_DEAD_LEAVES, CropSampler, DeadLeaves, TrainingError, load_builtin, load_folder, multiscale
-from .export import INFO_NAME, evaluate_heldout, export_holds, export_prior, init_network_keys, load_init_weights
-from .leaves import DEFAULT_SYNTHETIC
+from .config import TrainConfig, TrainResult, check_config, check_folders, learning_rate, lock_run_folders
+from .data import CropSampler, DeadLeaves, TrainingError, multiscale
+from .export import INFO_NAME, evaluate_heldout, export_holds, export_prior
 from .logs import append_row, keep_rows, logged
 from .plot import read_loss_csv, render_loss_png
-from .state import (
-    STATE_NAME,
-    check_fingerprint,
-    fingerprint,
-    read_state,
-    resume_seed,
-    resume_stream,
-    stream_seed,
-    write_state,
-)
+from .start import SIGMA_DATA, agree_to_start, load_networks, settled_config, trained_denoiser
+from .state import STATE_NAME, read_state, write_state
 
 LOSS_CSV, LOSS_PNG, HELDOUT_CSV, CONFIG_JSON = "loss.csv", "loss.png", "heldout.csv", "train_config.json"
 LOSS_FIELDS = ["step", "loss", "seconds", "crops_per_s"]
-SIGMA_DATA = 0.5
 #: in a torchrun group the ranks agree whether to go on every this many steps (a signal or the
 #: --minutes budget on any rank stops them all at the next such step; --steps needs no agreement)
 GROUP_CHECK_EVERY = 10
@@ -121,6 +99,53 @@ def train_prior(cfg: TrainConfig, log: Callable[[str], None] | None = None,
         raise
 
 
+class _Stopping:
+    """When a run stops: at ``--steps``, after ``--minutes`` on the run's clock (wall time, or this
+    process's CPU time), or at a signal (SIGTERM, Ctrl-C); in a torchrun group the ranks agree, so
+    that any rank that stops stops them all, at the same step."""
+
+    def __init__(self, cfg: TrainConfig, dist: Dist, device: torch.device) -> None:
+        self.cfg, self.dist, self.device = cfg, dist, device
+        self.signal: str | None = None  # the name of the signal that stops the run
+
+    def start_clock(self) -> None:
+        """Start the ``--minutes`` budget's clock."""
+        self.clock = time.process_time if self.cfg.clock == "cpu" else time.time
+        self.t_start = self.clock()
+
+    def go_on(self, step: int) -> bool:
+        """Whether to take another step after ``step``: this process's budget and signals, and in a
+        group every rank's (a collective every ``GROUP_CHECK_EVERY`` steps)."""
+        cfg = self.cfg
+        if cfg.steps is not None and step >= cfg.steps:
+            return False  # every rank counts the same steps
+        go = self.signal is None and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60)
+        if self.dist.world > 1 and step % GROUP_CHECK_EVERY:
+            return True  # a group agrees every few steps: each agreement waits for the slowest rank
+        return self.agree(go)
+
+    def agree(self, go: bool) -> bool:
+        """``go`` on every rank of a group, and a signal any rank got every rank's (a collective;
+        ``go`` itself in a single process)."""
+        stop = self.dist.max(0.0 if go else 2.0 if self.signal is not None else 1.0, self.device)
+        if stop == 2 and self.signal is None:  # a signal on another rank stops this one alike
+            self.signal = "a signal to another process of the group"
+        return stop == 0
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        """SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
+        one included), then save and stop: a state saved in the middle of a step (its random draws
+        made, Adam stepped, the step not counted) would resume into another run than the
+        uninterrupted one. A second signal stops at once, keeping the last save. The handler only
+        sets a flag and writes one line straight to stderr (no logging inside a signal handler)."""
+        name = signal.Signals(signum).name
+        if self.signal is not None:
+            raise KeyboardInterrupt(name)
+        self.signal = name
+        when = "this step" if self.dist.world == 1 else f"at most {GROUP_CHECK_EVERY} steps, with the group"
+        os.write(2, f"\n{name}: stopping after {when} (send it again to stop at once)\n".encode())
+
+
 class _Run:
     """One training run in a locked work folder: its settings (resolved against the folder's
     state), data, networks, optimiser and random stream; :meth:`train` steps until the budget or
@@ -136,7 +161,7 @@ class _Run:
         problem = None
         try:
             state = read_state(self.state_path, self.device) if self.state_path.exists() else None
-            self._settle(cfg, state)
+            self.cfg, self.data, self.fp = settled_config(cfg, state, workdir, warn)
             self._networks(state)
             del state
             self._pool()
@@ -144,120 +169,27 @@ class _Run:
             if dist.world == 1:
                 raise
             problem = str(e) if isinstance(e, TrainingError) else f"{e.filename or ''}: {e.strerror or e}"
-        self._agree(problem)  # in a group: every rank refuses alike, before the first collective of training
-        self._join_group()
+        # in a group: every rank refuses alike, before the first collective of training
+        agree_to_start(dist, workdir, problem, None if problem else self.step)
+        self.denoiser = trained_denoiser(self.net, self.precision, self.channels_last, self.cfg.channels,
+                                         self.device, dist)
         self._records()
         self.saved, self.exported, self.saving = self.step, -1, False
         self.loss: float | None = None
         self.heldout: dict | None = None
         self.power_law: list = []
-        self.stop_signal: str | None = None
+        self.stopping = _Stopping(self.cfg, dist, self.device)
 
     # -- set-up
 
-    def _settle(self, cfg: TrainConfig, state: dict | None) -> None:
-        """The run's settings: the folder's seed and network, the data, the procedural generator;
-        every mismatch with the folder's state a TrainingError before the data loads."""
-        workdir, saved = self.workdir, (state["config"] if state else None)
-        if cfg.steps == 0 and state is None and not cfg.init_from:
-            raise TrainingError(f"--steps 0 exports the saved state's weights (or --init-from's), and --workdir "
-                                f"{workdir} holds no saved state: it would export untrained, random weights as a "
-                                f"prior; give --steps N >= 1 to train, --init-from PRIOR to export a warm start, or "
-                                f"the --workdir of an earlier run")
-        cfg = replace(cfg, seed=resume_seed(cfg, state, workdir, self.warn) if state is not None
-                      else (0 if cfg.seed is None else cfg.seed))
-        init = init_network_keys(cfg.init_from) if state is None and cfg.init_from else None
-        cfg = resolve_network(cfg, saved, init)
-        if saved is not None:  # the network's keys first: before minutes of data loading
-            net_keys = ("arch", "widths", "layers", "crop")
-            check_fingerprint(workdir, {k: saved.get(k) for k in net_keys},
-                              {k: list(v) if k == "widths" else v for k, v in asdict(cfg).items() if k in net_keys})
-        exclude = [workdir] + ([Path(cfg.export)] if cfg.export else [])
-        previous_split = state.get("split") if state else None
-        data = (load_folder(cfg.images, cfg.channels, cfg.crop, cfg.holdout, exclude, self.warn, previous_split)
-                if cfg.images else load_builtin(cfg.channels))
-        leaves_frac = cfg.dead_leaves if cfg.dead_leaves is not None else (0.0 if cfg.images else BUILTIN_DEAD_LEAVES)
-        trained_with = (saved or {}).get("data", {}).get("synthetic", DEFAULT_SYNTHETIC)
-        synthetic = cfg.synthetic or trained_with
-        if saved is not None and synthetic != trained_with:
-            raise TrainingError(f"--workdir {workdir} was trained with --synthetic {trained_with}, this run asks for "
-                                f"{synthetic}; leave --synthetic out (or give {trained_with}) to resume, or use another "
-                                f"--workdir")
-        if cfg.synthetic and cfg.synthetic != DEFAULT_SYNTHETIC and leaves_frac == 0:
-            self.warn(f"--synthetic {cfg.synthetic} has no effect: no procedural crops (--dead-leaves 0); "
-                      f"give --dead-leaves F to mix them in")
-        cfg = replace(cfg, channels=data.channels, dead_leaves=leaves_frac, synthetic=synthetic)
-        fp = fingerprint(cfg.arch, cfg.widths, cfg.layers, cfg.channels, cfg.crop, data.source, leaves_frac, cfg.scales,
-                         cfg.holdout if cfg.images else None, synthetic)
-        if saved is not None:
-            check_fingerprint(workdir, saved, fp)
-        levels = 2 ** (len(cfg.widths) - 1)
-        if cfg.crop % levels:
-            raise TrainingError(f"--crop {cfg.crop} must be a multiple of {levels} for {len(cfg.widths)} resolution levels")
-        self.cfg, self.data, self.fp = cfg, data, fp
-
     def _networks(self, state: dict | None) -> None:
         """The network, its EMA, Adam and the random stream: the state's, else fresh (or warm-started)."""
-        cfg, device = self.cfg, self.device
-        self.precision = resolve_precision(cfg.precision, device)
-        self.channels_last = device.type == "cuda" or size_independent(cfg.arch)
-        self.fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        torch.manual_seed(cfg.seed)
-        net = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=self.fmt)
-        ema = build_unet(cfg.arch, cfg.channels, cfg.widths, cfg.layers, cfg.crop).to(device, memory_format=self.fmt)
-        ema.requires_grad_(False)
-        opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, fused=device.type == "cuda")
-        gen = torch.Generator(device=device)
-        step, seconds0, crops0 = 0, 0.0, 0
-        if state is not None:
-            net.load_state_dict(state["model"])
-            ema.load_state_dict(state["ema"])
-            opt.load_state_dict(state["opt"])
-            step, seconds0, crops0 = int(state["step"]), float(state.get("seconds", 0.0)), int(state.get("crops", 0))
-            resume_stream(gen, state, step, cfg.seed, self.device.type, self.dist, self.warn)
-            if isinstance(state.get("torch_rng"), torch.Tensor):
-                torch.set_rng_state(state["torch_rng"].cpu())
-            self.log(f"resumed from {self.state_path} at step {step}"
-                     + (" (a state of the earlier train_prior.py)" if state.get("legacy") else ""))
-        else:
-            gen.manual_seed(cfg.seed if self.dist.world == 1 else stream_seed(cfg.seed, 0, self.dist.rank))
-            if cfg.init_from:
-                load_init_weights(net, cfg.init_from, cfg.arch)
-                self.log(f"warm start from {cfg.init_from}")
-            ema.load_state_dict(net.state_dict())
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr
-        self.net, self.ema, self.opt, self.gen = net, ema, opt, gen
-        self.step, self.start_step, self.seconds0, self.crops0 = step, step, seconds0, crops0
-        self.n_params = sum(p.numel() for p in net.parameters())
-        self.net_params, self.ema_params = list(net.parameters()), list(ema.parameters())
-
-    def _agree(self, problem: str | None) -> None:
-        """In a group, a TrainingError on every rank when any rank could not set up (its message,
-        naming the rank; rank 0 says it) or when the ranks resume from different steps (a work folder
-        that is not on a file system every rank sees). A no-op in a single process."""
-        world = self.dist.world
-        box = self.dist.gather((problem, None if problem else self.step))
-        for rank, (why, _) in enumerate(box):
-            if why is not None:
-                raise TrainingError(why if rank == 0 else f"process {rank} of {world}: {why}")
-        steps = [step for _, step in box]
-        if len(set(steps)) > 1:
-            raise TrainingError(f"--workdir {self.workdir}: the processes resume from different steps "
-                                f"({', '.join(f'process {r}: {s}' for r, s in enumerate(steps))}); across "
-                                f"machines the work folder must be on a file system every process sees")
-
-    def _join_group(self) -> None:
-        """The denoiser that trains: in a group, the network under DistributedDataParallel (which
-        copies rank 0's weights to every rank)."""
-        cfg, device, net = self.cfg, self.device, self.net
-        trained = net
-        if self.dist.world > 1:  # gradients averaged over the ranks; rank 0's initial weights on every rank
-            from torch.nn.parallel import DistributedDataParallel
-
-            trained = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-        self.denoiser = EDMDenoiser(_UNetCall(trained, self.precision, self.channels_last), channels=cfg.channels,
-                                    sigma_data=SIGMA_DATA)
+        nets = load_networks(self.cfg, self.device, state, self.state_path, self.dist, self.log, self.warn)
+        self.net, self.ema, self.opt, self.gen = nets.net, nets.ema, nets.opt, nets.gen
+        self.precision, self.channels_last, self.fmt = nets.precision, nets.channels_last, nets.memory_format
+        self.step, self.start_step, self.seconds0, self.crops0 = nets.step, nets.step, nets.seconds, nets.crops
+        self.n_params = sum(p.numel() for p in nets.net.parameters())
+        self.net_params, self.ema_params = list(nets.net.parameters()), list(nets.ema.parameters())
 
     def _pool(self) -> None:
         """The crop sampler over the training images and the procedural ones."""
@@ -349,41 +281,9 @@ class _Run:
 
     # -- the loop
 
-    def budget_left(self) -> bool:
-        """Whether to take another step: this process's budget and signals, and in a group every
-        rank's (any rank that stops stops them all, at the same step)."""
-        cfg = self.cfg
-        if cfg.steps is not None and self.step >= cfg.steps:
-            return False  # every rank counts the same steps
-        go = self.stop_signal is None and (cfg.minutes is None or self.clock() - self.t_start < cfg.minutes * 60)
-        if self.dist.world > 1 and self.step % GROUP_CHECK_EVERY:
-            return True  # a group agrees every few steps: each agreement waits for the slowest rank
-        return self._agree_to_go(go)
-
-    def _agree_to_go(self, go: bool) -> bool:
-        """``go`` on every rank of a group, and a signal any rank got every rank's (a collective;
-        ``go`` itself in a single process)."""
-        stop = self.dist.max(0.0 if go else 2.0 if self.stop_signal is not None else 1.0, self.device)
-        if stop == 2 and self.stop_signal is None:  # a signal on another rank stops this one alike
-            self.stop_signal = "a signal to another process of the group"
-        return stop == 0
-
     def mean_loss(self, run_sum: Tensor, run_n: int) -> float:
         """The mean loss of the steps since the last log, over every rank."""
         return float(self.dist.mean(run_sum)) / run_n
-
-    def on_signal(self, signum: int, frame: object) -> None:
-        """SIGTERM and Ctrl-C finish the step in progress (and a save or export under way, the last
-        one included), then save and stop: a state saved in the middle of a step (its random draws
-        made, Adam stepped, the step not counted) would resume into another run than the
-        uninterrupted one. A second signal stops at once, keeping the last save. The handler only
-        sets a flag and writes one line straight to stderr (no logging inside a signal handler)."""
-        name = signal.Signals(signum).name
-        if self.stop_signal is not None:
-            raise KeyboardInterrupt(name)
-        self.stop_signal = name
-        when = "this step" if self.dist.world == 1 else f"at most {GROUP_CHECK_EVERY} steps, with the group"
-        os.write(2, f"\n{name}: stopping after {when} (send it again to stop at once)\n".encode())
 
     def one_step(self) -> Tensor:
         """One EDM step on a batch of crops; the (detached) loss."""
@@ -411,8 +311,8 @@ class _Run:
     def train(self) -> TrainResult:
         """Step until the budget or a signal; the last save and export; the run's result."""
         cfg, workdir = self.cfg, self.workdir
-        self.clock = time.process_time if cfg.clock == "cpu" else time.time
-        self.t_start, self.t_wall = self.clock(), time.time()
+        self.stopping.start_clock()
+        self.t_wall = time.time()
         run_sum = torch.zeros((), device=self.device)
         run_n, t_log, crops_log = 0, time.time(), 0
         in_step = False
@@ -422,12 +322,12 @@ class _Run:
         try:
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGTERM, signal.SIGINT):
-                    old_handlers[sig] = signal.signal(sig, self.on_signal)
+                    old_handlers[sig] = signal.signal(sig, self.stopping.on_signal)
             if self.writer and cfg.export and self.step > 0 and self.step == self.saved and self.export_missing():
                 self.export()  # a run killed between its state's save and its export or held-out row: both again
             if cfg.steps is not None and self.step >= cfg.steps:
                 self.log(f"the work folder is at step {self.step} >= --steps {cfg.steps}: nothing to train")
-            go = self.budget_left()
+            go = self.stopping.go_on(self.step)
             while go:
                 in_step = True
                 run_sum += self.one_step()
@@ -436,7 +336,7 @@ class _Run:
                 bar.update(1)
                 in_step = False
                 step = self.step
-                go = self.budget_left()
+                go = self.stopping.go_on(self.step)
                 if step % cfg.log_every == 0 or step % cfg.save_every == 0 or not go:
                     mean = self.mean_loss(run_sum, run_n)
                     if not math.isfinite(mean):
@@ -454,13 +354,13 @@ class _Run:
                 if step % cfg.save_every == 0:
                     self.save()
                     t_log = time.time()  # crops/s counts training, not saving and evaluating
-            self._agree_to_go(self.stop_signal is None)  # a signal that came after the ranks' last agreement
+            self.stopping.agree(self.stopping.signal is None)  # a signal that came after the ranks' last agreement
             if self.step > self.saved:  # the last save and export, still under the signal handlers
                 self.save()
             elif self.writer and cfg.export and self.exported != self.step and not self.export_is_current():
                 self.export()
-            if self.stop_signal is not None:
-                raise KeyboardInterrupt(self.stop_signal)
+            if self.stopping.signal is not None:
+                raise KeyboardInterrupt(self.stopping.signal)
         except KeyboardInterrupt:
             if in_step:  # stopped inside a step: its half-made changes are not saved
                 self.log(f"interrupted during step {self.step + 1}: the state of step {self.saved} in "
