@@ -139,13 +139,8 @@ def scaled_rule(decomposition: Decomposition, residual: Tensor, sigma_next: floa
     return correction, gamma
 
 
-def sample_ddnm(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: DDNMConfig = DDNMConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_ddnm(prior: Prior, measurement: ModelMeasurement, config: DDNMConfig = DDNMConfig(),
+                generators: Generators = None, callback: Callback = None) -> Tensor:
     """One DDNM+ sample per image of the measurement (Gaussian noise). Returns (B, C, H, W) in model
     units."""
     operator, y, image_shape, cfg = measurement.operator, measurement.y, measurement.image_shape, config

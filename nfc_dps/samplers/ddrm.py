@@ -96,13 +96,8 @@ def operator_problem(operator: LinearOperator) -> str | None:
             + "; use method 'ddnm' instead")
 
 
-def sample_ddrm(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: DDRMConfig = DDRMConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_ddrm(prior: Prior, measurement: ModelMeasurement, config: DDRMConfig = DDRMConfig(),
+                generators: Generators = None, callback: Callback = None) -> Tensor:
     """One DDRM sample per image (an operator with a decomposition). Units as :func:`~nfc_dps.samplers.ddnm.sample_ddnm`."""
     operator, y, image_shape, cfg = measurement.operator, measurement.y, measurement.image_shape, config
     sigmas, noise = cfg.noise_levels(prior, measurement), measurement.noise

@@ -82,13 +82,8 @@ PRESETS = {
 }
 
 
-def sample_diffpir(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: DiffPIRConfig = DiffPIRConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_diffpir(prior: Prior, measurement: ModelMeasurement, config: DiffPIRConfig = DiffPIRConfig(),
+                   generators: Generators = None, callback: Callback = None) -> Tensor:
     """One DiffPIR sample per image of the measurement (Gaussian noise). Returns (B, C, H, W) in model
     units."""
     operator, y, sigma_y, cfg = measurement.operator, measurement.y, measurement.sigma, config

@@ -125,13 +125,8 @@ def dpir_start(prior: Prior, operator: LinearOperator, y_m: Tensor, sigma_m: flo
     return initial_estimate(operator, y_m, sigma_m, image_shape, kind, spectrum)
 
 
-def sample_dpir(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: DPIRConfig = DPIRConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_dpir(prior: Prior, measurement: ModelMeasurement, config: DPIRConfig = DPIRConfig(),
+                generators: Generators = None, callback: Callback = None) -> Tensor:
     """DPIR's estimate per image of the measurement (deterministic; ``generators`` unused; a
     nonlinear operator's prox is Gauss-Newton). Returns (B, C, H, W) in model units."""
     operator, y, sigma_y, cfg = measurement.operator, measurement.y, measurement.sigma, config

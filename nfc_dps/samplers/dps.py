@@ -149,13 +149,8 @@ def dps_guidance(prior: Prior, operator: LinearOperator, y: Tensor, x: Tensor, s
     return x0_hat.detach(), g
 
 
-def sample_dps(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: DPSConfig = DPSConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_dps(prior: Prior, measurement: ModelMeasurement, config: DPSConfig = DPSConfig(),
+               generators: Generators = None, callback: Callback = None) -> Tensor:
     """One DPS sample per image of the measurement (its noise std is not used by DPS itself; a
     nonlinear operator is differentiated through). Returns (B, C, H, W) in model units."""
     operator, y, cfg = measurement.operator, measurement.y, config

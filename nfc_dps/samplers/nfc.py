@@ -181,13 +181,8 @@ def level_sigmas(cfg: NFCConfig, top: float) -> list[float]:
     return karras_sigmas(cfg.num_levels, min(top, cfg.sigma_min), top, RHO).tolist()
 
 
-def sample_nfc(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: NFCConfig = NFCConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_nfc(prior: Prior, measurement: ModelMeasurement, config: NFCConfig = NFCConfig(),
+               generators: Generators = None, callback: Callback = None) -> Tensor:
     """Draw one posterior sample per image of the measurement (Gaussian noise). Returns (B, C, H, W)
     in model units."""
     if not isinstance(config, NFCConfig):

@@ -139,13 +139,8 @@ def continuation_sigmas(cfg: ContinuationConfig, top: float, sigma_y: float) -> 
     return karras_sigmas(cfg.num_levels, low, top, RHO).tolist()
 
 
-def sample_nfc_continuation(
-    prior: Prior,
-    measurement: ModelMeasurement,
-    config: ContinuationConfig = ContinuationConfig(),
-    generators: Generators = None,
-    callback: Callback = None,
-) -> Tensor:
+def sample_nfc_continuation(prior: Prior, measurement: ModelMeasurement, config: ContinuationConfig = ContinuationConfig(),
+                            generators: Generators = None, callback: Callback = None) -> Tensor:
     """The continuation's estimate per image of the measurement (deterministic; ``generators``
     unused; a nonlinear operator's data steps are Gauss-Newton). Returns (B, C, H, W) in model units."""
     if not isinstance(config, ContinuationConfig):
