@@ -97,25 +97,24 @@ def remove_created_if_empty() -> None:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: Path):
+def _busy_refused(lock: contextlib.AbstractContextManager):
+    """Hold ``lock``, refusing it with a :class:`UsageError` (exit 2) when another run holds it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(lock)
+        except locking.FolderBusy as e:
+            raise UsageError(str(e)) from None
+        yield
+
+
+def folder_lock(folder: Path) -> contextlib.AbstractContextManager:
     """:func:`nfc_dps.locking.folder_lock`, refusing a busy folder with a :class:`UsageError` (exit 2)."""
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(locking.folder_lock(folder))
-        except locking.FolderBusy as e:
-            raise UsageError(str(e)) from None
-        yield
+    return _busy_refused(locking.folder_lock(folder))
 
 
-@contextlib.contextmanager
-def file_lock(path: Path):
+def file_lock(path: Path) -> contextlib.AbstractContextManager:
     """:func:`nfc_dps.locking.file_lock`, refusing a file another run is writing with a :class:`UsageError`."""
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(locking.file_lock(path))
-        except locking.FolderBusy as e:
-            raise UsageError(str(e)) from None
-        yield
+    return _busy_refused(locking.file_lock(path))
 
 
 def cannot_write(e: OSError) -> str:

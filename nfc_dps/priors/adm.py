@@ -30,35 +30,23 @@ from .archs import unet2d_model_class
 # Hyper-parameters of the public ADM checkpoints (Dhariwal & Nichol 2021, guided-diffusion model cards). attention_resolutions are
 # feature-map resolutions (ADM's "16" = attention where the map is 16x16); the middle block always
 # has attention.
+#: what the public ADM checkpoints share
+_ADM_COMMON: dict[str, Any] = {
+    "image_size": 256,
+    "in_channels": 3,
+    "channel_mult": (1, 1, 2, 2, 4, 4),
+    "num_head_channels": 64,
+    "learn_sigma": True,
+    "use_scale_shift_norm": True,
+    "resblock_updown": True,
+    "use_new_attention_order": False,
+    "class_cond": False,
+}
 ADM_PRESETS: dict[str, dict[str, Any]] = {
-    "ffhq256": {  # DPS/DAPS ffhq_10m.pt
-        "image_size": 256,
-        "in_channels": 3,
-        "num_channels": 128,
-        "num_res_blocks": 1,
-        "channel_mult": (1, 1, 2, 2, 4, 4),
-        "attention_resolutions": (16,),
-        "num_head_channels": 64,
-        "learn_sigma": True,
-        "use_scale_shift_norm": True,
-        "resblock_updown": True,
-        "use_new_attention_order": False,
-        "class_cond": False,
-    },
-    "imagenet256": {  # OpenAI 256x256_diffusion_uncond.pt (DPS/DAPS "imagenet256.pt")
-        "image_size": 256,
-        "in_channels": 3,
-        "num_channels": 256,
-        "num_res_blocks": 2,
-        "channel_mult": (1, 1, 2, 2, 4, 4),
-        "attention_resolutions": (32, 16, 8),
-        "num_head_channels": 64,
-        "learn_sigma": True,
-        "use_scale_shift_norm": True,
-        "resblock_updown": True,
-        "use_new_attention_order": False,
-        "class_cond": False,
-    },
+    # DPS/DAPS ffhq_10m.pt
+    "ffhq256": {**_ADM_COMMON, "num_channels": 128, "num_res_blocks": 1, "attention_resolutions": (16,)},
+    # OpenAI 256x256_diffusion_uncond.pt (DPS/DAPS "imagenet256.pt")
+    "imagenet256": {**_ADM_COMMON, "num_channels": 256, "num_res_blocks": 2, "attention_resolutions": (32, 16, 8)},
 }
 
 # ADM's channel_mult="" default per image size (guided-diffusion create_model).
