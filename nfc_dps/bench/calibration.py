@@ -70,6 +70,7 @@ from torch import Tensor
 from ..conformal import DEFAULT_EPS, EDGE_WEIGHTS, fit_rule, interval
 from ..io import atomic_write_bytes, atomic_write_text
 from ..metrics import coverage, expected_coverage
+from ..noise import GaussianNoise
 from ..operators import BlurOperator, build_operator, gaussian_kernel
 from ..priors import GaussianMixturePrior, GaussianSpectralPrior
 from ..priors.default import load_prior
@@ -183,7 +184,7 @@ def _oracle_problems(names: Sequence[str], seed: int, device: torch.device, spli
         else:
             st = SETTINGS[name.removeprefix("mixture-")]
             prior = GaussianMixturePrior.structured(size, 1, st.separation, gen(name, "prior")).to(device)
-            std, sigma_y = st.blur_std, st.sigma_y
+            std, sigma_y = st.blur_std, st.noise.sigma
             truth_m = prior.sample_prior(n, gen(name, f"{tag}images"))
         op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * std) + 1, std), "circular").to(device)
         truth = ((truth_m + 1) / 2).float()
@@ -260,7 +261,7 @@ def _embedded_problem(name: str, seed: int, out: Path, size: int = 64, validatio
     local protocol's measurements (cached under ``out``, as the harness caches them); splits
     "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation"
     (:func:`validation_tiles`)."""
-    spec = BenchSpec(protocol="local", size=size, sigma_y=SIGMA_Y, seed=seed, out=out,
+    spec = BenchSpec(protocol="local", size=size, noise=GaussianNoise(SIGMA_Y), seed=seed, out=out,
                      image_names=EMBEDDED_IMAGES, save_images=False)
     task = task_specs("local", spec.size, "circular")[name.removeprefix("embedded-")]
     images = {"test": photo_tiles(EMBEDDED_IMAGES, test_images, size, spec.zoom)}
