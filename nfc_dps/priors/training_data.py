@@ -27,8 +27,8 @@ def load_skimage_image(name: str) -> np.ndarray:
     import skimage.data
     from skimage.util import img_as_float32
 
-    if name == "motorcycle_left":
-        img = skimage.data.stereo_motorcycle()[0]
+    if name in ("motorcycle_left", "motorcycle_right"):  # the two views of skimage's stereo pair
+        img = skimage.data.stereo_motorcycle()[0 if name == "motorcycle_left" else 1]
     else:
         try:
             img = getattr(skimage.data, name)()
