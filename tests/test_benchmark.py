@@ -18,6 +18,7 @@ from nfc_dps.bench.cli import main
 from nfc_dps.bench.measurements import load_images, measurement
 from nfc_dps.bench.spec import BenchSpec, method_config, method_runs, task_specs
 from nfc_dps.bench.tables import COLUMNS, VOLATILE
+from nfc_dps.noise import GaussianNoise
 from nfc_dps.restore_inputs import stable_seed
 
 torch.set_num_threads(1)
@@ -154,7 +155,7 @@ def test_measurements_generated_once_and_reused(tmp_path):
     assert torch.equal(y1, y3)
     # a different specification for the same file is an error
     with pytest.raises(ValueError, match="differs"):
-        measurement(BenchSpec(out=tmp_path / "a", size=16, zoom=1, sigma_y=0.1, save_images=False),
+        measurement(BenchSpec(out=tmp_path / "a", size=16, zoom=1, noise=GaussianNoise(0.1), save_images=False),
                           task, "chelsea", img)
 
 
@@ -562,15 +563,17 @@ def test_noise_models_on_the_grid(tiny_prior, tmp_path, capsys):
     from nfc_dps.bench.cli import build_parser, spec_from_args
 
     spec = spec_from_args(build_parser().parse_args(["--noise", "poisson-gaussian:30,0.01"]))
-    assert spec.noise == "poisson-gaussian:30,0.01" and "ddrm" not in spec.methods and "tv" not in spec.methods
+    assert str(spec.noise) == "poisson-gaussian:30,0.01" and "ddrm" not in spec.methods and "tv" not in spec.methods
     assert {"nfc", "daps", "dps", "dpir"} <= set(spec.methods)
     assert "left out ddrm" in capsys.readouterr().out
     gaussian = spec_from_args(build_parser().parse_args(["--noise", "gaussian:0.05"]))
-    assert (gaussian.sigma_y, gaussian.noise) == (0.05, None)
+    assert gaussian.noise == GaussianNoise(0.05)
     assert gaussian.fingerprint() == spec_from_args(build_parser().parse_args(["--noise-sigma", "0.05"])).fingerprint()
     for flags, needle in ((["--noise", "poisson:30", "--sigma-y", "0.05"], "pass one of --noise and --sigma-y"),
                           (["--noise", "poison:30"], "unknown kind 'poison'"),
                           (["--noise", "poisson:-1"], "peak"),
-                          (["--protocol", "oracle", "--noise", "poisson:30"], "the oracle protocol measures under its own")):
+                          (["--protocol", "oracle", "--noise", "poisson:30"], "the oracle protocol measures under its own"),
+                          (["--protocol", "jpeg", "--sigma-y", "0.01"], "the jpeg protocol measures under its own"),
+                          (["--protocol", "blind", "--noise", "gaussian:0.01"], "leave --noise out")):
         assert main(["--out", str(tmp_path / "refused"), *flags]) == 2
         assert needle in capsys.readouterr().err and not (tmp_path / "refused").exists()

@@ -35,6 +35,7 @@ import torch
 from ..api import restore
 from ..baselines import restore_classical
 from ..metrics import psnr, ssim
+from ..noise import GaussianNoise
 from ..operators import BlindBlur, BlurOperator, gaussian_kernel, motion_kernel, shake_kernel
 from ..operators.kernel_estimation import estimate_kernel, kernel_error
 from ..restore_inputs import stable_seed
@@ -51,6 +52,7 @@ FAMILIES: dict[str, tuple[int, Callable[[int, int], torch.Tensor], str]] = {
 }
 METHODS = ("nfc-blind", "nfc-true", "nfc-gaussian", "classical", "dpir-blind", "photo")
 SIGMA = 0.01
+NOISE = GaussianNoise(SIGMA)
 #: the largest integer shift the scores are taken up to, px
 MAX_SHIFT = 3
 
@@ -118,11 +120,11 @@ class BlindTier(Protocol):
             return canvas, None, 0
         if method == "classical":
             kernel = estimate_kernel(y[0].cpu(), size)
-            return restore_classical("tv", BlurOperator(kernel.float(), "valid").to(self.device), y, SIGMA).cpu(), kernel, 0
+            return restore_classical("tv", BlurOperator(kernel.float(), "valid").to(self.device), y, NOISE).cpu(), kernel, 0
         kernels = {"nfc-true": c.kernels[i], "nfc-gaussian": gaussian_kernel(size, size / 10)}
         operator = BlurOperator(kernels[method], "valid") if method in kernels else BlindBlur(size)
         out = restore(y, operator.to(self.device), prior=self.prior, method="dpir" if method == "dpir-blind" else "nfc",
-                      sigma_y=SIGMA, seed=seed, progress=False)
+                      noise=NOISE, seed=seed, progress=False)
         return out.image.cpu(), out.kernel, out.nfe
 
     def measure(self, c: SimpleNamespace, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..config import DEFAULT_NOISE_SIGMA, parse_scalar
-from ..noise import parse_noise
+from ..noise import GaussianNoise, NoiseModel, parse_noise
 from ..operators import noise_sigma_problem
 from ..priors.diffusers_prior import PRECISIONS
 from .blind import BlindTier
@@ -147,14 +147,20 @@ def _parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _noise(args: argparse.Namespace) -> tuple[float, str | None]:
-    """(sigma_y, non-Gaussian noise spec or None) of --sigma-y and --noise (``gaussian:S`` is --sigma-y S)."""
+def _noise(args: argparse.Namespace) -> NoiseModel:
+    """The measurements' noise model of --sigma-y and --noise (``gaussian:S`` is --sigma-y S); a
+    protocol that measures under its own noise takes neither."""
+    if args.protocol in OWN_SETTINGS and not args.profile:
+        for flag, value in (("--sigma-y", args.sigma_y), ("--noise", args.noise)):
+            if value is not None:
+                raise ValueError(f"{flag} {value}: the {args.protocol} protocol measures under its own noise "
+                                 f"(nfc_dps.bench.{args.protocol}); leave {flag} out")
     if args.noise is None:
         sigma = DEFAULT_NOISE_SIGMA if args.sigma_y is None else args.sigma_y
         why = noise_sigma_problem(sigma)
         if why:
             raise ValueError(f"--sigma-y {why}")
-        return sigma, None
+        return GaussianNoise(sigma)
     if args.sigma_y is not None:
         raise ValueError("pass one of --noise and --sigma-y (--noise gaussian:S is --sigma-y S)")
     try:
@@ -163,20 +169,17 @@ def _noise(args: argparse.Namespace) -> tuple[float, str | None]:
         raise ValueError(f"--noise: {e}") from None
     if model.stated_problem():
         raise ValueError(f"--noise {args.noise}: {model.stated_problem()}")
-    if model.gaussian_sigma is not None:  # gaussian:S is --sigma-y S
-        return model.gaussian_sigma, None
-    if args.protocol not in ("local", "paper") or args.profile:
+    if model.gaussian_sigma is None and (args.protocol not in ("local", "paper") or args.profile):
         what = "the profile" if args.profile else f"the {args.protocol} protocol"
         raise ValueError(f"--noise {model}: {what} measures under its own noise; --noise applies to the local and "
                          f"paper protocols")
-    return DEFAULT_NOISE_SIGMA, str(model)
+    return model
 
 
-def _methods_taking(noise: str, methods: Sequence[str], given: bool) -> tuple[str, ...]:
+def _methods_taking(noise: NoiseModel, methods: Sequence[str], given: bool) -> tuple[str, ...]:
     """The ``methods`` that take measurements under ``noise``: a ValueError naming each that does
     not when they were ``given`` (--methods), else those left out, said on stdout."""
-    model = parse_noise(noise)
-    problems = {m: why for m in methods if (why := noise_problem(m, model))}
+    problems = {m: why for m in methods if (why := noise_problem(m, noise))}
     if problems and given:
         raise ValueError(f"--noise {noise}: " + "; ".join(problems.values())
                          + f"; leave {', '.join(problems)} out of --methods")
@@ -188,7 +191,7 @@ def _methods_taking(noise: str, methods: Sequence[str], given: bool) -> tuple[st
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     """The :class:`BenchSpec` of parsed arguments, with the protocol's defaults (size, tasks, methods, preset)."""
     protocol = args.protocol
-    sigma_y, noise = _noise(args)
+    noise = _noise(args)
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     for flag, value in (("--samples", args.samples), ("--zoom", args.zoom), ("--num-images", args.num_images),
@@ -227,7 +230,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         unknown = [t for t in tasks if t not in known]
         if unknown:
             raise ValueError(f"--tasks {','.join(unknown)}: unknown; choose from {', '.join(known)}")
-    if noise:
+    if noise.gaussian_sigma is None:
         methods = _methods_taking(noise, methods, given=bool(_str_list(args.methods)))
     if protocol in OWN_SETTINGS:  # empty: the protocol's settings and samplers
         tasks, methods = _str_list(args.tasks), _str_list(args.methods)
@@ -236,7 +239,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         image_names=_str_list(args.image_names), num_images=args.num_images, size=args.size or default_size,
         zoom=args.zoom, tasks=tasks, methods=methods, budgets=_int_list(args.budgets),
         preset=args.preset or ("paper" if protocol == "paper" else "fast"), samples=args.samples,
-        sigma_y=sigma_y, noise=noise, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
+        noise=noise, seed=args.seed, boundary=args.boundary or ("reflect" if protocol == "paper" else "circular"),
         device=args.device, precision=args.precision, overrides=_parse_overrides(args.overrides), plots=not args.no_plots,
         save_images=not args.no_images, label=args.label, oracle_alpha=args.oracle_alpha,
         oracle_pixel_std=args.oracle_pixel_std, embedded_budget=args.embedded_budget,

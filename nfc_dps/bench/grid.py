@@ -14,6 +14,7 @@ import torch
 from ..api import restore
 from ..baselines import CLASSICAL, restore_classical
 from ..io import atomic_write_text
+from ..noise import NoiseModel
 from ..operators import build_operator
 from ..priors.diffusers_prior import resolve_precision
 from .instruments import PeakMemory, lpips_status, row_metrics, save_png
@@ -38,6 +39,14 @@ from .tables import COLUMNS, KEY, is_failed, result_row, row_order, summary_mark
 RESULTS = Table("results.csv", tuple(COLUMNS), KEY, ("task", "image"))
 
 
+def _noise_header(noise: NoiseModel) -> dict[str, str]:
+    """The summary's line on the measurements' noise."""
+    sigma = noise.gaussian_sigma
+    if sigma is None:
+        return {"noise": f"{noise} ([0, 1] units)"}
+    return {"sigma_y": f"{sigma} in [0, 1] units (= {2 * sigma:g} in [-1, 1])"}
+
+
 def _restore_timed(spec: BenchSpec, run: MethodRun, ests: list[str], op, y, prior, device, seed: int
                    ) -> tuple[dict[str, tuple[Any, int, float]], PeakMemory, float]:
     """{estimator: (image, NFE, seconds of the row)} of one column on one measurement, its peak
@@ -45,13 +54,12 @@ def _restore_timed(spec: BenchSpec, run: MethodRun, ests: list[str], op, y, prio
     if run.method in CLASSICAL:
         with PeakMemory(torch.device("cpu")) as mem:
             t0 = time.perf_counter()
-            xr = restore_classical(run.method, op, y, spec.noise_model)
+            xr = restore_classical(run.method, op, y, spec.noise)
             secs = time.perf_counter() - t0
         return {"deterministic": (xr, 0, secs)}, mem, secs
     with PeakMemory(device) as mem:
         t0 = time.perf_counter()
-        noise = {"noise": spec.noise_model} if spec.noise else {"sigma_y": spec.sigma_y}
-        res = restore(y.to(device), op, prior=prior, method=run.method, config=run.config, **noise, seed=seed,
+        res = restore(y.to(device), op, prior=prior, method=run.method, config=run.config, noise=spec.noise, seed=seed,
                       progress=False, num_samples=1 if ests == ["deterministic"] else spec.samples)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -108,9 +116,9 @@ class Grid(Protocol):
         spec = self.spec
         self.device = device
         self.runs = method_runs(spec)
-        refused = [why for r in self.runs if (why := noise_problem(r.label, spec.noise_model))]
+        refused = [why for r in self.runs if (why := noise_problem(r.label, spec.noise))]
         if refused:
-            raise ValueError(f"noise {spec.noise_model}: {'; '.join(dict.fromkeys(refused))}")
+            raise ValueError(f"noise {spec.noise}: {'; '.join(dict.fromkeys(refused))}")
         self.needs_prior = any(r.method in DIFFUSION_METHODS for r in self.runs)
         # hashed once (config.json and summary.md record the same); a classical-only grid uses no prior
         self.prior_info = prior_record(spec.prior) if self.needs_prior else None
@@ -166,8 +174,7 @@ class Grid(Protocol):
             "images": f"{len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}), {spec.size}x{spec.size}"
                       + (f", centre crop {spec.size * spec.zoom} px area-averaged by {spec.zoom}"
                          if spec.protocol == "local" and not spec.images and spec.zoom > 1 else ""),
-            **({"noise": f"{spec.noise} ([0, 1] units)"} if spec.noise else
-               {"sigma_y": f"{spec.sigma_y} in [0, 1] units (= {2 * spec.sigma_y:g} in [-1, 1])"}),
+            **_noise_header(spec.noise),
             "preset / budgets": f"{spec.preset} / {', '.join(map(str, spec.budgets)) or 'preset NFE'}",
             "samples per image": spec.samples,
             "seed": spec.seed,

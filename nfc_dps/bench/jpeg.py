@@ -89,7 +89,7 @@ class JpegTier(Protocol):
             return m.decoded, 0
         op, y = m.operator.to(self.device), m.y.to(self.device)
         if method == "qcs_tv":
-            return restore_classical("qcs_tv", op, y, op.sigma_y).cpu(), 0
+            return restore_classical("qcs_tv", op, y, op.measurement_noise()).cpu(), 0
         out = restore(y, op, prior=self.prior, method=method, seed=stable_seed(self.spec.seed, "jpeg", c.quality, name),
                       progress=False)
         return out.image.cpu(), out.nfe

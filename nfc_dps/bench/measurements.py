@@ -91,12 +91,12 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
     folder = spec.out / "measurements" / task.name
     npz, js = folder / f"{image}.npz", folder / f"{image}.json"
     meta = {"task": task.name, "params": task.params, "image": image,
-            "size": spec.size, "zoom": spec.zoom, "sigma_y": spec.sigma_y, "protocol": spec.protocol,
+            "size": spec.size, "zoom": spec.zoom, "sigma_y": spec.recorded_sigma(), "protocol": spec.protocol,
             "operator_seed": stable_seed(spec.seed, "operator", seed_name(task.name), image),
             "noise_seed": stable_seed(spec.seed, "noise", seed_name(task.name), image),
             "sampler_seed": stable_seed(spec.seed, "sampler", seed_name(task.name), image)}
-    if spec.noise:  # Gaussian measurements keep the record they had
-        meta["noise"] = spec.noise
+    if spec.noise.gaussian_sigma is None:  # Gaussian measurements keep the record they had
+        meta["noise"] = str(spec.noise)
     if npz.is_file() and js.is_file():
         saved = json.loads(js.read_text())
         if {k: saved.get(k) for k in meta} != json.loads(json.dumps(meta)):
@@ -115,7 +115,7 @@ def measurement(spec: BenchSpec, task: TaskSpec, image: str, img: np.ndarray) ->
     op = build_operator(task.name, spec.size, meta["operator_seed"], **task.params)
     x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(img, -1, 0)))[None].float()
     gen = torch.Generator().manual_seed(meta["noise_seed"])
-    y = op.measure(x, noise=spec.noise_model, generator=gen) if spec.noise else op.measure(x, spec.sigma_y, gen)
+    y = op.measure(x, noise=spec.noise, generator=gen)
     arrays = {"x": x[0].numpy(), "y": y[0].numpy()}
     if op.blur_kernel() is not None:
         arrays["kernel"] = op.blur_kernel().numpy()

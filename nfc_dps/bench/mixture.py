@@ -54,6 +54,7 @@ from torch import Tensor
 
 from ..io import atomic_write_text
 from ..metrics import coverage, expected_coverage, sliced_wasserstein
+from ..noise import GaussianNoise
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianMixturePrior
 from ..priors.base import Prior, PriorWrapper
@@ -68,15 +69,16 @@ __all__ = ["SETTINGS", "PRESTATED_SETTING", "MixtureSetting", "mixture_runs", "M
 
 @dataclass(frozen=True)
 class MixtureSetting:
-    """A mixture setting: the prior's separation ("well"/"poor"), blur std (px), sigma_y ([0, 1] units)."""
+    """A mixture setting: the prior's separation ("well"/"poor"), blur std (px), the measurement's
+    Gaussian noise ([0, 1] units)."""
 
     separation: str
     blur_std: float
-    sigma_y: float
+    noise: GaussianNoise
 
 
 SETTINGS: dict[str, MixtureSetting] = {
-    f"{sep}-{blur}-{noise}": MixtureSetting(sep, std, sy)
+    f"{sep}-{blur}-{noise}": MixtureSetting(sep, std, GaussianNoise(sy))
     for sep in ("well", "poor")
     for blur, std in (("mild", 0.75), ("strong", 3.0))
     for noise, sy in (("lo", 0.01), ("hi", 0.05))
@@ -247,8 +249,8 @@ class Mixture(Protocol):
                                                 self._gen("mixture-prior", st.separation)).to(self.device)
         truth = prior.sample_prior(self.n_meas, self._gen("mixture-images", name))
         op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * st.blur_std) + 1, st.blur_std), "circular").to(self.device)
-        y = op.measure((truth + 1) / 2, st.sigma_y, self._gen("mixture-noise", name))
-        post = prior.posterior(op, 2 * y - 1, 2 * st.sigma_y)
+        y = op.measure((truth + 1) / 2, noise=st.noise, generator=self._gen("mixture-noise", name))
+        post = prior.posterior(op, 2 * y - 1, 2 * st.noise.sigma)
         v, k = float(post.mmse().mean()), self.k
         bounds = {"mmse": _psnr01(v), "sample": _psnr01(2 * v), f"mean{k}": _psnr01((1 + 1 / k) * v),
                   "weights_max": float(post.weights.max(1).values.mean())}
@@ -256,7 +258,7 @@ class Mixture(Protocol):
 
     def setup(self, group: Hashable, log: Callable[[str], None]) -> SimpleNamespace:
         p = self.problem(group)
-        p.post_rep = p.prior.posterior(p.op, (2 * p.y - 1).repeat_interleave(self.k, 0), 2 * p.setting.sigma_y)
+        p.post_rep = p.prior.posterior(p.op, (2 * p.y - 1).repeat_interleave(self.k, 0), 2 * p.setting.noise.sigma)
         p.ref = p.post.sample(4 * self.k, self._gen("mixture-reference", group))
         p.seeds = [stable_seed(self.spec.seed, "mixture-sampler", group, b) for b in range(self.n_meas)]
         b = p.bounds
@@ -302,7 +304,7 @@ class Mixture(Protocol):
         t0 = time.perf_counter()
         row: Row = {"setting": name, "method": label, "budget": int(budget), "nfe": cfg.nfe}
         try:
-            xr, nfe = sample_chains(method, recorder, Measurement(p.op, p.y, p.setting.sigma_y, (self.n_meas, 1, size, size)),
+            xr, nfe = sample_chains(method, recorder, Measurement(p.op, p.y, p.setting.noise, (self.n_meas, 1, size, size)),
                                     cfg, p.seeds, num_samples=k, callback=callback)
             xs = (2 * xr.to(f64) - 1).view(self.n_meas, k, 1, size, size).transpose(0, 1)
             row.update(sample_metrics(xs, p.truth, p.post, p.ref, self.dirs), nfe=nfe)

@@ -2,7 +2,7 @@
 blur, and each method's PSNR against the exact MMSE and posterior-sample bounds.
 
 Gray images (alpha 2, pixel std 0.5 model units by default: --oracle-alpha, --oracle-pixel-std),
-circulant Gaussian blur std 1.5 px, sigma_y = 0.05 model units (spec.sigma_y in [0, 1] units).
+circulant Gaussian blur std 1.5 px, noise std 0.05 model units (the run's Gaussian noise, 0.025 in [0, 1] units).
 PSNR here is on the *unclipped* estimates (the Gaussian's images leave [0, 1]; the bounds are for
 unclipped estimators). A case is one method at one budget over all images in one batch."""
 
@@ -22,7 +22,6 @@ from torch import Tensor
 from ..baselines import CLASSICAL, classical_methods
 from ..io import atomic_write_text
 from ..metrics import mse, psnr, ssim
-from ..noise import GaussianNoise
 from ..operators import BlurOperator, gaussian_kernel
 from ..priors import GaussianSpectralPrior
 from ..restore_inputs import stable_seed
@@ -120,10 +119,12 @@ class Oracle(Protocol):
                            dtype=torch.float64, device=device)
         op = oracle_blur().to(device)
         x = (x_m + 1) / 2
-        y = op.measure(x, spec.sigma_y, torch.Generator(device=device).manual_seed(stable_seed(spec.seed, "oracle-noise")))
+        y = op.measure(x, noise=spec.noise, generator=torch.Generator(device=device).manual_seed(
+            stable_seed(spec.seed, "oracle-noise")))
         H = op.transfer_function(size, size, dtype=torch.float64, device=device)
-        mmse_m = prior.mmse(H, 2 * spec.sigma_y)
-        return SimpleNamespace(prior=prior, x=x, op=op, y=y, H=H, sig_m=2 * spec.sigma_y,
+        sig_m = 2 * spec.noise.gaussian_sigma  # the exact posterior's std in model units
+        mmse_m = prior.mmse(H, sig_m)
+        return SimpleNamespace(prior=prior, x=x, op=op, y=y, H=H, sig_m=sig_m,
                                bound_mmse=-10 * math.log10(mmse_m / 4), bound_sample=-10 * math.log10(2 * mmse_m / 4))
 
     def _estimate(self, c: SimpleNamespace, case: Case) -> tuple[Tensor, int]:
@@ -135,10 +136,10 @@ class Oracle(Protocol):
             g = torch.Generator(device=device).manual_seed(stable_seed(self.spec.seed, "oracle-exact-sample"))
             return (c.prior.posterior_sample(2 * c.y - 1, c.H, c.sig_m, g) + 1) / 2, 0
         if case.item is None:
-            estimate = CLASSICAL[label].restore(copy.deepcopy(c.op).cpu(), c.y.cpu(), GaussianNoise(self.spec.sigma_y))
+            estimate = CLASSICAL[label].restore(copy.deepcopy(c.op).cpu(), c.y.cpu(), self.spec.noise)
             return estimate.to(device), 0
         method, cfg = case.item
-        return sample_chains(method, c.prior, Measurement(c.op, c.y, self.spec.sigma_y, tuple(c.x.shape)), cfg,
+        return sample_chains(method, c.prior, Measurement(c.op, c.y, self.spec.noise, tuple(c.x.shape)), cfg,
                              self.seeds)
 
     def measure(self, c, case: Case, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
@@ -176,7 +177,7 @@ class Oracle(Protocol):
         return {"prior": f"GaussianSpectralPrior {spec.size}x{spec.size} gray, alpha {spec.oracle_alpha:g}, "
                           f"pixel std {spec.oracle_pixel_std:g} (model units)",
                 "images": self.n, "operator": f"circulant Gaussian blur std {BLUR_STD} px ({k}x{k})",
-                "sigma_y": f"{2 * spec.sigma_y:g} model units ({spec.sigma_y} in [0, 1])"}
+                "sigma_y": f"{2 * spec.noise.gaussian_sigma:g} model units ({spec.noise.gaussian_sigma} in [0, 1])"}
 
     def finish(self, tables: dict[str, list[Row]], header: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
         c = self.setup()

@@ -127,7 +127,7 @@ def _profile(spec: BenchSpec, d: Dist, device: torch.device, log: Callable[[str]
 
         def timed_run(into: dict[str, float], cfg=cfg, run=run) -> Any:
             return restore(y, op, prior=_timed_prior(prior, device, into), method=run.method, config=cfg,
-                           sigma_y=spec.sigma_y, seed=0, progress=False)
+                           noise=spec.noise, seed=0, progress=False)
 
         try:  # the headline times without the profiler; the phases from a second, profiled run
             sync()

@@ -353,5 +353,13 @@ def check_folder_record(spec: BenchSpec, cfg_path: Path, record: dict[str, Any],
 
 
 def spec_json(spec: BenchSpec) -> dict[str, Any]:
-    """The spec as JSON-ready values (paths as strings), for config.json."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(spec).items()}
+    """The spec as JSON-ready values (paths as strings; the noise as ``sigma_y`` and, where it is
+    not Gaussian, its spec), for config.json."""
+    out: dict[str, Any] = {}
+    for k, v in dataclasses.asdict(spec).items():
+        if k == "noise":
+            out["sigma_y"] = spec.recorded_sigma()
+            out["noise"] = None if spec.noise.gaussian_sigma is not None else str(spec.noise)
+        else:
+            out[k] = str(v) if isinstance(v, Path) else v
+    return out

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..baselines import CLASSICAL, applicable
-from ..noise import GaussianNoise, NoiseModel, parse_noise
+from ..config import DEFAULT_NOISE_SIGMA
+from ..noise import GaussianNoise, NoiseModel
 from ..operators import TASKS
 from ..samplers import METHODS, get_config, get_method
 
@@ -100,9 +101,9 @@ class BenchSpec:
     budgets: tuple[int, ...] = ()
     preset: str = "fast"
     samples: int = 1
-    sigma_y: float = 0.025
-    #: the grid's non-Gaussian noise model as a spec (``poisson:30``); None: Gaussian of ``sigma_y``
-    noise: str | None = None
+    #: the measurements' noise (the local and paper protocols' and the oracle's; the other protocols
+    #: measure under their own)
+    noise: NoiseModel = GaussianNoise(DEFAULT_NOISE_SIGMA)
     seed: int = 0
     boundary: str = "circular"
     device: str = "cpu"
@@ -122,7 +123,7 @@ class BenchSpec:
     def fingerprint(self) -> dict[str, Any]:
         """The settings that change a row's numbers (an existing OUT must agree on them)."""
         fp = {"protocol": self.protocol, "size": self.size, "zoom": self.zoom, "preset": self.preset,
-              "samples": self.samples, "sigma_y": self.sigma_y, "seed": self.seed, "boundary": self.boundary,
+              "samples": self.samples, "sigma_y": self.recorded_sigma(), "seed": self.seed, "boundary": self.boundary,
               "overrides": self.overrides, "format": FORMAT_VERSION}
         if self.protocol == "oracle":
             fp.update(num_images=self.num_images, oracle_alpha=self.oracle_alpha,
@@ -133,14 +134,15 @@ class BenchSpec:
             fp.update(validation_images=self.validation_images, coverage=self.coverage)
         if self.samples > 1:  # a mean-of-K row's NFE and seconds count all K chains (folders without this key: one chain's NFE)
             fp["mean_rows_count"] = "all chains"
-        if self.noise:  # Gaussian folders keep the record they had
-            fp["noise"] = self.noise
+        if self.noise.gaussian_sigma is None:  # Gaussian folders keep the record they had
+            fp["noise"] = str(self.noise)
         return fp
 
-    @property
-    def noise_model(self) -> NoiseModel:
-        """The measurements' noise model: ``noise``'s, else Gaussian of ``sigma_y``."""
-        return parse_noise(self.noise) if self.noise else GaussianNoise(self.sigma_y)
+    def recorded_sigma(self) -> float:
+        """The ``sigma_y`` the run's records hold: the Gaussian std, or the default beside a non-Gaussian
+        noise's spec."""
+        sigma = self.noise.gaussian_sigma
+        return DEFAULT_NOISE_SIGMA if sigma is None else sigma
 
 
 
