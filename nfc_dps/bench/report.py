@@ -55,6 +55,7 @@ from .report_tables import (  # noqa: F401 - oracle_rows and read_header: for ca
     read_header,
     which_table,
 )
+from .shift_rules import shift_doc_table
 
 MARKER = re.compile(r"(<!-- table:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 #: any opening or closing marker, well-formed or not (:func:`check_markers`)
@@ -66,7 +67,7 @@ PAGE_TABLES: dict[str, tuple[str, ...]] = {
     "docs/oracle.md": ("oracle",),
     "docs/prior.md": ("prior_report",),
     "docs/interval_coverage.md": ("conformal_oracles", "conformal_nfc_fast", "conformal_methods_sr",
-                                  "conformal_methods_inpaint_random"),
+                                  "conformal_methods_inpaint_random", "calibration_shift"),
     "docs/std_map_calibration.md": ("calibration",),
     "docs/scale.md": ("scale_cpu", "restore_throughput"),
     "docs/nonlinear.md": ("nonlinear64",),
@@ -115,6 +116,7 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
             [_conformal_csv(bench / "conformal_nfc_fast" / t / "conformal.csv"),
              _conformal_csv(bench / f"conformal_methods_{k}" / "conformal.csv")],
             bench, blink) for k, t in (("sr", "sr_bicubic"), ("inpaint_random", "inpaint_random"))},
+        "calibration_shift": lambda: shift_doc_table(bench / "calibration_shift", blink),
         "oracle": lambda: oracle_table([("α = 2", bench / "oracle_alpha2_summary.md"),
                                         ("α = 3", bench / "oracle_alpha3_summary.md")], blink),
         "prior_report": lambda: prior_table(docs / "prior_report.json", dlink),

@@ -40,7 +40,7 @@ from ..io import atomic_write_text
 from .calibration_shift import SOURCES, TASKS, TEST_SOURCES, load_source_chains, task_operator
 
 __all__ = ["SHIFT_RULES", "FOLDS", "SHIFT_COLUMNS", "SourceData", "load_source", "pair_results", "shift_rows",
-           "read_shift_csv", "shift_table", "main"]
+           "read_shift_csv", "shift_table", "shift_doc_table", "main"]
 
 SHIFT_RULES = ("pooled", "weighted", "reweighted", "scaled", "scaled_reweighted")
 #: per rule: (weights, the target image's own weight at +infinity, scaled scores)
@@ -195,6 +195,21 @@ def shift_table(rows: Sequence[dict[str, Any]], rules: Sequence[str] = SHIFT_RUL
         line += ["" if weighted is None else f"{weighted['ess']:.1f}", cell(by.get((task, b, b, "pooled")))]
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines) + "\n"
+
+
+def shift_doc_table(folder: Path, link: str) -> str:
+    """The docs' table (:func:`shift_table`) of ``folder``/shift.csv, its legend and source (``link``:
+    the prefix of ``folder`` relative to the page)."""
+    rows = read_shift_csv(folder / "shift.csv")
+    nominal = ", ".join(sorted({f"{r['l2']:g}" for r in rows}))
+    return (shift_table(rows) + "\n"
+            + "mean: the mean over the target tiles of each tile's covered fraction of pixel values (%); p5: the "
+              "5th-percentile tile (%); width: the mean of upper − lower ([0, 1] units); calibrated on → tested on: "
+              "fitted on every tile of the first source, measured on every tile of the second; a source against "
+              f"itself: {FOLDS} folds (fitted on the others, every tile measured once). ESS: the reweighted rule's "
+              f"effective sample size after the floor (the classifier's L2 penalty {nominal}). test: a pair with the "
+              "held-out photographs, never used to choose a rule. Source: "
+              f"[`{folder.name}/shift.csv`]({link}{folder.name}/shift.csv).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
