@@ -106,7 +106,7 @@ DEFAULT_BUDGETS = (20, 100)
 ORACLE_MEASUREMENTS = 8
 ORACLE_SIZE = 32
 GAUSSIAN_BLUR_STD = 1.5
-SIGMA_Y = 0.025
+NOISE = GaussianNoise(0.025)
 #: the embedded prior's test photographs, taken in turn
 EMBEDDED_IMAGES = HELDOUT_IMAGES
 #: embedded test tiles without --num-images: the centre crops of the first two test photographs
@@ -160,14 +160,14 @@ def _stochastic_runs(budget: int, methods: Sequence[str]) -> list[tuple[str, Any
     return out
 
 
-def _chains(method: str, cfg: Any, prior, op, y: Tensor, sigma_y: float, k: int, seeds: Sequence[int]) -> Tensor:
+def _chains(method: str, cfg: Any, prior, op, y: Tensor, noise: GaussianNoise, k: int, seeds: Sequence[int]) -> Tensor:
     """(K, B, C, H, W) samples in [0, 1] units (unclipped) of K chains per measurement of y (B, ...)."""
-    x, _ = sample_chains(method, prior, Measurement(op, y, sigma_y), cfg, seeds, num_samples=k)
+    x, _ = sample_chains(method, prior, Measurement(op, y, noise), cfg, seeds, num_samples=k)
     return x.view(y.shape[0], k, *x.shape[1:]).transpose(0, 1)
 
 
 def _oracle_problems(names: Sequence[str], seed: int, device: torch.device, split: str = "test") -> Iterator[tuple]:
-    """Per oracle setting: (name, prior, op, truth (B, 1, h, w) in [0, 1], y, sigma_y, exact, gen);
+    """Per oracle setting: (name, prior, op, truth (B, 1, h, w) in [0, 1], y, noise, exact, gen);
     ``exact(k, generator)`` gives (K, B, 1, h, w) exact posterior draws in [0, 1] units, ``gen(*parts)``
     a seeded generator. ``split``: "test" (the protocol's measurements) or "validation"
     (``ORACLE_VALIDATION`` others of the same prior, drawn from other seeds)."""
@@ -179,17 +179,17 @@ def _oracle_problems(names: Sequence[str], seed: int, device: torch.device, spli
     for name in names:
         if name == "gaussian":
             prior = GaussianSpectralPrior((size, size), alpha=2.0, channels=1, pixel_std=0.5).to(device)
-            std, sigma_y = GAUSSIAN_BLUR_STD, SIGMA_Y
+            std, noise = GAUSSIAN_BLUR_STD, NOISE
             truth_m = prior.sample(n, gen(name, f"{tag}images"), device=device)
         else:
             st = SETTINGS[name.removeprefix("mixture-")]
             prior = GaussianMixturePrior.structured(size, 1, st.separation, gen(name, "prior")).to(device)
-            std, sigma_y = st.blur_std, st.noise.sigma
+            std, noise = st.blur_std, st.noise
             truth_m = prior.sample_prior(n, gen(name, f"{tag}images"))
         op = BlurOperator(gaussian_kernel(2 * math.ceil(4 * std) + 1, std), "circular").to(device)
         truth = ((truth_m + 1) / 2).float()
-        y = op.measure(truth, sigma_y, gen(name, f"{tag}noise"))
-        y_m, sig_m = 2 * y - 1, 2 * sigma_y
+        y = op.measure(truth, noise=noise, generator=gen(name, f"{tag}noise"))
+        y_m, sig_m = 2 * y - 1, 2 * noise.sigma
         if name == "gaussian":
             H = op.transfer_function(size, size, dtype=torch.float32, device=device)
 
@@ -201,7 +201,7 @@ def _oracle_problems(names: Sequence[str], seed: int, device: torch.device, spli
 
             def exact(k: int, g: torch.Generator, post=post) -> Tensor:
                 return ((post.sample(k, g) + 1) / 2).float()
-        yield name, prior, op, truth, y, sigma_y, exact, gen
+        yield name, prior, op, truth, y, noise, exact, gen
 
 
 def photo_tiles(photos: Sequence[str], count: int, size: int, zoom: int = 2) -> list[tuple[str, np.ndarray]]:
@@ -261,7 +261,7 @@ def _embedded_problem(name: str, seed: int, out: Path, size: int = 64, validatio
     local protocol's measurements (cached under ``out``, as the harness caches them); splits
     "test" (tiles of EMBEDDED_IMAGES) and, when ``validation_images`` > 0, "validation"
     (:func:`validation_tiles`)."""
-    spec = BenchSpec(protocol="local", size=size, noise=GaussianNoise(SIGMA_Y), seed=seed, out=out,
+    spec = BenchSpec(protocol="local", size=size, noise=NOISE, seed=seed, out=out,
                      image_names=EMBEDDED_IMAGES, save_images=False)
     task = task_specs("local", spec.size, "circular")[name.removeprefix("embedded-")]
     images = {"test": photo_tiles(EMBEDDED_IMAGES, test_images, size, spec.zoom)}
@@ -439,7 +439,7 @@ class Calibration(Protocol):
 
     def _oracle(self, ctx: tuple, case: Case) -> tuple[list[Row], list[Row]]:
         """The rows of one method (or the exact draws) on an oracle: K chains per test and validation measurement."""
-        (name, prior, op, truth, y, sigma_y, exact, gen), (_, _, _, v_truth, v_y, _, v_exact, _) = ctx
+        (name, prior, op, truth, y, noise, exact, gen), (_, _, _, v_truth, v_y, _, v_exact, _) = ctx
         k, seed, cov = self.k, self.spec.seed, self.spec.coverage
         if case.item is None:
             xs = exact(k, gen(name, "exact"))
@@ -449,8 +449,8 @@ class Calibration(Protocol):
         method, budget, cfg = case.name[1], int(case.name[2]), case.item
         seeds = [stable_seed(seed, "calibration-sampler", name, b) for b in range(truth.shape[0])]
         v_seeds = [stable_seed(seed, "calibration-sampler-validation", name, b) for b in range(v_truth.shape[0])]
-        xs = _chains(method, cfg, prior, op, y, sigma_y, k, seeds).double()
-        v_xs = _chains(method, cfg, prior, op, v_y, sigma_y, k, v_seeds).double()
+        xs = _chains(method, cfg, prior, op, y, noise, k, seeds).double()
+        v_xs = _chains(method, cfg, prior, op, v_y, noise, k, v_seeds).double()
         return (calibration_rows(name, method, budget, xs, truth.double()),
                 conformal_rows(name, method, budget, [v_xs], [v_truth.double()], [xs], [truth.double()], cov,
                                clip=False))
@@ -465,7 +465,7 @@ class Calibration(Protocol):
             for i, (op, truth, y, image) in enumerate(zip(s_ops, s_truths, s_ys, s_names)):
                 # the test split's seeds are those of the local protocol's images (index i)
                 key = (self.spec.seed, "calibration", seed_name(name), i if split == "test" else image)
-                xs = _chains(method, case.item, self.prior, op, y, SIGMA_Y, self.k, [stable_seed(*key)]).double()
+                xs = _chains(method, case.item, self.prior, op, y, NOISE, self.k, [stable_seed(*key)]).double()
                 chains[split].append(xs)
                 if split == "test":
                     parts.append(calibration_rows(name, method, budget, xs, truth.double()))
