@@ -225,7 +225,7 @@ def _checked_run(method: str, cfg: Any, operator: LinearOperator, noise: NoiseMo
         if noise.gaussian_sigma is None:
             raise ValueError(f"calibrated intervals are fitted under Gaussian noise; this measurement's noise is {noise}")
         calibration = load_calibration(calibration)
-        calibration.check_run(method, cfg, num_samples, prior, family=operator.family, noise_sigma=noise.sigma,
+        calibration.check_run(method, cfg, num_samples, prior, family=operator.family, noise=noise,
                               factor=operator.downsampling_factor)
     why = get_method(method).problem(method, operator, noise, cfg)
     if why:

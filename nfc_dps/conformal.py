@@ -339,14 +339,15 @@ class Calibration:
 
     def check(self, method: str, config: Any, num_samples: int, prior: str | None = None,
               task: dict[str, Any] | Sequence[dict[str, Any]] | None = None, family: str | None = None,
-              noise_sigma: float | None = None, factor: int | None = None, precision: str | None = None) -> None:
+              noise: Any = None, factor: int | None = None, precision: str | None = None) -> None:
         """CalibrationError naming the first of method, sampler config, K, prior, its precision, task
         that differs.
 
         prior: a :func:`prior_fingerprint`; precision: the prior's (``Prior.precision``), checked
         against the recorded one where both are known. task: the run's task config(s) (``TaskConfig.as_dict()``;
         several when a restore reads a simulation: any one may match). Without a task (the Python
-        API, which sees only an operator), ``family``, ``noise_sigma`` and ``factor`` are checked."""
+        API, which sees only an operator), ``family``, ``noise`` (a Gaussian noise model, against the
+        recorded ``noise_sigma``) and ``factor`` are checked."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 2:
             raise CalibrationError(f"a calibrated interval needs K >= 2 samples (num_samples / --samples), got "
                                    f"{num_samples!r}; calibration {self.source} is for K = {self.num_samples}")
@@ -397,8 +398,9 @@ class Calibration:
         if family is not None and family != want:
             raise self._mismatch("operator family", family, f"{want} (task {self.task.get('task')})")
         rec_noise = self.task.get("noise_sigma")
-        if noise_sigma is not None and rec_noise is not None and abs(float(noise_sigma) - float(rec_noise)) > 1e-9:
-            raise self._mismatch("noise sigma", float(noise_sigma), rec_noise)
+        sigma = None if noise is None else noise.gaussian_sigma
+        if sigma is not None and rec_noise is not None and abs(sigma - float(rec_noise)) > 1e-9:
+            raise self._mismatch("noise sigma", sigma, rec_noise)
         rec_factor = self.task.get("factor") if want == "sr" else None
         if factor is not None and rec_factor is not None and int(factor) != int(rec_factor):
             raise self._mismatch("SR factor", int(factor), rec_factor)

@@ -27,6 +27,7 @@ from nfc_dps.conformal import (
     prior_fingerprint,
 )
 from nfc_dps.io import read_image, write_image
+from nfc_dps.noise import GaussianNoise
 from nfc_dps.samplers import get_config
 
 # ---------------------------------------------------------------- the quantile
@@ -259,7 +260,7 @@ def test_check_refuses_every_other_run():
         (dict(task={**task, "noise_sigma": 0.05}), "noise_sigma=0.05"),
         (dict(task={"task": "deblur_gaussian", "noise_sigma": 0.025}), "task 'sr_bicubic'"),
         (dict(task=None, family="blur"), "operator family"),
-        (dict(task=None, family="sr", noise_sigma=0.01), "noise sigma"),
+        (dict(task=None, family="sr", noise=GaussianNoise(0.01)), "noise sigma"),
         (dict(task=None, family="sr", factor=2), "SR factor"),
     ]
     for change, match in cases:
@@ -661,7 +662,7 @@ def test_a_calibration_file_without_a_task_is_refused(tmp_path):
         cal.check("nfc", get_config("nfc", "fast"), 4, "abc", task={"task": "sr_bicubic", "factor": 4,
                                                                      "noise_sigma": 0.025})
     with pytest.raises(CalibrationError, match="records no task"):
-        cal.check("nfc", get_config("nfc", "fast"), 4, "abc", family="sr", noise_sigma=0.025)
+        cal.check("nfc", get_config("nfc", "fast"), 4, "abc", family="sr", noise=GaussianNoise(0.025))
 
 
 # ---------------------------------------------------------------- images unlike the calibration set
