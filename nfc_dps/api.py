@@ -27,13 +27,13 @@ from tqdm.auto import tqdm
 
 from .config import validate_overrides
 from .conformal import UnfamiliarImageWarning, load_calibration
-from .noise import NoiseModel
-from .noise_level import measurement_sigma
+from .noise import EstimatedNoise, NoiseModel
+from .noise_level import estimated_models
 from .operators.base import LinearOperator
 from .operators.nonlinear import is_linear
 from .operators.padding import CroppedOperator, padded_size
 from .priors.base import Prior
-from .restore_inputs import as_batch, checked_measurement, checked_prior, declared_noise, seed_list
+from .restore_inputs import as_batch, checked_measurement, checked_prior, declared_noise, estimated_noise, seed_list
 from .samplers import Measurement, get_config, get_method, iter_chains, override_config
 
 
@@ -62,6 +62,9 @@ class Restoration:
         ``sigma_y="auto"`` the estimate (a float for one image, a list of one per image for a batch
         (B, C, h, w)); None under a non-Gaussian noise model. A blind blur restores assuming more
         (its kernel's error: ``LinearOperator.model_error``).
+    noise: the measurement's noise model (:mod:`nfc_dps.noise`), or with an estimated noise
+        (``sigma_y="auto"``, ``noise="poisson-gaussian:auto"``, ``"poisson:auto"``) the model
+        estimated from the measurement, laid out as ``noise_sigma``.
     frame: for a photograph's blur (boundary "valid") the restoration is the whole scene, larger
         than the photo by the kernel less one; ``frame`` = (top, left, height, width) of the photo's
         own frame in it (:meth:`photo` crops ``image``; crop ``std``, ``samples``, ``lower`` and
@@ -82,6 +85,7 @@ class Restoration:
     noise_sigma: float | list[float] | None = None
     frame: tuple[int, int, int, int] | None = None
     kernel: Any | None = None
+    noise: NoiseModel | list[NoiseModel] | None = None
 
     def photo(self) -> Any:
         """``image`` cropped to the photo's own frame (``frame``; ``image`` itself where it is None),
@@ -154,13 +158,13 @@ def restore(
             ``noise=GaussianNoise(sigma_y)``; 0.025 when neither is given, or the operator's own
             noise where it declares one (``operator.measurement_noise()``: a JPEG file's
             quantisation), which a stated level or ``"auto"`` must not contradict; ``"auto"``: estimated
-            per image from the measurement (:mod:`nfc_dps.noise_level`), the value used in
-            ``noise_sigma``.
+            per image from the measurement (:mod:`nfc_dps.noise_level`), as ``noise_sigma`` says.
         noise: the measurement's noise model (:mod:`nfc_dps.noise`): ``GaussianNoise(s)``,
             ``PoissonNoise(peak)``, ``PoissonGaussianNoise(peak, s)`` or a spec such as
             ``"poisson:30"``; a non-Gaussian one is restored through its Gaussian approximation
             (per-pixel weights: ``Measurement.gaussian``). Poisson measurements are counts / peak,
-            >= 0 and may exceed 1.
+            >= 0 and may exceed 1. ``"poisson-gaussian:auto"`` / ``"poisson:auto"``: the peak (and
+            read std) estimated per image from the measurement, the models used in ``noise``.
         seed: an int (image b uses seed + b) or one int >= 0 per image. Chain j of image b draws from
             its own generator, seeded by (seed_b, j): results do not depend on the batch or on
             ``max_batch`` (in float32 up to the rounding of batched layers: docs/scale.md).
@@ -194,8 +198,9 @@ def restore(
     options = dict(prior=prior, method=method, preset=preset, num_samples=num_samples, callback=callback,
                    progress=progress, config=config, max_batch=max_batch, calibration=calibration,
                    keep_samples=keep_samples, restarts=restarts, **overrides)
-    if isinstance(sigma_y, str):
-        return _restore_estimated_sigma(y, operator, sigma_y, noise, seed, options)
+    estimated = estimated_noise(sigma_y, noise)
+    if estimated is not None:
+        return _restore_estimated_noise(y, operator, estimated, seed, options)
     batch, back, noise, seeds, num_samples = checked_measurement(y, operator, sigma_y, noise, seed, num_samples, max_batch)
     restarts = _checked_restarts(restarts, num_samples)
     prior, batch, input_device = checked_prior(prior, batch)
@@ -252,18 +257,15 @@ def _sampled(method: str, cfg: Any, prior: Prior, operator: LinearOperator, batc
         samples, stats, nfe = _run_chains(method, cfg, prior, problem, seeds, num_samples, max_batch,
                                           keep_samples, input_device, callback, progress, (operator, batch))
         out = _assembled(samples, stats, nfe, time.perf_counter() - t0, cfg, back, num_samples, calibration)
-    out.noise_sigma = noise.gaussian_sigma
+    out.noise_sigma, out.noise = noise.gaussian_sigma, noise
     out.frame = operator.measured_frame(tuple(batch.shape[:2]) + tuple(operator.image_shape(batch.shape)[-2:]))
     return out
 
 
-def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noise: Any, seed: Any,
+def _restore_estimated_noise(y: Any, operator: LinearOperator, estimated: EstimatedNoise, seed: Any,
                              kwargs: dict[str, Any]) -> Restoration:
-    """:func:`restore` with ``sigma_y="auto"``: each image restored with its own estimated noise std."""
-    if sigma_y != "auto":
-        raise ValueError(f"sigma_y must be a number ([0, 1] pixel units) or 'auto', got {sigma_y!r}")
-    if noise is not None:
-        raise TypeError(f"pass one of sigma_y and noise, got sigma_y='auto' and noise={noise!r}")
+    """:func:`restore` with an estimated noise (``sigma_y="auto"``, ``noise="poisson-gaussian:auto"``):
+    each image restored with the model estimated from it (:func:`~nfc_dps.noise_level.estimated_models`)."""
     if not isinstance(operator, LinearOperator):
         raise TypeError(f"operator must be a nfc_dps LinearOperator (e.g. nfc_dps.build_operator(...)), "
                         f"got {type(operator).__name__}")
@@ -271,20 +273,21 @@ def _restore_estimated_sigma(y: Any, operator: LinearOperator, sigma_y: str, noi
     if batch.numel() == 0:
         raise ValueError(f"measurement has no pixels (batch of shape {tuple(batch.shape)})")
     if kwargs.get("calibration") is not None:
-        raise ValueError("sigma_y='auto' with a calibration: a calibration holds at the noise level it was fitted "
+        given = "sigma_y='auto'" if estimated.kind == "gaussian" else f"noise='{estimated}'"
+        raise ValueError(f"{given} with a calibration: a calibration holds at the noise level it was fitted "
                          "at; give that level as sigma_y")
-    sigmas = measurement_sigma(batch, operator)
+    models = estimated_models(batch, operator, estimated)
     seeds = seed_list(seed, batch.shape[0])
     one_image = not (isinstance(y, Tensor) and y.ndim == 4)
     if batch.shape[0] == 1:
-        out = restore(y, operator, sigma_y=sigmas[0], seed=seeds, **kwargs)
-        out.noise_sigma = sigmas[0] if one_image else sigmas
-        return out
-    kwargs["prior"] = checked_prior(kwargs["prior"], batch)[0]  # a folder is loaded once for every image
-    parts = [restore(batch[b:b + 1], operator.select_images(torch.tensor([b])), sigma_y=sigmas[b], seed=[seeds[b]],
-                     **kwargs) for b in range(batch.shape[0])]
-    out = _joined(parts, back)
-    out.noise_sigma = sigmas
+        out = restore(y, operator, noise=models[0], seed=seeds, **kwargs)
+    else:
+        kwargs["prior"] = checked_prior(kwargs["prior"], batch)[0]  # a folder is loaded once for every image
+        out = _joined([restore(batch[b:b + 1], operator.select_images(torch.tensor([b])), noise=models[b],
+                               seed=[seeds[b]], **kwargs) for b in range(batch.shape[0])], back)
+    sigmas = [m.gaussian_sigma for m in models]
+    out.noise_sigma = None if sigmas[0] is None else sigmas[0] if one_image else sigmas
+    out.noise = models[0] if one_image else models
     return out
 
 
@@ -333,7 +336,7 @@ def _restore_fitted(y: Any, operator: LinearOperator, batch: Tensor, back: Calla
     out = _joined(parts, back)
     if one_image:
         out.kernel = out.kernel[0]
-    out.noise_sigma = noise.gaussian_sigma
+    out.noise_sigma, out.noise = noise.gaussian_sigma, noise
     return out
 
 

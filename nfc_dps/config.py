@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from .noise import GaussianNoise, NoiseModel, NoiseSpecError, parse_noise
+from .noise import EstimatedNoise, GaussianNoise, NoiseModel, NoiseSpecError, parse_noise
 from .operators import TASKS, build_operator, check_task_params, noise_sigma_problem
 from .overrides import ConfigError, coerce, coerce_overrides, flatten
 from .samplers import METHODS, get_config, with_preset_hint
@@ -172,24 +172,29 @@ class TaskConfig:
     #: reads its measurement from the file: jpeg)
     noise_sigma: float | str | None = DEFAULT_NOISE_SIGMA
     source: str = "<defaults>"
-    #: a non-Gaussian noise model's spec (``poisson:30``; key ``noise``); None: Gaussian of noise_sigma
+    #: a non-Gaussian noise model's spec (``poisson:30``; key ``noise``), or one whose parameters are
+    #: estimated per image when restoring (``poisson-gaussian:auto``); None: Gaussian of noise_sigma
     noise: str | None = None
 
     @property
     def estimates_noise(self) -> bool:
-        """Whether the Gaussian noise level is estimated per image (``noise_sigma: auto``)."""
-        return self.noise_sigma == AUTO_NOISE_SIGMA
+        """Whether the noise's parameters are estimated per image (``noise_sigma: auto``, or a
+        ``noise`` of ``kind:auto``)."""
+        return isinstance(self.noise_model, EstimatedNoise)
 
     @property
-    def noise_model(self) -> NoiseModel | None:
-        """The measurement's noise model: ``noise``'s, else Gaussian of ``noise_sigma`` (with ``auto``,
-        Gaussian of the default level: the kind is known, each image's level is estimated); None
-        where it is each file's own (``noise_sigma`` None: the operator read from the file declares it)."""
+    def noise_model(self) -> NoiseModel | EstimatedNoise | None:
+        """The measurement's noise model: ``noise``'s, else Gaussian of ``noise_sigma``; with ``auto``
+        the :class:`~nfc_dps.noise.EstimatedNoise` of its kind (each image's parameters are estimated
+        by restore); None where it is each file's own (``noise_sigma`` None: the operator read from the
+        file declares it)."""
         if self.noise_sigma is None and not self.noise:
             return None
         if self.noise:
-            return parse_noise(self.noise)
-        return GaussianNoise(DEFAULT_NOISE_SIGMA if self.estimates_noise else self.noise_sigma)
+            return parse_noise(self.noise, estimated=True)
+        if self.noise_sigma == AUTO_NOISE_SIGMA:
+            return EstimatedNoise("gaussian")
+        return GaussianNoise(self.noise_sigma)
 
     def as_dict(self) -> dict[str, Any]:
         """The config as written in a file (every parameter, defaults filled in)."""
@@ -236,21 +241,22 @@ def parse_task(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
             raise ConfigError(f"{source}: key 'noise_sigma' {why}")
     spec = data.pop("noise", None)
     if spec is not None:
-        try:
-            model = parse_noise(spec) if isinstance(spec, str) else None
+        try:  # kind:auto is restore's: simulate and calibrate refuse it (cli.tasks.resolve_task)
+            model = parse_noise(spec, estimated=True) if isinstance(spec, str) else None
         except NoiseSpecError as e:  # the key and the spec named once
             raise ConfigError(f"{source}: key 'noise' {e.spec!r}: {e.reason}") from None
         if model is None:
             raise ConfigError(f"{source}: key 'noise' must be a spec such as 'poisson:30', got {spec!r}")
-        if model.stated_problem():
+        estimated = isinstance(model, EstimatedNoise)
+        if not estimated and model.stated_problem():
             raise ConfigError(f"{source}: key 'noise' {spec!r}: {model.stated_problem()}")
-        if model.gaussian_sigma is not None:  # gaussian:s is noise_sigma s
+        if not estimated and model.gaussian_sigma is not None:  # gaussian:s is noise_sigma s
             noise, spec = model.gaussian_sigma, None
         else:
             spec = str(model)
             if noise == AUTO_NOISE_SIGMA:
                 raise ConfigError(f"{source}: noise_sigma 'auto' estimates a Gaussian noise level; the noise model "
-                                  f"{spec} states its own: give one of them")
+                                  f"{spec} {'estimates' if estimated else 'states'} its own: give one of them")
     return _task_config(name, data, source, base_dir, noise, spec)
 
 

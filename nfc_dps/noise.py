@@ -290,6 +290,23 @@ NOISE_KINDS: dict[str, tuple[type, tuple[str, ...]]] = {
 }
 
 
+@dataclass(frozen=True)
+class EstimatedNoise:
+    """A noise kind whose parameters ``restore`` estimates from each measurement (``kind:auto``; a
+    Gaussian's is ``sigma_y="auto"``), resolved per image into a model by
+    :func:`nfc_dps.noise_level.estimated_models`. Not a noise model: it draws and weighs nothing, so
+    only restore takes it (:func:`parse_noise` and :func:`as_noise` with ``estimated=True``)."""
+
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in NOISE_KINDS:
+            raise ValueError(f"EstimatedNoise: unknown kind {self.kind!r}; choose one of {', '.join(NOISE_KINDS)}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}:auto"
+
+
 class NoiseSpecError(ValueError):
     """A ``kind:values`` spec :func:`parse_noise` refuses: ``spec`` and ``reason`` (what is wrong,
     without the spec), so that a flag or a config key can name the spec once."""
@@ -299,22 +316,20 @@ class NoiseSpecError(ValueError):
         super().__init__(f"noise {spec!r}: {reason}")
 
 
-def parse_noise(spec: str) -> NoiseModel:
+def parse_noise(spec: str, estimated: bool = False) -> NoiseModel | EstimatedNoise:
     """A noise model from ``kind:values``: ``gaussian:0.025``, ``poisson:30``,
-    ``poisson-gaussian:30,0.01`` (:class:`NoiseSpecError`, a ValueError naming the spec, otherwise)."""
+    ``poisson-gaussian:30,0.01`` (:class:`NoiseSpecError`, a ValueError naming the spec, otherwise).
+    ``poisson:auto`` and ``poisson-gaussian:auto`` (the parameters estimated from each measurement)
+    give an :class:`EstimatedNoise` where ``estimated`` (restore's path, which resolves it) and are
+    refused in words elsewhere."""
     kind, _, values = str(spec).strip().partition(":")
     if kind not in NOISE_KINDS:
         forms = ", ".join(f"{k}:{','.join(p)}" for k, (_, p) in NOISE_KINDS.items())
         raise NoiseSpecError(spec, f"unknown kind {kind!r}; choose one of {forms}")
     cls, params = NOISE_KINDS[kind]
     parts = [v.strip() for v in values.split(",")] if values.strip() else []
-    if "auto" in (v.lower() for v in parts):  # only a Gaussian level is read from the measurement
-        if kind == "gaussian":
-            raise NoiseSpecError(spec, "a Gaussian level read from each measurement is spelled --noise-sigma auto "
-                                       "(sigma_y='auto' in the API)")
-        raise NoiseSpecError(spec, f"{kind}'s {','.join(params)} cannot be read from the measurement yet (only a "
-                                   f"Gaussian level can: --noise-sigma auto); give {'them' if len(params) > 1 else 'it'}, e.g. "
-                                   f"{kind}:{','.join({'peak': '30', 'sigma': '0.01'}[q] for q in params)}")
+    if "auto" in (v.lower() for v in parts):
+        return _estimated(spec, kind, params, parts, estimated)
     if len(parts) != len(params):
         raise NoiseSpecError(spec, f"{kind} takes {len(params)} value(s) ({','.join(params)}), got {len(parts)}")
     try:
@@ -327,6 +342,24 @@ def parse_noise(spec: str) -> NoiseModel:
         raise NoiseSpecError(spec, str(e)) from None
 
 
+def _estimated(spec: str, kind: str, params: tuple[str, ...], parts: list[str], estimated: bool) -> EstimatedNoise:
+    """The :class:`EstimatedNoise` of a ``kind:auto`` spec where ``estimated``; else NoiseSpecError
+    saying where it is read (restore) and how to state the parameters instead."""
+    example = f"{kind}:{','.join({'peak': '30', 'sigma': '0.01'}[q] for q in params)}"
+    if kind == "gaussian":
+        raise NoiseSpecError(spec, "a Gaussian level read from each measurement is spelled --noise-sigma auto "
+                                   "(sigma_y='auto' in the API)")
+    if len(parts) != 1:
+        raise NoiseSpecError(spec, f"auto stands for all of {kind}'s {','.join(params)}: spell it {kind}:auto, or "
+                                   f"give every value, e.g. {example}")
+    if not estimated:
+        raise NoiseSpecError(spec, f"{kind}'s {','.join(params)} {'are' if len(params) > 1 else 'is'} read from each "
+                                   f"measurement by restore only "
+                                   f"(nfc-dps restore --noise {kind}:auto, nfc_dps.restore(y, op, noise='{kind}:auto')); "
+                                   f"here give {'them' if len(params) > 1 else 'it'}, e.g. {example}")
+    return EstimatedNoise(kind)
+
+
 def noise_from_record(record: dict[str, Any]) -> NoiseModel:
     """The model a :meth:`NoiseModel.record` describes."""
     kind = record.get("kind")
@@ -336,13 +369,18 @@ def noise_from_record(record: dict[str, Any]) -> NoiseModel:
     return cls(*(record[p] for p in params))
 
 
-def as_noise(noise: Any) -> NoiseModel:
+def as_noise(noise: Any, estimated: bool = False) -> NoiseModel | EstimatedNoise:
     """``noise`` as a noise model: a model is returned as is, a number is Gaussian of that std, a
-    string a spec of :func:`parse_noise`."""
+    string a spec of :func:`parse_noise`; an :class:`EstimatedNoise` (or a ``kind:auto`` spec) only
+    where ``estimated`` (restore's path; elsewhere a ValueError saying so)."""
     if isinstance(noise, NoiseModel):
         return noise
+    if isinstance(noise, EstimatedNoise):
+        if estimated:
+            return noise
+        noise = str(noise)  # its spec, refused in words as the spec is
     if isinstance(noise, str):
-        return parse_noise(noise)
+        return parse_noise(noise, estimated)
     if isinstance(noise, Tensor) and noise.numel() == 1:
         noise = noise.item()
     if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
@@ -351,5 +389,5 @@ def as_noise(noise: Any) -> NoiseModel:
                     f"spec such as 'poisson:30', or a Gaussian std in [0, 1] pixel units, got {type(noise).__name__}")
 
 
-__all__ = ["NoiseModel", "GaussianNoise", "PoissonNoise", "PoissonGaussianNoise", "parse_noise", "as_noise",
-           "noise_from_record", "NOISE_KINDS", "NoiseSpecError"]
+__all__ = ["NoiseModel", "GaussianNoise", "PoissonNoise", "PoissonGaussianNoise", "EstimatedNoise", "parse_noise",
+           "as_noise", "noise_from_record", "NOISE_KINDS", "NoiseSpecError"]

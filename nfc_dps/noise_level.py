@@ -27,7 +27,10 @@ import torch
 from scipy import stats
 from torch import Tensor
 
-__all__ = ["FLOOR", "estimate_sigma", "measurement_sigma", "texture_corrected"]
+from .noise import EstimatedNoise, GaussianNoise, NoiseModel, PoissonGaussianNoise, PoissonNoise
+
+__all__ = ["FLOOR", "estimate_sigma", "measurement_sigma", "texture_corrected", "estimate_shot_noise",
+           "measurement_shot_noise", "estimated_models"]
 
 #: the smallest estimate returned: the rounding noise of an 8-bit image is 1 / (255 sqrt 12) = 0.0011
 FLOOR = 1e-3
@@ -77,6 +80,13 @@ def _gradient_form(channels: int, ph: int, pw: int) -> np.ndarray:
 
 def _weak_texture_sigma(patches: np.ndarray, form: np.ndarray, sigma: float) -> float | None:
     """Liu et al.'s re-selection from ``sigma``; None when too few weak-texture patches remain."""
+    found = _weak_texture(patches, form, sigma)
+    return None if found is None else found[0]
+
+
+def _weak_texture(patches: np.ndarray, form: np.ndarray, sigma: float) -> tuple[float, np.ndarray] | None:
+    """Liu et al.'s re-selection from ``sigma``: (the noise std, the (N,) bool mask of the weak-texture
+    patches it was read at); None when too few weak-texture patches remain."""
     energy = np.einsum("ij,jk,ik->i", patches, form, patches)
     tr, tr2 = np.trace(form), np.trace(form @ form)
     shape = tr**2 / (2 * tr2)  # the gamma law of sigma^2 * sum(lambda_i chi2_1), by its first two moments
@@ -86,9 +96,9 @@ def _weak_texture_sigma(patches: np.ndarray, form: np.ndarray, sigma: float) -> 
             return None
         new = max(_pca_sigma(patches[weak]), FLOOR)
         if abs(new - sigma) <= 1e-4 * sigma:
-            return new
+            return new, weak
         sigma = new
-    return sigma
+    return sigma, weak
 
 
 def estimate_sigma(image: Tensor, observed: Tensor | None = None, weak_texture: bool = True) -> float:
@@ -169,13 +179,7 @@ def _patch_sigma(img: Tensor, mask: Tensor | None, weak_texture: bool) -> float 
     for shape in PATCHES if mask is None else MASKED_PATCHES:
         if shape[0] > img.shape[2] or shape[1] > img.shape[3]:
             continue
-        patches = torch.nn.functional.unfold(img, shape)[0].T
-        if mask is not None:
-            patches = patches[torch.nn.functional.unfold(mask, shape)[0].T.min(dim=1).values > 0]
-        if len(patches) > MAX_PATCHES:
-            keep = torch.randperm(len(patches), generator=torch.Generator().manual_seed(0))[:MAX_PATCHES]
-            patches = patches[keep.sort().values]
-        patches = patches.numpy()
+        patches = _patches(img, mask, shape)
         if len(patches) < PATCHES_PER_DIM * patches.shape[1]:
             continue
         sigma = _pca_sigma(patches)
@@ -218,3 +222,213 @@ def texture_corrected(level: float) -> float:
     """A sharp measurement's read without its texture's share: 0 below :data:`TEXTURE_ONLY`, else
     sqrt(level^2 - TEXTURE_READ^2)."""
     return 0.0 if level < TEXTURE_ONLY else float(np.sqrt(level**2 - TEXTURE_READ**2))
+
+
+# --------------------------------------------------------------------------------------------
+# shot noise: Poisson-Gaussian parameters from a local mean-variance fit
+
+#: intensity bins per channel (quantiles of the patches' means) of the mean-variance fit
+SHOT_BINS = 8
+#: the fewest bins per channel a patch shape must give (else the next smaller shape is tried)
+SHOT_MIN_BINS = 2
+#: the largest peak returned: a variance slope below 1 / ``PEAK_CAP`` per unit of intensity is no
+#: shot noise a sensor shows (a sensor pixel holds up to about 1e6 photons)
+PEAK_CAP = 1e6
+#: the least span of the bins' mean intensities ([0, 1] units) that tells shot noise (slope) from
+#: read noise (offset)
+MIN_INTENSITY_SPAN = 0.1
+#: a sharp measurement's read variance offset of a noise-free photograph (its own fine texture), as a
+#: std: taken off the fitted offset in quadrature
+SHOT_TEXTURE_READ = TEXTURE_READ
+#: a measurement is clipped at 0 (at 1) where at least this share of its pixels lie exactly there and
+#: none beyond; its bins whose mean lies within ``CLIP_MARGIN`` of their noise std of a clipped
+#: bound are left out of the fit (clipping there takes off part of their noise)
+CLIPPED_SHARE, CLIP_MARGIN = 1e-3, 2.0
+
+
+def estimate_shot_noise(image: Tensor, observed: Tensor | None = None, weak_texture: bool = True,
+                        read_noise: bool = True, name: str = "the measurement") -> tuple[float, float]:
+    """(peak, sigma) of Poisson-Gaussian noise in ``image`` (C, H, W), [0, 1] units: y = Poisson(peak
+    x) / peak + sigma n, so Var[y | x] = x / peak + sigma^2 (peak: photons at a clean value of 1).
+
+    A local mean-variance fit (Foi et al. 2008): each channel's patches are split into quantile bins
+    of their mean (at most :data:`SHOT_BINS`), a bin's noise variance is read as
+    :func:`estimate_sigma` reads a level (patch PCA at the bin's weak-texture patches with
+    ``weak_texture``, a bin with too few left out; at every patch without), and var = a mean + b is
+    fitted over every channel's bins by non-negative least squares weighted by the bins' patch
+    counts: peak = 1 / a (at most :data:`PEAK_CAP`: no shot noise), sigma = sqrt(b) (0 with
+    ``read_noise`` False: pure Poisson, b = 0). A sharp measurement's (``weak_texture``) offset is
+    corrected for its texture's share (:data:`SHOT_TEXTURE_READ`, in quadrature); bins next to a
+    bound the measurement is clipped at are left out (:data:`CLIP_MARGIN`).
+    observed: optional (H, W) bool mask of the pixels that carry a measurement.
+    ValueError naming ``name`` when the measurement is too small, or too flat (its bins' means span
+    less than :data:`MIN_INTENSITY_SPAN`, or lie at 0), to fit.
+    """
+    if image.ndim != 3:
+        raise ValueError(f"estimate_shot_noise takes one image (C, H, W), got shape {tuple(image.shape)}")
+    if observed is not None and tuple(observed.shape) != tuple(image.shape[1:]):
+        raise ValueError(f"observed mask of shape {tuple(observed.shape)} for an image of shape {tuple(image.shape)}")
+    if not bool(torch.isfinite(image).all()):
+        raise ValueError(f"{name} contains NaN or Inf")
+    img = image.detach().cpu().double()[None]
+    if img.shape[1] > 1 and bool((img - img[:, :1]).abs().max() <= 1e-6):
+        img = img[:, :1]  # a gray image stored as equal channels: one noise draw
+    mask = None if observed is None else observed.detach().cpu().double()[None, None]
+    clipped = _clipped_bounds(img, observed)
+    bins = _fitted_bins(img, mask, weak_texture, clipped)
+    give = "give the noise (e.g. poisson-gaussian:30,0.01)"
+    if bins is None:
+        pixels = "" if observed is None else f", {int(observed.sum())} observed pixels"
+        raise ValueError(f"{name} ({image.shape[1]}x{image.shape[2]}{pixels}) is too small to fit its shot noise"
+                         f"{_clipping_note(clipped)}: {give}")
+    means = bins[0]
+    if float(means.max()) <= 0 or (read_noise and float(means.max() - means.min()) < MIN_INTENSITY_SPAN):
+        raise ValueError(f"{name} is too flat to fit its shot noise: its patches' mean intensities span "
+                         f"{means.min():.3g} to {means.max():.3g} (a span of at least {MIN_INTENSITY_SPAN:g} "
+                         f"tells shot noise from read noise){_clipping_note(clipped)}: {give}")
+    slope, offset = _mean_variance_fit(*bins, read_noise)
+    if weak_texture and read_noise:
+        offset = max(offset - SHOT_TEXTURE_READ**2, 0.0)
+    peak = PEAK_CAP if slope <= 1 / PEAK_CAP else 1 / slope
+    return float(peak), float(np.sqrt(offset))
+
+
+def _patches(img: Tensor, mask: Tensor | None, shape: tuple[int, int]) -> np.ndarray:
+    """The (N, C * ph * pw) overlapping patches of ``img`` (1, C, H, W) of ``shape`` whose pixels
+    ``mask`` (1, 1, H, W) observes, in unfold's order (at most :data:`MAX_PATCHES`, a seeded subset)."""
+    patches = torch.nn.functional.unfold(img, shape)[0].T
+    if mask is not None:
+        patches = patches[torch.nn.functional.unfold(mask, shape)[0].T.min(dim=1).values > 0]
+    if len(patches) > MAX_PATCHES:
+        keep = torch.randperm(len(patches), generator=torch.Generator().manual_seed(0))[:MAX_PATCHES]
+        patches = patches[keep.sort().values]
+    return patches.numpy()
+
+
+def _clipped_bounds(img: Tensor, observed: Tensor | None) -> tuple[float, ...]:
+    """The bounds (0, 1 or both) at which ``img`` (1, C, H, W) is clipped at its observed pixels
+    (:data:`CLIPPED_SHARE`)."""
+    pixels = img.flatten(2) if observed is None else img[..., observed.to(img.device).bool()]
+    share = {bound: float((pixels == bound).double().mean()) for bound in (0.0, 1.0)}
+    inside = {0.0: float(pixels.min()) >= 0, 1.0: float(pixels.max()) <= 1}
+    return tuple(b for b in (0.0, 1.0) if inside[b] and share[b] >= CLIPPED_SHARE)
+
+
+def _fitted_bins(img: Tensor, mask: Tensor | None, weak_texture: bool,
+                 clipped: tuple[float, ...] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(means, variances, counts) of the intensity bins of every channel of ``img`` (1, C, H, W) the
+    fit is made on, at the largest patch shape that gives each channel :data:`SHOT_MIN_BINS` bins
+    (with ``weak_texture``: bins read at their weak-texture patches, at the largest shape that leaves
+    :data:`SHOT_MIN_BINS` such bins; where none does, every patch of the largest shape), less the
+    bins next to a ``clipped`` bound; None when no shape gives enough."""
+    first = None
+    for shape in PATCHES if mask is None else MASKED_PATCHES:
+        if shape[0] > img.shape[2] or shape[1] > img.shape[3]:
+            continue
+        read = [_channel_bins(_patches(img[:, c:c + 1], mask, shape), shape, weak_texture)
+                for c in range(img.shape[1])]
+        if any(bins is None for bins in read):
+            continue
+        weak, every = ([b for bins in read for b in bins[i] if not _near(b, clipped)] for i in (0, 1))
+        if len(every) < SHOT_MIN_BINS:
+            continue
+        if not weak_texture:
+            return _columns(every)
+        first = every if first is None else first
+        if len(weak) >= SHOT_MIN_BINS:
+            return _columns(weak)
+    return None if first is None else _columns(first)
+
+
+def _clipping_note(clipped: tuple[float, ...]) -> str:
+    if not clipped:
+        return ""
+    return (f" (it is clipped at {' and '.join(f'{b:g}' for b in clipped)}: patches within {CLIP_MARGIN:g} noise "
+            f"stds of it are left out)")
+
+
+def _near(found: tuple[float, float, int], bounds: tuple[float, ...]) -> bool:
+    """Whether a bin (mean, variance, count) lies within :data:`CLIP_MARGIN` noise stds of a bound."""
+    return any(abs(found[0] - bound) < CLIP_MARGIN * np.sqrt(found[1]) for bound in bounds)
+
+
+def _columns(bins: list[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(np.array(v) for v in zip(*bins))
+
+
+def _channel_bins(patches: np.ndarray, shape: tuple[int, int], weak_texture: bool) -> tuple[list, list] | None:
+    """The quantile bins of one channel's ``patches`` (N, D) of ``shape`` (at most :data:`SHOT_BINS`,
+    :data:`PATCHES_PER_DIM` patches per dimension each), each as (mean intensity, noise variance,
+    patches read): (those read at their weak-texture patches (Liu et al.'s selection in the bin;
+    a bin with too few is left out), those read at every patch). None for fewer than
+    :data:`SHOT_MIN_BINS` bins. Patches are sorted by the mean of one checkerboard half of their
+    pixels and a bin's intensity is the mean of the other half, whose noise the sorting did not
+    select (a bin of the darkest noisy means lies darker than the intensity its noise comes from)."""
+    count = min(SHOT_BINS, len(patches) // (PATCHES_PER_DIM * patches.shape[1]))
+    if count < SHOT_MIN_BINS or patches.shape[1] < 2:
+        return None
+    form = _gradient_form(1, *shape)
+    rows, cols = np.indices(shape)
+    sorting = ((rows + cols) % 2 == 0).ravel()
+    weak_bins, every = [], []
+    order = np.argsort(patches[:, sorting].mean(axis=1), kind="stable")
+    for part in np.array_split(order, count):
+        sigma = max(_pca_sigma(patches[part]), FLOOR)
+        every.append((float(patches[part][:, ~sorting].mean()), sigma**2, len(part)))
+        found = _weak_texture(patches[part], form, sigma) if weak_texture else None
+        if found is not None:
+            weak_bins.append((float(patches[part][found[1]][:, ~sorting].mean()), found[0] ** 2, int(found[1].sum())))
+    return weak_bins, every
+
+
+def _mean_variance_fit(means: np.ndarray, variances: np.ndarray, counts: np.ndarray,
+                       with_offset: bool) -> tuple[float, float]:
+    """(a, b) >= 0 minimising sum_i counts_i (variances_i - a means_i - b)^2 (b = 0 when not
+    ``with_offset``): the two-parameter non-negative least squares, its boundary cases in closed form."""
+    w = counts / counts.sum()
+
+    def slope_only() -> float:
+        return max(float((w * means * variances).sum() / max((w * means**2).sum(), 1e-300)), 0.0)
+
+    if not with_offset:
+        return slope_only(), 0.0
+    mean_m, mean_v = float((w * means).sum()), float((w * variances).sum())
+    spread = float((w * (means - mean_m) ** 2).sum())
+    slope = float((w * (means - mean_m) * (variances - mean_v)).sum()) / spread if spread > 0 else 0.0
+    offset = mean_v - slope * mean_m
+    if slope <= 0:
+        return 0.0, max(mean_v, 0.0)
+    if offset < 0:
+        return slope_only(), 0.0
+    return slope, offset
+
+
+def measurement_shot_noise(y: Tensor, operator, read_noise: bool = True) -> list[tuple[float, float]]:
+    """Per image of ``y`` (B, C, h, w), a measurement of ``operator`` in [0, 1] units, its (peak,
+    sigma) by :func:`estimate_shot_noise` (sigma 0 where ``read_noise`` is False), read at the
+    pixels and patches :func:`measurement_sigma` reads (observed pixels only; every patch of a
+    blurred measurement). ValueError, naming the image, for a measurement that is not an image or
+    cannot be fitted."""
+    what = "poisson-gaussian:auto" if read_noise else "poisson:auto"
+    if not operator.image_measurement:
+        raise ValueError(f"{what}: a {type(operator).__name__} measurement is not an image, so its noise cannot "
+                         f"be read from it; give the noise")
+    if y.ndim != 4:
+        raise ValueError(f"{what} takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
+    blurred = operator.family == "blur" or operator.blurred_measurement
+    mask = operator.pixel_mask()
+    observed = None if mask is None else mask > 0
+    return [estimate_shot_noise(y[b], observed, weak_texture=not blurred, read_noise=read_noise,
+                                name=f"{what}: " + ("the measurement" if len(y) == 1 else f"image {b} of {len(y)}"))
+            for b in range(y.shape[0])]
+
+
+def estimated_models(y: Tensor, operator, estimated: EstimatedNoise) -> list[NoiseModel]:
+    """Per image of ``y`` (B, C, h, w), a measurement of ``operator`` in [0, 1] units, the noise model
+    of ``estimated``'s kind with the parameters read from it: Gaussian (:func:`measurement_sigma`),
+    Poisson or Poisson-Gaussian (:func:`measurement_shot_noise`)."""
+    if estimated.kind == "gaussian":
+        return [GaussianNoise(sigma) for sigma in measurement_sigma(y, operator)]
+    read_noise = estimated.kind == "poisson-gaussian"
+    pairs = measurement_shot_noise(y, operator, read_noise=read_noise)
+    return [PoissonGaussianNoise(peak, sigma) if read_noise else PoissonNoise(peak) for peak, sigma in pairs]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .config import DEFAULT_NOISE_SIGMA as DEFAULT_SIGMA_Y
 from .io import INTEGER_SCALES
-from .noise import GaussianNoise, NoiseModel, as_noise
+from .noise import EstimatedNoise, GaussianNoise, NoiseModel, as_noise
 from .operators.base import LinearOperator, noise_sigma_problem
 from .priors.base import Prior, prior_device
 from .priors.default import load_prior
@@ -189,6 +189,27 @@ def check_magnitude(batch: Tensor, operator: LinearOperator) -> None:
                          f"{MAX_MEASUREMENT:g} is restored as flat grey; rescale it to about [0, 1] (divide the "
                          f"measurement and A's output by the same factor, e.g. {peak:.3g}, and the noise level with "
                          f"them)")
+
+
+def estimated_noise(sigma_y: Any, noise: Any) -> EstimatedNoise | None:
+    """The noise whose parameters :func:`~nfc_dps.api.restore` estimates per image: ``sigma_y="auto"``
+    (Gaussian), ``noise="poisson:auto"`` or ``"poisson-gaussian:auto"`` (or their
+    :class:`~nfc_dps.noise.EstimatedNoise`); None where the noise is stated. ValueError for another
+    string as sigma_y, TypeError for an estimated noise beside another."""
+    if isinstance(sigma_y, str):
+        if sigma_y != "auto":
+            raise ValueError(f"sigma_y must be a number ([0, 1] pixel units) or 'auto', got {sigma_y!r}")
+        if noise is not None:
+            raise TypeError(f"pass one of sigma_y and noise, got sigma_y='auto' and noise={noise!r}")
+        return EstimatedNoise("gaussian")
+    if not isinstance(noise, (str, EstimatedNoise)):
+        return None
+    model = as_noise(noise, estimated=True)
+    if not isinstance(model, EstimatedNoise):
+        return None
+    if sigma_y is not None:
+        raise TypeError(f"pass one of sigma_y and noise, got sigma_y={sigma_y!r} and noise={noise!r}")
+    return model
 
 
 def checked_noise(sigma_y: Any, noise: Any) -> NoiseModel:

@@ -109,14 +109,38 @@ def test_restore_takes_a_noise_model_and_checks_its_measurement():
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("poisson:auto", "poisson's peak cannot be read from the measurement yet (only a Gaussian level can: "
-                     "--noise-sigma auto); give it, e.g. poisson:30"),
-    ("poisson-gaussian:auto", "give them, e.g. poisson-gaussian:30,0.01"),
+    ("poisson:auto", "poisson's peak is read from each measurement by restore only (nfc-dps restore --noise "
+                     "poisson:auto, nfc_dps.restore(y, op, noise='poisson:auto')); here give it, e.g. poisson:30"),
+    ("poisson-gaussian:auto", "here give them, e.g. poisson-gaussian:30,0.01"),
+    ("poisson-gaussian:30,auto", "auto stands for all of poisson-gaussian's peak,sigma: spell it poisson-gaussian:auto"),
     ("gaussian:AUTO", "spelled --noise-sigma auto"),
 ])
 def test_auto_in_a_noise_spec_is_refused_saying_what_reads_a_level(spec, says):
+    """Outside restore's path (simulate, calibrate, the benchmark's --noise, op.measure) an estimated
+    noise is refused, saying where it is read and how to state it instead."""
     from nfc_dps.noise import NoiseSpecError, parse_noise
 
     with pytest.raises(NoiseSpecError) as e:
         parse_noise(spec)
     assert says in str(e.value) and "must be numbers" not in str(e.value)
+    with pytest.raises(ValueError, match="auto"):
+        as_noise(spec)
+
+
+def test_auto_spellings_are_estimated_noises_only_where_restore_resolves_them():
+    from nfc_dps.noise import EstimatedNoise, NoiseSpecError, parse_noise
+
+    assert parse_noise("poisson-gaussian:AUTO", estimated=True) == EstimatedNoise("poisson-gaussian")
+    assert as_noise(" poisson:auto", estimated=True) == EstimatedNoise("poisson") and str(EstimatedNoise("poisson")) == "poisson:auto"
+    assert as_noise(EstimatedNoise("poisson"), estimated=True) == EstimatedNoise("poisson")
+    assert parse_noise("poisson:30", estimated=True) == PoissonNoise(30)  # stated specs as always
+    with pytest.raises(NoiseSpecError, match="restore only"):
+        as_noise(EstimatedNoise("poisson-gaussian"))  # the object too, outside restore's path
+    for spec in ("gaussian:auto", "poisson-gaussian:auto,0.01"):  # never an estimated noise
+        with pytest.raises(NoiseSpecError):
+            parse_noise(spec, estimated=True)
+    with pytest.raises(ValueError, match="unknown kind"):
+        EstimatedNoise("laplace")
+    op = nfc_dps.build_operator("denoise", 8)
+    with pytest.raises(ValueError, match="restore only"):  # a measurement is not drawn from an estimate
+        op.measure(torch.rand(1, 3, 8, 8), noise="poisson:auto")

@@ -41,7 +41,7 @@ RECORD_FILES = (MANIFEST, RESULTS_CSV, SUMMARY_JSON, RESOLVED_JSON)
 #: the subfolders that hold outputs named after an image's stem
 STEM_FOLDERS = ("std", "samples", "kernels")
 RESULT_FIELDS = ["index", "name", "status", "output", "seed", "psnr", "ssim", "scored", "nfe", "seconds",
-                 "size", "extent", "alpha", "noise_sigma", "error"]
+                 "size", "extent", "alpha", "noise_sigma", "noise", "error"]
 
 
 def scored_regions(rows: list[dict[str, Any]]) -> str | None:

@@ -68,6 +68,7 @@ from .restore_outputs import (
     Job,
     add_ground_truth_metrics,
     check_output_names,
+    estimate_note,
     measured_frame,
     planned_outputs,
     write_outputs,
@@ -284,9 +285,10 @@ class RestoreRun:
                               "error": nio.unusable_reason(p)})
             self.log.error(f"FAILED {p.name}: {self.records.rows[-1]['error']}")
         shards = f" over {self.dist.world} processes" if self.dist.world > 1 else ""
-        noise = FILE_NOISE if self.task.noise_sigma is None else self.task.noise_sigma
+        noise = (f"noise {self.task.noise}" if self.task.noise else
+                 f"noise_sigma={FILE_NOISE if self.task.noise_sigma is None else self.task.noise_sigma}")
         self.log.info(f"restoring {len(items) if total is None else total} image(s){shards} from {self.inp} -> {self.out} "
-                      f"[{self.task.task}, {self.sampler.method}/{self.sampler.preset}, noise_sigma={noise}, "
+                      f"[{self.task.task}, {self.sampler.method}/{self.sampler.preset}, {noise}, "
                       f"seed {self.seed} (per image: a hash of it and the file name)]")
         self.bar = tqdm(total=len(items), desc="images", unit="img", disable=self.log.quiet, dynamic_ncols=True)
         pending: dict[tuple, list[Job]] = {}  # jobs waiting for a full batch, by (measurement shape, operator file)
@@ -360,7 +362,7 @@ class RestoreRun:
         if entry and entry.get("key") == key and outputs_ok(self.out, entry, row["output"]):
             row.update(status="skipped", nfe=entry.get("nfe"), seconds=entry.get("seconds"),
                        size=entry.get("size"), extent=entry.get("extent", ""), alpha=entry.get("alpha", ""),
-                       noise_sigma=entry.get("noise_sigma", ""))
+                       noise_sigma=entry.get("noise_sigma", ""), noise=entry.get("noise", ""))
             add_ground_truth_metrics(row, item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
                                      entry.get("measured_frame"))
             return row
@@ -411,7 +413,7 @@ class RestoreRun:
                 warnings.simplefilter("always", PriorRangeWarning)
                 res = api.restore(torch.cat([as_batch(j.y)[0].to(self.device) for j in jobs]), jobs[0].operator,
                                   prior=self.prior, method=self.sampler.method,
-                                  **({"sigma_y": "auto"} if self.task.estimates_noise else {"noise": self.task.noise_model}),
+                                  noise=self.task.noise_model,  # kind:auto and auto: estimated per image
                                   seed=[j.item.seed for j in jobs], num_samples=self.samples,
                                   progress=not self.args.quiet, config=self.sampler.config, max_batch=self.max_batch,
                                   calibration=self.calibration, keep_samples=self.args.save_samples,
@@ -451,8 +453,8 @@ class RestoreRun:
                 entry["extent"] = job.row["extent"] = "scene" if self.args.keep_border else "photo"
             self.records.images[job.item.name] = entry
             job.row["status"] = "done"
-            if self.task.estimates_noise:  # the level it was restored with, as results.csv records it
-                self.log.info(f"{job.item.name}: noise level estimated at {job.row['noise_sigma']} ([0, 1] units)")
+            if self.task.estimates_noise:  # what it was restored with, as results.csv records it
+                self.log.info(f"{job.item.name}: {estimate_note(job.row)}")
             add_ground_truth_metrics(job.row, job.item, self.gt_dir, self.out, TASKS[self.task.task].rotation_twin,
                                      frame)
             self._record(job.row)

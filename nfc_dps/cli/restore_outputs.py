@@ -153,9 +153,24 @@ def write_outputs(out: Path, job: Job, res: Any, i: int, batch: int, bit_depth: 
     row.update(nfe=int(res.nfe), seconds=round(float(res.seconds) / batch, 3), size=f"{image.shape[0]}x{image.shape[1]}")
     sigma = res.noise_sigma[i] if isinstance(res.noise_sigma, list) else res.noise_sigma
     row["noise_sigma"] = "" if sigma is None else f"{sigma:.5g}"  # the level restored with (estimated with auto)
+    model = res.noise[i] if isinstance(res.noise, list) else res.noise
+    row["noise"] = "" if model is None or sigma is not None else noise_spec(model)  # a non-Gaussian model's
     return {"input": item.name, "outputs": outputs, "seed": item.seed, "nfe": int(res.nfe),
             "seconds": row["seconds"], "size": row["size"], "alpha": row["alpha"], "noise_sigma": row["noise_sigma"],
-            "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "noise": row["noise"], "bit_depth": bit_depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def noise_spec(model: Any) -> str:
+    """A noise model as results.csv records it: its spec, each value to 5 significant digits."""
+    record = model.record()
+    return f"{record['kind']}:" + ",".join(f"{v:.5g}" for k, v in record.items() if k != "kind")
+
+
+def estimate_note(row: dict[str, Any]) -> str:
+    """The console's line on an image's estimated noise: its results.csv row's level or model."""
+    if row.get("noise"):
+        return f"noise estimated at {row['noise']} (peak: photons at a clean value of 1; sigma in [0, 1] units)"
+    return f"noise level estimated at {row['noise_sigma']} ([0, 1] units)"
 
 
 #: results.csv's ``scored`` of a restoration scored in full

@@ -112,7 +112,8 @@ def load_run_calibration(args, task, sampler: ResolvedSampler, samples: int, bun
         raise UsageError(f"--calibration {args.calibration!r}: empty; name a file of 'nfc-dps calibrate' (or leave "
                          f"the flag out)")
     if task.estimates_noise:
-        raise UsageError(f"--calibration {args.calibration} with --noise-sigma auto: a calibration holds at the noise "
+        flag = "--noise-sigma auto" if task.noise is None else f"--noise {task.noise}"
+        raise UsageError(f"--calibration {args.calibration} with {flag}: a calibration holds at the noise "
                          f"level it was fitted at; give that level with --noise-sigma")
     if samples < 2:
         raise UsageError(f"--calibration {args.calibration} needs --samples K >= 2 (the interval scales the spread "

@@ -17,7 +17,7 @@ from ..config import (
     parse_scalar,
     parse_task,
 )
-from ..noise import NoiseSpecError, parse_noise
+from ..noise import EstimatedNoise, NoiseSpecError, parse_noise
 from ..operators import TASKS, build_operator, load_kernel, load_mask, noise_sigma_problem, task_reading
 from ..samplers import get_method
 from .common import UsageError, check_input, match_file
@@ -64,26 +64,31 @@ def resolve_task(args, bundle: ConfigBundle, command: str = "restore") -> TaskCo
         if args.noise_sigma is not None:
             raise UsageError("pass one of --noise and --noise-sigma (--noise gaussian:S is --noise-sigma S)")
         spec = args.noise  # parse_task turns gaussian:S into noise_sigma S
-        _check_noise_flag(spec)
+        _check_noise_flag(spec, command)
         if noise == AUTO_NOISE_SIGMA:  # a file's auto gives way to the flag's model
             noise = DEFAULT_NOISE_SIGMA
     if noise == AUTO_NOISE_SIGMA and command != "restore":
         where = "--noise-sigma" if args.noise_sigma is not None else task.source
         raise UsageError(f"{where}: noise_sigma auto is restore's (it estimates the level of each measurement); "
                          f"{command} needs a stated noise level")
+    if spec and command != "restore" and isinstance(parse_noise(spec, estimated=True), EstimatedNoise):
+        raise UsageError(f"{task.source}: noise {spec} is restore's (it estimates the noise of each measurement); "
+                         f"{command} needs a stated noise, e.g. --noise {spec.partition(':')[0]}:30"
+                         f"{',0.01' if spec.startswith('poisson-gaussian') else ''}")
     # --noise is checked above: what parse_task refuses now is the task's parameters (a --param's, or a file's)
     return parse_task({"task": task.task, **params, "noise_sigma": noise if noise == AUTO_NOISE_SIGMA else float(noise),
                        **({"noise": spec} if spec else {})}, source)
 
 
-def _check_noise_flag(spec: str) -> None:
+def _check_noise_flag(spec: str, command: str) -> None:
     """UsageError naming --noise and its spec once when the spec is not a noise model (or its
-    Gaussian sigma is not a noise level)."""
+    Gaussian sigma is not a noise level), or is one estimated per image (``kind:auto``) for a
+    ``command`` other than restore."""
     try:
-        model = parse_noise(spec)
+        model = parse_noise(spec, estimated=command == "restore")
     except NoiseSpecError as e:
         raise UsageError(f"--noise {spec!r}: {e.reason}") from None
-    if model.stated_problem():
+    if not isinstance(model, EstimatedNoise) and model.stated_problem():
         raise UsageError(f"--noise {spec!r}: {model.stated_problem()}")
 
 
