@@ -199,3 +199,33 @@ def test_cli_restore_refuses_auto_beside_a_calibration_and_a_malformed_spec(tmp_
     assert run("restore", "-i", tmp_path / "clean", "-o", tmp_path / "o", "--task", "denoise", "--noise",
                "poisson:30,auto") == 2
     assert "--noise 'poisson:30,auto': auto stands for all of poisson's peak" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the noise-level tier's shot-noise grid
+
+
+def test_the_shot_noise_grid_writes_its_rows_and_table(tmp_path, capsys):
+    import csv
+
+    from nfc_dps.bench.cli import main
+    from nfc_dps.bench.noise_level import SHOT_PEAKS, SHOT_SIGMAS, shot_doc_table
+
+    out = tmp_path / "shot"
+    argv = ["--protocol", "noise_level", "--size", "32", "--tasks", "poisson_gaussian", "--methods", "estimate",
+            "--image-names", "astronaut", "--threads", "1", "--out", str(out), "--no-plots"]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(open(out / "poisson_gaussian.csv")))
+    assert [(float(r["peak"]), float(r["sigma"])) for r in rows] == [(p, s) for s in SHOT_SIGMAS for p in SHOT_PEAKS]
+    assert not (out / "results.csv").exists() and all(r["psnr_input"] and not r["psnr_true"] for r in rows)
+    for r in rows:
+        assert r["note"] or float(r["peak_ratio"]) == pytest.approx(float(r["est_peak"]) / float(r["peak"]), rel=1e-3)
+        assert (r["sigma_ratio"] == "") == (float(r["sigma"]) == 0)  # read std 0: poisson:auto, no read std
+    table = shot_doc_table(out, "bench/")
+    assert table.startswith("| peak | read σ | estimated peak") and "| 10 | 0 | ×" in table and "(Poisson alone)" in table
+    before = (out / "poisson_gaussian.csv").read_text()
+    assert main(argv) == 0  # resumes: nothing to redo
+    assert (out / "poisson_gaussian.csv").read_text() == before
+    capsys.readouterr()
+    assert main(argv[:5] + ["denoise,poisson_gaussian"] + argv[6:-3] + ["--out", str(tmp_path / "mixed"), "--no-plots"]) == 2
+    assert "poisson_gaussian is a grid of its own (its own results file, poisson_gaussian.csv)" in capsys.readouterr().err
+    assert not (tmp_path / "mixed").exists()

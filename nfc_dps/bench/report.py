@@ -37,7 +37,7 @@ from ..io import atomic_write_text
 from .blind import blind_doc_table
 from .calibration_report import conformal_table
 from .jpeg import jpeg_doc_table
-from .noise_level import denoise_doc_table, noise_level_doc_table
+from .noise_level import denoise_doc_table, noise_level_doc_table, shot_doc_table
 from .nonlinear import nonlinear_doc_table
 from .prior_report_markdown import prior_table
 from .report_scale import scale_table, throughput_table
@@ -71,7 +71,7 @@ PAGE_TABLES: dict[str, tuple[str, ...]] = {
     "docs/std_map_calibration.md": ("calibration",),
     "docs/scale.md": ("scale_cpu", "restore_throughput"),
     "docs/nonlinear.md": ("nonlinear64",),
-    "docs/noise_level.md": ("noise_level256", "noise_level128", "noise_level_denoise128"),
+    "docs/noise_level.md": ("noise_level256", "noise_level128", "noise_level_denoise128", "noise_level_shot128"),
     "docs/blind.md": ("blind256",),
     "docs/jpeg.md": ("jpeg256",),
     "README.md": ("which",),
@@ -124,6 +124,7 @@ def table_builders(docs: Path, page_dir: Path) -> dict[str, Callable[[], str]]:
         "noise_level256": lambda: noise_level_doc_table(bench / "noise_level256", blink),
         "noise_level128": lambda: noise_level_doc_table(bench / "noise_level128", blink),
         "noise_level_denoise128": lambda: denoise_doc_table(bench / "noise_level128", blink),
+        "noise_level_shot128": lambda: shot_doc_table(bench / "noise_level_shot128", blink),
         "blind256": lambda: blind_doc_table(bench / "blind256", blink),
         "jpeg256": lambda: jpeg_doc_table(bench / "jpeg256", blink),
         "scale_cpu": lambda: scale_table(bench / "scale_cpu.json", blink),

@@ -55,7 +55,9 @@ def task_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
                         f"from the measurement (results.csv's noise_sigma column)")
     p.add_argument("--noise", default=None, metavar="KIND:VALUES",
                    help="measurement noise model: gaussian:SIGMA, poisson:PEAK (counts / PEAK: PEAK photons at a "
-                        "clean value of 1) or poisson-gaussian:PEAK,SIGMA (default gaussian at --noise-sigma)")
+                        "clean value of 1) or poisson-gaussian:PEAK,SIGMA (default gaussian at --noise-sigma); "
+                        "restore: poisson:auto and poisson-gaussian:auto estimate them per image (results.csv's "
+                        "noise column)")
     p.add_argument("--seed", type=int, default=None, help=seed_help)
 
 
