@@ -13,6 +13,12 @@ Two classical estimators, combined:
   current estimate explains (below its 99.99 % quantile, a gamma law), re-selected until the
   estimate settles, so a photograph's fine texture does not pass for noise.
 
+Shot noise (``noise="poisson-gaussian:auto"``, ``"poisson:auto"``; :func:`estimate_shot_noise`): a local
+mean-variance fit (Foi, Trimeche, Katkovnik and Egiazarian, "Practical Poissonian-Gaussian noise
+modeling and fitting for single-image raw-data", IEEE TIP 2008): each channel's patches binned by
+their mean intensity, each bin's variance read as above, var = mean / peak + sigma^2 fitted over the
+bins by non-negative least squares. :func:`estimated_models` gives the model of either estimate.
+
 A blurred measurement has no fine texture: every patch is used. Inpainting measurements are read
 at fully observed patches only. The patch shrinks (7x7, 5x5, 3x3; for inpainting also 2x2 and 1x2)
 until enough patches remain. Accuracy depends on how much fine texture the measurement keeps: a
@@ -203,19 +209,25 @@ def measurement_sigma(y: Tensor, operator) -> list[float]:
     is the texture alone).
     ValueError for a measurement that is not an image (phase retrieval's Fourier amplitudes).
     """
-    if not operator.image_measurement:
-        raise ValueError(f"sigma_y='auto': a {type(operator).__name__} measurement is not an image, so its noise "
-                         f"level cannot be read from it; give the noise level")
-    if y.ndim != 4:
-        raise ValueError(f"sigma_y='auto' takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
-    blurred = operator.family == "blur" or operator.blurred_measurement
-    mask = operator.pixel_mask()
-    observed = None if mask is None else mask > 0
+    observed, blurred = _readable(y, operator, "sigma_y='auto'", "noise level")
     out = []
     for b in range(y.shape[0]):
         level = estimate_sigma(y[b], observed, weak_texture=not blurred)
         out.append(level if blurred else texture_corrected(level))
     return out
+
+
+def _readable(y: Tensor, operator, what: str, noun: str) -> tuple[Tensor | None, bool]:
+    """(the (H, W) bool mask of the pixels ``operator``'s measurement ``y`` (B, C, h, w) observes, or
+    None for all; whether it is blurred: read at every patch). ValueError naming ``what`` for a
+    measurement that is not an image (phase retrieval's Fourier amplitudes) or not a batch."""
+    if not operator.image_measurement:
+        raise ValueError(f"{what}: a {type(operator).__name__} measurement is not an image, so its {noun} "
+                         f"cannot be read from it; give the {noun}")
+    if y.ndim != 4:
+        raise ValueError(f"{what} takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
+    mask = operator.pixel_mask()
+    return None if mask is None else mask > 0, operator.family == "blur" or operator.blurred_measurement
 
 
 def texture_corrected(level: float) -> float:
@@ -341,6 +353,7 @@ def _fitted_bins(img: Tensor, mask: Tensor | None, weak_texture: bool,
 
 
 def _clipping_note(clipped: tuple[float, ...]) -> str:
+    """What a refusal adds about the ``clipped`` bounds (nothing where there are none)."""
     if not clipped:
         return ""
     return (f" (it is clipped at {' and '.join(f'{b:g}' for b in clipped)}: patches within {CLIP_MARGIN:g} noise "
@@ -410,14 +423,7 @@ def measurement_shot_noise(y: Tensor, operator, read_noise: bool = True) -> list
     blurred measurement). ValueError, naming the image, for a measurement that is not an image or
     cannot be fitted."""
     what = "poisson-gaussian:auto" if read_noise else "poisson:auto"
-    if not operator.image_measurement:
-        raise ValueError(f"{what}: a {type(operator).__name__} measurement is not an image, so its noise cannot "
-                         f"be read from it; give the noise")
-    if y.ndim != 4:
-        raise ValueError(f"{what} takes a batch (B, C, h, w), got shape {tuple(y.shape)}")
-    blurred = operator.family == "blur" or operator.blurred_measurement
-    mask = operator.pixel_mask()
-    observed = None if mask is None else mask > 0
+    observed, blurred = _readable(y, operator, what, "noise")
     return [estimate_shot_noise(y[b], observed, weak_texture=not blurred, read_noise=read_noise,
                                 name=f"{what}: " + ("the measurement" if len(y) == 1 else f"image {b} of {len(y)}"))
             for b in range(y.shape[0])]
