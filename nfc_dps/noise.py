@@ -118,6 +118,10 @@ class NoiseModel:
         why = None if sigma is None else noise_sigma_problem(sigma)
         return None if why is None else f"sigma {why}"
 
+    def same_as(self, other: "NoiseModel") -> bool:
+        """Whether ``other`` is this model: the same law with the same parameters (up to float rounding)."""
+        return str(self) == str(other)
+
     def with_model_error(self, std: float) -> "NoiseModel":
         """This noise plus an independent Gaussian error of ``std`` ([0, 1] units): a forward model's
         own error (an estimated blur kernel's) restored as noise."""
@@ -141,6 +145,10 @@ class GaussianNoise(NoiseModel):
     @property
     def gaussian_sigma(self) -> float:
         return self.sigma
+
+    def same_as(self, other: NoiseModel) -> bool:
+        sigma = other.gaussian_sigma
+        return sigma is not None and math.isclose(self.sigma, sigma, rel_tol=1e-6, abs_tol=1e-12)
 
     def with_model_error(self, std: float) -> "GaussianNoise":
         return GaussianNoise(math.hypot(self.sigma, std))

@@ -5,7 +5,6 @@ or the embedded default)."""
 
 from __future__ import annotations
 
-import math
 import os
 import zlib
 from typing import Any, Callable
@@ -269,9 +268,6 @@ def declared_noise(operator: Any, sigma_y: Any, noise: Any) -> tuple[Any, Any]:
         model = as_noise(stated)
     except (TypeError, ValueError):
         raise ValueError(why) from None
-    same = (model.gaussian_sigma is not None and declared.gaussian_sigma is not None
-            and math.isclose(model.gaussian_sigma, declared.gaussian_sigma, rel_tol=1e-6, abs_tol=1e-12)
-            ) if isinstance(model, GaussianNoise) else str(model) == str(declared)
-    if not same:
+    if not model.same_as(declared):
         raise ValueError(why)
     return None, declared

@@ -144,3 +144,12 @@ def test_auto_spellings_are_estimated_noises_only_where_restore_resolves_them():
     op = nfc_dps.build_operator("denoise", 8)
     with pytest.raises(ValueError, match="restore only"):  # a measurement is not drawn from an estimate
         op.measure(torch.rand(1, 3, 8, 8), noise="poisson:auto")
+
+
+def test_same_as_compares_law_and_parameters():
+    """A noise model recognises itself (a Gaussian up to float rounding) and no other law or level."""
+    assert GaussianNoise(0.01).same_as(GaussianNoise(0.01 * (1 + 1e-9)))
+    assert not GaussianNoise(0.01).same_as(GaussianNoise(0.02))
+    assert not GaussianNoise(0.01).same_as(PoissonGaussianNoise(30, 0.01))
+    assert PoissonNoise(30).same_as(PoissonNoise(30)) and not PoissonNoise(30).same_as(PoissonNoise(31))
+    assert not PoissonNoise(30).same_as(GaussianNoise(0.01))

@@ -30,7 +30,7 @@ import torch
 
 from ..api import restore
 from ..metrics import psnr
-from ..noise import EstimatedNoise, PoissonGaussianNoise, PoissonNoise
+from ..noise import EstimatedNoise, GaussianNoise, PoissonGaussianNoise, PoissonNoise
 from ..noise_level import estimated_models, measurement_sigma
 from ..operators import TASKS, build_operator
 from ..restore_inputs import stable_seed
@@ -146,7 +146,7 @@ class NoiseLevelTier(Protocol):
                     row["psnr_input"] = round(_capped_psnr(y, truth), 4)
                 if self.restores:
                     seed = stable_seed(self.spec.seed, "noise-level-restore", c.task, name)
-                    scores = [_capped_psnr(restore(y, c.op, prior=self.prior, sigma_y=s, seed=seed, progress=False)
+                    scores = [_capped_psnr(restore(y, c.op, prior=self.prior, noise=GaussianNoise(s), seed=seed, progress=False)
                                            .image.clamp(0, 1), truth) for s in (c.sigma, est)]
                     row.update(psnr_true=round(scores[0], 4), psnr_auto=round(scores[1], 4),
                                delta=round(scores[1] - scores[0], 4))
