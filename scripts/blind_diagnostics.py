@@ -10,7 +10,10 @@ Each diagnostic prints, per kernel family and image, the kernel's error up to a 
   image and the photo both smoothed by a Gaussian of std 1 px first (less noise in the photo's
   gradients, less of the kernel's finest detail);
 * ``refit``: the kernel step given NFC's restoration made with the *true* kernel (what a
-  refinement from a good restoration gives back), 300 iterations, thresholds 0.05 and 0.15.
+  refinement from a good restoration gives back), 300 iterations, thresholds 0.05 and 0.15;
+* ``shock``: the estimator without and with its L0 image sharpened by three steps of a shock filter
+  before each kernel step (``KernelEstimator.shock_steps``, after Cho and Lee 2009), the kernel fitted
+  to all gradients or to the strongest 5 %.
 
 Images: four crops of motorcycle (left view) and the 256-px centre crops of four of the prior's
 training photographs; kernels, noise and boundary of the blind protocol (``nfc_dps.bench.blind``).
@@ -22,16 +25,18 @@ training photographs; kernels, noise and boundary of the blind protocol (``nfc_d
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import nfc_dps.operators.kernel_estimation as ke
 from nfc_dps import restore
 from nfc_dps.bench.blind import FAMILIES, SIGMA
 from nfc_dps.operators import BlurOperator, gaussian_kernel
-from nfc_dps.operators.kernel_estimation import estimate_kernel, kernel_error, kernel_step
+from nfc_dps.operators.kernel_estimation import kernel_error, kernel_step
 from nfc_dps.priors.default import load_prior
 from nfc_dps.priors.training_data import HELDOUT_IMAGES, center_crop, load_skimage_image
 
@@ -56,7 +61,7 @@ def denoised(prior, y: torch.Tensor, sigma: float) -> torch.Tensor:
 
 def photo(x, y, blur, size, k_true, prior) -> dict[str, float]:
     sources = {"noisy": y, "noise-free": blur.A(x), "denoised": denoised(prior, y, SIGMA)}
-    return {name: kernel_error(estimate_kernel(src[0], size), k_true) for name, src in sources.items()}
+    return {name: kernel_error(ke.estimate_kernel(src[0], size), k_true) for name, src in sources.items()}
 
 
 def smoothed(img: torch.Tensor, std: float) -> torch.Tensor:
@@ -81,7 +86,28 @@ def refit(x, y, blur, size, k_true, prior) -> dict[str, float]:
             for t in (0.05, 0.15)}
 
 
-DIAGNOSTICS: dict[str, Callable[..., dict[str, float]]] = {"photo": photo, "step": step, "refit": refit}
+@contextlib.contextmanager
+def strongest_gradients(salient: float):
+    """A context in which the estimator's kernel steps fit only the ``salient`` fraction of the
+    image's strongest gradients."""
+    original = ke.kernel_step
+    ke.kernel_step = lambda *a, **kw: original(*a, **{**kw, "salient": salient})
+    try:
+        yield
+    finally:
+        ke.kernel_step = original
+
+
+def shock(x, y, blur, size, k_true, prior) -> dict[str, float]:
+    plain, shocked = ke.KernelEstimator(shock_steps=0), ke.KernelEstimator(shock_steps=3)
+    out = {"no shock filter": kernel_error(ke.estimate_kernel(y[0], size, plain), k_true),
+           "shock": kernel_error(ke.estimate_kernel(y[0], size, shocked), k_true)}
+    with strongest_gradients(0.05):
+        out["shock, strongest 5 %"] = kernel_error(ke.estimate_kernel(y[0], size, shocked), k_true)
+    return out
+
+
+DIAGNOSTICS: dict[str, Callable[..., dict[str, float]]] = {"photo": photo, "step": step, "refit": refit, "shock": shock}
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nfc_dps.operators.blur import BlurOperator
-from nfc_dps.operators.kernel_estimation import centred_kernel, kernel_error, kernel_step
+from nfc_dps.operators.kernel_estimation import centred_kernel, kernel_error, kernel_step, shock_filtered
 from nfc_dps.operators.kernels import gaussian_kernel, motion_kernel
 from nfc_dps.priors.training_data import load_skimage_image
 
@@ -82,3 +82,13 @@ def test_salient_out_of_range_is_refused_whatever_its_value(photo):
     for bad in (1.5, float("nan"), -0.1):
         with pytest.raises(ValueError, match="salient"):
             kernel_step(photo[0], y, 15, salient=bad)
+
+
+def test_shock_filter_steepens_an_edge_and_keeps_flat_parts():
+    """A ramp comes out steeper, its flat sides far from it unchanged; zero steps is the image itself."""
+    ramp = torch.clamp((torch.arange(40, dtype=torch.float64) - 20) / 8 + 0.5, 0, 1)
+    x = ramp.repeat(16, 1)  # (16, 40): flat 0, a ramp of 8 px, flat 1
+    out = shock_filtered(x, 5)
+    assert torch.equal(shock_filtered(x, 0), x)
+    assert float((out[:, 1:] - out[:, :-1]).abs().max()) > 2 * float((x[:, 1:] - x[:, :-1]).abs().max())
+    assert torch.equal(out[:, :8], x[:, :8]) and torch.equal(out[:, -8:], x[:, -8:])
