@@ -72,7 +72,7 @@ def test_a_mixture_rerun_computes_only_the_missing_rows(tmp_path):
 
 def test_mixture_runs_follow_the_registry(monkeypatch):
     monkeypatch.setitem(METHODS, "newcomer", Method(METHODS["ddnm"].sample, METHODS["ddnm"].config_class,
-                                                    METHODS["ddnm"].presets, "Newcomer"))
+                                                    METHODS["ddnm"].presets, "Newcomer", rank=99))
     labels = [label for label, _, _ in mixture.mixture_runs(10)]
     assert "newcomer" in labels and labels.count("nfc") == 1
     runs = {label: cfg for label, _, cfg in mixture.mixture_runs(10)}

@@ -237,7 +237,7 @@ def test_the_oracle_runs_every_registered_sampler(monkeypatch):
     from nfc_dps.samplers import METHODS, Method
 
     monkeypatch.setitem(METHODS, "newcomer", Method(METHODS["ddnm"].sample, METHODS["ddnm"].config_class,
-                                                    METHODS["ddnm"].presets, "Newcomer"))
+                                                    METHODS["ddnm"].presets, "Newcomer", rank=99))
     runs = {label: (method, cfg) for label, method, cfg in oracle_configs(7)}
     assert {"newcomer", "dpir", "ddrm", "dps"} <= set(runs) and "newcomer" in oracle_methods()
     from nfc_dps.bench.report import oracle_rows

@@ -14,8 +14,15 @@ from ..noise import GaussianNoise, NoiseModel
 from ..operators import TASKS
 from ..samplers import METHODS, get_config, get_method
 
-#: every registered sampler (a new one in nfc_dps.samplers.METHODS is a column with no edit here)
-DIFFUSION_METHODS = tuple(METHODS)
+
+def diffusion_methods() -> tuple[str, ...]:
+    """Every registered sampler in ``rank`` order (a new one in nfc_dps.samplers.METHODS is a column
+    with no edit here)."""
+    return tuple(METHODS)
+
+
+#: every registered sampler (:func:`diffusion_methods` when this module was imported)
+DIFFUSION_METHODS = diffusion_methods()
 #: the grid's default columns: every sampler, and every classical method for the measurements it
 #: simulates (a linear operator's image under Gaussian noise)
 DEFAULT_METHODS = DIFFUSION_METHODS + tuple(name for name, m in CLASSICAL.items()

@@ -8,7 +8,8 @@ to model units and back ([0, 1] images, unclipped) and adds ``"nfe"`` to the cal
 One module per method (nfc: NFC's posterior sampler and DAPS, nfc_continuation: NFC's default
 deterministic continuation, dps, diffpir, ddnm, ddrm, dpir); ``common`` holds the
 shared pieces, ``gaussian_step`` NFC's Gaussian-conditional data step, ``presets`` NFC's and
-DAPS's named configs. A method is registered in :data:`~nfc_dps.samplers.registry.METHODS`.
+DAPS's named configs and entries. Each sampler module declares its :class:`~nfc_dps.samplers.method.Method`
+entries in its own ``METHODS`` dict; :data:`~nfc_dps.samplers.registry.METHODS` collects them.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from .ddrm import DDRMConfig, sample_ddrm
 from .diffpir import DiffPIRConfig, sample_diffpir
 from .dpir import DPIRConfig, sample_dpir
 from .dps import DPSConfig, sample_dps
+from .method import Method
 from .nfc import NFCConfig, sample_daps, sample_nfc
 from .nfc_continuation import ContinuationConfig, sample_nfc_continuation
 from .registry import (
     METHODS,
-    Method,
     get_config,
     get_method,
     nonlinear_methods,

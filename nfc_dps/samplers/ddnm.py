@@ -47,6 +47,7 @@ from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX
 from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, check_step_settings, ddim_step, sigma_vector
+from .method import Method
 
 CORRECTIONS = ("prox", "scaled")
 
@@ -180,3 +181,8 @@ def sample_ddnm(prior: Prior, measurement: ModelMeasurement, config: DDNMConfig 
         if callback is not None:
             callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_c})
     return x
+
+
+METHODS = {
+    "ddnm": Method(sample_ddnm, DDNMConfig, PRESETS, "DDNM+", rank=50, takes_nonlinear=False),
+}

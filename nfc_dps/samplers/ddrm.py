@@ -27,6 +27,7 @@ from ..operators.decomposition import Decomposition
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX
 from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, check_step_settings, sigma_vector
+from .method import Method
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,10 @@ def sample_ddrm(prior: Prior, measurement: ModelMeasurement, config: DDRMConfig 
         if callback is not None:
             callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat})
     return x
+
+
+METHODS = {
+    "ddrm": Method(sample_ddrm, DDRMConfig, PRESETS, "DDRM", rank=60, takes_nonlinear=False,
+                   operator_problem=operator_problem,
+                   noise_kinds=frozenset({"gaussian"})),  # its SVD does not survive per-pixel weights,
+}

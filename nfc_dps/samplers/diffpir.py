@@ -36,6 +36,7 @@ from ..generators import randn_per_image
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, SCHEDULES
 from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, ddim_step, sigma_vector
+from .method import Method
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,8 @@ def sample_diffpir(prior: Prior, measurement: ModelMeasurement, config: DiffPIRC
         if callback is not None:
             callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat})
     return x
+
+
+METHODS = {
+    "diffpir": Method(sample_diffpir, DiffPIRConfig, PRESETS, "DiffPIR", rank=40, takes_nonlinear=False),
+}

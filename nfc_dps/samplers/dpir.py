@@ -40,6 +40,7 @@ from .common import (
     sigma_vector,
     spectrum_for,
 )
+from .method import Method
 from .self_ensemble import SelfEnsemblePrior
 
 
@@ -139,3 +140,8 @@ def sample_dpir(prior: Prior, measurement: ModelMeasurement, config: DPIRConfig 
         if callback is not None:
             callback({"i": k, "sigma": sigma, "x": x, "denoised": z})
     return z
+
+
+METHODS = {
+    "dpir": Method(sample_dpir, DPIRConfig, PRESETS, "DPIR", rank=70),
+}

@@ -44,6 +44,7 @@ from ..operators.nonlinear import is_linear
 from ..priors.base import Prior
 from ..schedules import DDPM_SIGMA_MAX, NUM_TRAIN_TIMESTEPS, SCHEDULES
 from .common import Callback, DDPMStepConfig, Generators, ModelMeasurement, adjoint_at, sigma_vector
+from .method import Method
 
 # ---------------------------------------------------------------------------------------------
 # DPS
@@ -173,3 +174,8 @@ def sample_dps(prior: Prior, measurement: ModelMeasurement, config: DPSConfig = 
         if callback is not None:
             callback({"i": i, "sigma": sigma, "x": x, "denoised": x0_hat})
     return x
+
+
+METHODS = {
+    "dps": Method(sample_dps, DPSConfig, PRESETS, "DPS", rank=30),
+}

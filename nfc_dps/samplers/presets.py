@@ -1,4 +1,4 @@
-"""Named presets for NFC and DAPS. ``deterministic`` (NFC only, its default) is the plug-and-play
+"""NFC's and DAPS's method entries (:data:`METHODS`) and their named presets. ``deterministic`` (NFC only, its default) is the plug-and-play
 continuation (``nfc_continuation.py``, its own config): a Wiener start, 16 levels from DPIR's
 first level down to max(0.02, sigma_y / 2) in model units, no re-noising, no random draw (16 NFE). ``paper``
 reproduces the published settings (1000 NFE);
@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..schedules import BandSchedule, DetailSchedule
-from .nfc import NFCConfig
-from .nfc_continuation import ContinuationConfig
+from .method import Method
+from .nfc import NFCConfig, nonlinear_problem, sample_daps, sample_nfc
+from .nfc_continuation import ContinuationConfig, sample_nfc_continuation
 
 NFC_PRESETS: dict[str, NFCConfig | ContinuationConfig] = {
     # arXiv 2602.00176 as published: N=200, n=5, T=200 Langevin steps, linear band 0.4 -> 1.0
@@ -48,4 +49,19 @@ DAPS_PRESETS: dict[str, NFCConfig] = {
     # DAPS-1K (Zhang et al. 2025): 200 levels x 5 Euler steps, 100 Langevin steps per level.
     "paper": NFCConfig(num_levels=200, ode_steps=5, inner="langevin", langevin_steps=100, final_step="sample").as_daps(),
     "fast": NFCConfig(num_levels=20, ode_steps=5, inner="langevin", langevin_steps=100, final_step="sample").as_daps(),
+}
+
+
+def sample_nfc_method(prior, measurement, config, generators=None, callback=None):
+    """Method ``nfc``: the deterministic continuation for a :class:`ContinuationConfig`, else the
+    posterior sampler :func:`sample_nfc`."""
+    sample = sample_nfc_continuation if isinstance(config, ContinuationConfig) else sample_nfc
+    return sample(prior, measurement, config, generators, callback)
+
+
+METHODS = {
+    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, "NFC", rank=10, default_preset="deterministic",
+                  nonlinear_config_problem=lambda c: nonlinear_problem(c) if isinstance(c, NFCConfig) else None),
+    # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
+    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, "DAPS", rank=20, fixed_fields=frozenset({"band", "detail"})),
 }

@@ -1,108 +1,49 @@
-"""The method registry: each sampler's :class:`Method` entry (its sampler, config class, presets and
-what it can restore) in :data:`METHODS`, and the one path from a method's name and a preset with
+"""The method registry: :data:`METHODS`, every :class:`Method` entry that a module of this package
+declares in its own module-level ``METHODS`` dict (found by :func:`sampler_modules`, collected by
+:func:`collect_methods` in ``rank`` order), and the one path from a method's name and a preset with
 overrides to its config (:func:`get_config`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable
+import importlib
+import pkgutil
+from dataclasses import fields, replace
+from types import ModuleType
+from typing import Any, Iterable
 
-from ..noise import NOISE_KINDS
-from ..operators.nonlinear import is_linear
 from ..overrides import ConfigError, apply_overrides
-from . import ddnm, ddrm, diffpir, dpir, dps
-from .ddnm import DDNMConfig, sample_ddnm
-from .ddrm import DDRMConfig, sample_ddrm
-from .diffpir import DiffPIRConfig, sample_diffpir
-from .dpir import DPIRConfig, sample_dpir
-from .dps import DPSConfig, sample_dps
-from .nfc import NFCConfig, nonlinear_problem, sample_daps, sample_nfc
-from .nfc_continuation import ContinuationConfig, sample_nfc_continuation
-from .presets import DAPS_PRESETS, NFC_PRESETS
+from .method import Method
 
 
-@dataclass(frozen=True)
-class Method:
-    """A sampler, its config class, its named presets and the one used when none is named;
-    ``fixed_fields``: fields of the config class the method sets itself (overriding one is an error).
-    A preset may be of another config class (NFC's deterministic continuation): ``sample`` takes each."""
-
-    sample: Callable[..., Any]
-    config_class: type
-    presets: dict[str, Any]
-    #: the name tables and logs show ("DDNM+")
-    display_name: str
-    default_preset: str = "fast"
-    fixed_fields: frozenset[str] = frozenset()
-    #: the noise models (``nfc_dps.noise``'s ``kind``) it takes: Gaussian, and the others through
-    #: their Gaussian approximation (a weighted operator: ``Measurement.gaussian``)
-    noise_kinds: frozenset[str] = frozenset(NOISE_KINDS)
-    #: it restores nonlinear operators too (by likelihood gradients or Gauss-Newton steps); a method
-    #: that does not refuses them naming those that do
-    takes_nonlinear: bool = True
-    #: why the method cannot restore a (linear) operator (None: it can); checked before a run starts
-    operator_problem: Callable[[Any], str | None] = lambda operator: None
-
-    #: why the method with a config cannot restore a nonlinear operator (None: it can)
-    nonlinear_config_problem: Callable[[Any], str | None] = lambda config: None
-
-    def noise_problem(self, noise: Any) -> str | None:
-        """Why the method cannot take the noise model ``noise`` (None: it can)."""
-        if noise.kind in self.noise_kinds:
-            return None
-        return f"takes {' or '.join(sorted(self.noise_kinds))} noise, not {noise}"
-
-    def problem(self, name: str, operator: Any, noise: Any, config: Any) -> str | None:
-        """Why method ``name`` cannot restore this operator, noise model and config (None: it can):
-        every check made before a run starts."""
-        why = self.operator_problem_of(operator)
-        if why is None and noise is not None and self.noise_problem(noise):
-            why = f"{name} {self.noise_problem(noise)}"
-        if why is None and config is not None and not is_linear(operator):
-            config_why = self.nonlinear_config_problem(config)
-            if config_why:
-                why = (f"{config_why}; with the nonlinear {operator.name} use NFC's default (deterministic) preset, "
-                       f"or DAPS")
-        return why
-
-    def operator_problem_of(self, operator: Any) -> str | None:
-        """Why the method cannot restore ``operator`` (None: it can)."""
-        if not self.takes_nonlinear and not is_linear(operator):
-            return (f"{self.display_name} needs a linear operator (its data step uses the pseudo-inverse or a "
-                    f"decomposition); for the nonlinear {operator.name} use {', '.join(nonlinear_methods())}")
-        return self.operator_problem(operator)
-
-    @property
-    def steps_field(self) -> str:
-        """The field ``--steps`` sets: the config class's ``steps_field``."""
-        return self.config_class.steps_field
-
-    @property
-    def config_classes(self) -> tuple[type, ...]:
-        """``config_class`` and the classes of the presets: the configs ``sample`` takes."""
-        return tuple(dict.fromkeys([self.config_class, *(type(p) for p in self.presets.values())]))
+def sampler_modules() -> list[ModuleType]:
+    """The modules of ``nfc_dps.samplers`` (this one aside), imported."""
+    package = __name__.rpartition(".")[0]
+    names = sorted(info.name for info in pkgutil.iter_modules(importlib.import_module(package).__path__))
+    return [importlib.import_module(f"{package}.{name}") for name in names if f"{package}.{name}" != __name__]
 
 
-def sample_nfc_method(prior, measurement, config, generators=None, callback=None):
-    """Method ``nfc``: the deterministic continuation for a :class:`ContinuationConfig`, else the
-    posterior sampler :func:`sample_nfc`."""
-    sample = sample_nfc_continuation if isinstance(config, ContinuationConfig) else sample_nfc
-    return sample(prior, measurement, config, generators, callback)
-
-
-METHODS: dict[str, Method] = {
-    "nfc": Method(sample_nfc_method, NFCConfig, NFC_PRESETS, "NFC", default_preset="deterministic",
-                  nonlinear_config_problem=lambda c: nonlinear_problem(c) if isinstance(c, NFCConfig) else None),
-    # DAPS is NFC's skeleton with the band and the Haar commitment off (sample_daps turns them off)
-    "daps": Method(sample_daps, NFCConfig, DAPS_PRESETS, "DAPS", fixed_fields=frozenset({"band", "detail"})),
-    "dps": Method(sample_dps, DPSConfig, dps.PRESETS, "DPS"),
-    "diffpir": Method(sample_diffpir, DiffPIRConfig, diffpir.PRESETS, "DiffPIR", takes_nonlinear=False),
-    "ddnm": Method(sample_ddnm, DDNMConfig, ddnm.PRESETS, "DDNM+", takes_nonlinear=False),
-    "ddrm": Method(sample_ddrm, DDRMConfig, ddrm.PRESETS, "DDRM", takes_nonlinear=False,
-                   operator_problem=ddrm.operator_problem,
-                   noise_kinds=frozenset({"gaussian"})),  # its SVD does not survive per-pixel weights
-    "dpir": Method(sample_dpir, DPIRConfig, dpir.PRESETS, "DPIR"),
-}
+def collect_methods(modules: Iterable[ModuleType]) -> dict[str, Method]:
+    """The :class:`Method` entries of the modules' module-level ``METHODS`` dicts, ordered by
+    ``rank``, each told which of them take nonlinear operators. A name or a rank declared twice is a
+    ValueError naming both modules."""
+    found: dict[str, tuple[Method, str]] = {}
+    for module in modules:
+        declared = getattr(module, "METHODS", None)
+        if not isinstance(declared, dict):
+            continue
+        for name, method in declared.items():
+            if not isinstance(method, Method):
+                raise TypeError(f"{module.__name__}.METHODS[{name!r}] is a {type(method).__name__}, not a Method")
+            if name in found:
+                raise ValueError(f"method {name!r} is declared by both {found[name][1]} and {module.__name__}")
+            tie = next((other for other, (m, _) in found.items() if m.rank == method.rank), None)
+            if tie is not None:
+                raise ValueError(f"methods {tie!r} ({found[tie][1]}) and {name!r} ({module.__name__}) share rank "
+                                 f"{method.rank}; give each its own")
+            found[name] = (method, module.__name__)
+    ordered = sorted(found.items(), key=lambda item: item[1][0].rank)
+    alternatives = tuple(name for name, (m, _) in ordered if m.takes_nonlinear)
+    return {name: replace(m, nonlinear_alternatives=alternatives) for name, (m, _) in ordered}
 
 
 def nonlinear_methods() -> tuple[str, ...]:
@@ -161,3 +102,7 @@ def override_config(method: str, config: Any, **overrides: Any) -> Any:
         raise ConfigError(f"{method} sets {changed} itself (DAPS is NFC with the band and the Haar commitment off); "
                           f"to change them use method 'nfc'", changed[0])
     return new
+
+
+#: every registered method by name, in ``rank`` order
+METHODS: dict[str, Method] = collect_methods(sampler_modules())
