@@ -146,15 +146,21 @@ class NoiseLevelTier(Protocol):
                     row["psnr_input"] = round(_capped_psnr(y, truth), 4)
                 if self.restores:
                     seed = stable_seed(self.spec.seed, "noise-level-restore", c.task, name)
-                    scores = [_capped_psnr(restore(y, c.op, prior=self.prior, noise=GaussianNoise(s), seed=seed, progress=False)
-                                           .image.clamp(0, 1), truth) for s in (c.sigma, est)]
-                    row.update(psnr_true=round(scores[0], 4), psnr_auto=round(scores[1], 4),
-                               delta=round(scores[1] - scores[0], 4))
+                    row.update(self._restored_both(y, c.op, truth, seed, GaussianNoise(c.sigma), GaussianNoise(est)))
             except Exception as e:  # noqa: BLE001 - a failing estimate or restoration is a noted row
                 row["note"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
             row["seconds"] = round(time.perf_counter() - t0, 2)
             yield RESULTS.file, row
         log(f"{c.task} sigma {c.sigma}: done")
+
+    def _restored_both(self, y: torch.Tensor, op: Any, truth: torch.Tensor, seed: int, true: Any,
+                       estimated: Any) -> dict[str, float]:
+        """NFC's default on ``y`` with the true and with the estimated noise model (same seed): the
+        row's psnr_true, psnr_auto and their difference."""
+        scores = [_capped_psnr(restore(y, op, prior=self.prior, noise=m, seed=seed, progress=False).image.clamp(0, 1),
+                               truth) for m in (true, estimated)]
+        return {"psnr_true": round(scores[0], 4), "psnr_auto": round(scores[1], 4),
+                "delta": round(scores[1] - scores[0], 4)}
 
     def _measure_shot(self, c: SimpleNamespace, done: set[tuple], log: Callable[[str], None]) -> Iterator[tuple[str, Row]]:
         """The shot-noise grid's rows of one (peak, read std): per image the estimated model and, with
@@ -174,10 +180,7 @@ class NoiseLevelTier(Protocol):
                     row.update(est_sigma=round(model.sigma, 6), sigma_ratio=round(model.sigma / c.sigma, 4))
                 if self.restores:
                     seed = stable_seed(self.spec.seed, "noise-level-restore", SHOT_TASK, name)
-                    scores = [_capped_psnr(restore(y, c.op, prior=self.prior, noise=m, seed=seed, progress=False)
-                                           .image.clamp(0, 1), truth) for m in (true, model)]
-                    row.update(psnr_true=round(scores[0], 4), psnr_auto=round(scores[1], 4),
-                               delta=round(scores[1] - scores[0], 4))
+                    row.update(self._restored_both(y, c.op, truth, seed, true, model))
             except Exception as e:  # noqa: BLE001 - a failing estimate or restoration is a noted row
                 row["note"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
             row["seconds"] = round(time.perf_counter() - t0, 2)
